@@ -1,0 +1,127 @@
+"""Gymnasium envs through the HAL robot interface: spaces, dtypes, termination vs truncation."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from user_rl.sim.gym_adapter import GymRobot
+
+
+class _DictGoalEnv(gym.Env):
+    """A tiny real env with a Dict observation (float64 + image) and an is_success flag."""
+
+    observation_space = gym.spaces.Dict(
+        {
+            "state": gym.spaces.Box(-1.0, 1.0, (2,), np.float64),
+            "image": gym.spaces.Box(0, 255, (8, 8, 3), np.uint8),
+        }
+    )
+    action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float64)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.pos = self.np_random.uniform(-1, 1, 2)
+        return self._obs(), {}
+
+    def step(self, action):
+        self.pos = np.clip(self.pos + 0.5 * action, -1, 1)
+        dist = float(np.linalg.norm(self.pos))
+        return self._obs(), -dist, False, False, {"is_success": np.bool_(dist < 0.1), "arr": np.zeros(3)}
+
+    def _obs(self):
+        return {"state": self.pos.copy(), "image": np.full((8, 8, 3), 7, np.uint8)}
+
+
+gym.register("UserRLDictGoal-v0", entry_point=_DictGoalEnv, max_episode_steps=20)
+
+
+def test_inverted_pendulum_spaces_and_step():
+    r = GymRobot(env_id="InvertedPendulum-v5", seed=0)
+    assert r.descriptor.kind == "sim" and r.descriptor.model == "gym:InvertedPendulum-v5"
+    assert r.descriptor.control_hz == 25.0  # from the env's render_fps
+    assert r.instruction == "balance the pole"
+    assert r.action_space.dtype == np.float32 and r.action_space.shape == (1,)
+    assert r.observation_space["state"].dtype == np.float32
+    obs = r.reset()
+    assert obs["state"].dtype == np.float32 and obs["state"].shape == (4,)
+    res = r.step(np.array([10.0]))
+    assert res.action_applied.dtype == np.float32
+    np.testing.assert_array_equal(res.action_applied, [3.0])  # clipped to the env's bounds
+    assert res.observation["state"].dtype == np.float32 and isinstance(res.reward, float)
+    r.close()
+    r.close()
+
+
+def test_seed_reproduces_first_episode():
+    a = GymRobot(env_id="InvertedPendulum-v5", seed=4)
+    b = GymRobot(env_id="InvertedPendulum-v5", seed=4)
+    np.testing.assert_array_equal(a.reset()["state"], b.reset()["state"])
+    assert not np.array_equal(a.reset()["state"], GymRobot(env_id="InvertedPendulum-v5", seed=5).reset()["state"])
+
+
+def _balance(state: np.ndarray) -> np.ndarray:
+    """PD on pole angle and cart: enough to keep the pole up for a short episode."""
+    x, theta, v, omega = state
+    return np.array([10 * theta + 2 * omega + 0.5 * x + 0.5 * v], np.float32)
+
+
+def test_time_limit_is_truncation_not_termination():
+    r = GymRobot(env_id="InvertedPendulum-v5", seed=1, env_kwargs={"max_episode_steps": 30})
+    obs = r.reset()
+    results = []
+    for _ in range(30):
+        res = r.step(_balance(obs["state"]))
+        obs = res.observation
+        results.append(res)
+    assert not any(x.terminated for x in results)
+    assert [x.truncated for x in results] == [False] * 29 + [True]
+
+
+def test_falling_pole_is_termination():
+    r = GymRobot(env_id="InvertedPendulum-v5", seed=1)
+    r.reset()
+    for step in range(200):
+        res = r.step(np.array([3.0], np.float32))
+        if res.terminated or res.truncated:
+            break
+    assert res.terminated and not res.truncated and step < 100
+    with pytest.raises(RuntimeError):
+        r.step(np.zeros(1, np.float32))  # the episode is over until reset()
+
+
+def test_reacher():
+    r = GymRobot(env_id="Reacher-v5", robot_id="reacher-3", seed=0)
+    assert r.descriptor.id == "reacher-3" and r.descriptor.control_hz == 50.0
+    assert r.observation_space["state"].shape == (10,) and r.action_space.shape == (2,)
+    obs = r.reset()
+    assert obs in r.observation_space
+    for n in range(1, 51):
+        res = r.step(r.action_space.sample())
+        assert res.observation["state"].dtype == np.float32
+        assert isinstance(res.info["reward_dist"], float)
+        if res.truncated:
+            break
+    assert n == 50 and not res.terminated  # Reacher-v5's TimeLimit is 50 steps
+
+
+def test_dict_observation_and_success_pass_through():
+    r = GymRobot(env_id="UserRLDictGoal-v0", seed=0, control_hz=10.0)
+    assert r.descriptor.control_hz == 10.0 and r.instruction == "solve UserRLDictGoal-v0"
+    assert r.observation_space["state"].dtype == np.float32
+    assert r.observation_space["image"].dtype == np.uint8
+    obs = r.reset()
+    assert obs["state"].dtype == np.float32 and obs["image"].dtype == np.uint8
+    res = r.step(-obs["state"] * 2)
+    assert res.info["is_success"] is True and "arr" not in res.info
+
+
+def test_unknown_env_id_names_it():
+    with pytest.raises(ValueError, match="NoSuchEnv-v9"):
+        GymRobot(env_id="NoSuchEnv-v9")
+
+
+def test_discrete_action_space_rejected():
+    with pytest.raises(ValueError, match="CartPole-v1"):
+        GymRobot(env_id="CartPole-v1")

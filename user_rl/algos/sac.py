@@ -1,0 +1,120 @@
+"""Soft actor-critic (Haarnoja et al., 2018) with twin critics and a learned temperature.
+
+`update` reads top to bottom like a single-file reference: critic, actor, temperature,
+target networks. The learner service calls it; it knows nothing of sockets or buffers.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from user_rl.policies import make_actor, make_critic
+
+
+@dataclass
+class SACSettings:
+    gamma: float = 0.99
+    tau: float = 0.005
+    actor_lr: float = 3e-4
+    critic_lr: float = 3e-4
+    init_alpha: float = 0.1
+    target_entropy_scale: float = 1.0
+
+
+class SAC:
+    def __init__(
+        self,
+        obs_space: gym.spaces.Dict,
+        action_space: gym.spaces.Box,
+        policy: str = "mlp",
+        policy_options: dict | None = None,
+        settings: SACSettings | None = None,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.settings = s = settings or SACSettings()
+        self.device = torch.device(device)
+        options = policy_options or {}
+        self.actor = make_actor(policy, obs_space, action_space, **options).to(self.device)
+        self.critic = make_critic(policy, obs_space, action_space, **options).to(self.device)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.log_alpha = torch.tensor(np.log(s.init_alpha), device=self.device, requires_grad=True)
+        self.target_entropy = -s.target_entropy_scale * float(np.prod(action_space.shape))
+        self.actor_optim = torch.optim.Adam(self.actor.parameters(), lr=s.actor_lr)
+        self.critic_optim = torch.optim.Adam(self.critic.parameters(), lr=s.critic_lr)
+        self.alpha_optim = torch.optim.Adam([self.log_alpha], lr=s.actor_lr)
+        self.updates = 0
+
+    @property
+    def alpha(self) -> torch.Tensor:
+        return self.log_alpha.exp()
+
+    def update(self, batch: dict) -> dict[str, float]:
+        """One gradient step on a batch of tensors: obs, action, reward, next_obs, terminated."""
+        s = self.settings
+        obs, next_obs = batch["obs"], batch["next_obs"]
+        action = self.actor.normalize(batch["action"])
+        reward = batch["reward"].unsqueeze(-1)
+        # Only a real termination stops bootstrapping; a time-limit truncation does not.
+        not_done = 1.0 - batch["terminated"].float().unsqueeze(-1)
+
+        with torch.no_grad():
+            next_action, next_log_prob = self.actor.sample(next_obs)
+            target_q = torch.min(*self.critic_target(next_obs, next_action)) - self.alpha * next_log_prob
+            td_target = reward + s.gamma * not_done * target_q
+        q1, q2 = self.critic(obs, action)
+        critic_loss = F.mse_loss(q1, td_target) + F.mse_loss(q2, td_target)
+        self.critic_optim.zero_grad(set_to_none=True)
+        critic_loss.backward()
+        self.critic_optim.step()
+
+        new_action, log_prob = self.actor.sample(obs)
+        q_new = torch.min(*self.critic(obs, new_action))
+        actor_loss = (self.alpha.detach() * log_prob - q_new).mean()
+        self.actor_optim.zero_grad(set_to_none=True)
+        actor_loss.backward()
+        self.actor_optim.step()
+
+        alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
+        self.alpha_optim.zero_grad(set_to_none=True)
+        alpha_loss.backward()
+        self.alpha_optim.step()
+
+        with torch.no_grad():
+            for target, source in zip(self.critic_target.parameters(), self.critic.parameters()):
+                target.lerp_(source, s.tau)
+        self.updates += 1
+        return {
+            "critic_loss": critic_loss.item(),
+            "actor_loss": actor_loss.item(),
+            "alpha": self.alpha.item(),
+            "q": q1.mean().item(),
+        }
+
+    def state_dict(self) -> dict:
+        return {
+            "actor": self.actor.state_dict(),
+            "critic": self.critic.state_dict(),
+            "critic_target": self.critic_target.state_dict(),
+            "log_alpha": self.log_alpha.detach().cpu(),
+            "actor_optim": self.actor_optim.state_dict(),
+            "critic_optim": self.critic_optim.state_dict(),
+            "alpha_optim": self.alpha_optim.state_dict(),
+            "updates": self.updates,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.actor.load_state_dict(state["actor"])
+        self.critic.load_state_dict(state["critic"])
+        self.critic_target.load_state_dict(state["critic_target"])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+        self.actor_optim.load_state_dict(state["actor_optim"])
+        self.critic_optim.load_state_dict(state["critic_optim"])
+        self.alpha_optim.load_state_dict(state["alpha_optim"])
+        self.updates = int(state["updates"])

@@ -1,0 +1,201 @@
+"""ZeroMQ ingest: one ROUTER socket that many edges talk to at once.
+
+Per robot it keeps the hello (descriptor and spaces), the stream epoch and last sequence
+number (duplicates are acknowledged again but stored once), the episode stitcher and the
+counters the learner reports. Every message that fails to decode or validate is dropped with
+a counted, logged reason, and the peer is told why; the socket keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+import gymnasium as gym
+import numpy as np
+import zmq
+
+from user_rl.cloud.replay import ReplayBuffer
+from user_rl.cloud.stitching import EpisodeStitcher
+from user_rl.hal.descriptor import DeviceDescriptor
+from user_rl.wire import user_rl_pb2 as pb
+from user_rl.wire.codec import Message, WireError, decode, encode, envelope
+from user_rl.wire.spaces import box_from_proto, descriptor_from_proto, dict_space_from_proto
+from user_rl.wire.transitions import OBS, validate_batch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RobotSession:
+    """What the learner knows of one connected robot."""
+
+    robot_id: str
+    index: int
+    identity: bytes
+    descriptor: DeviceDescriptor
+    epoch: int
+    stitcher: EpisodeStitcher
+    last_seq: int = 0
+    transitions: int = 0
+    episodes: int = 0
+    successes: int = 0
+    labelled: int = 0
+    versions: set[int] = field(default_factory=set)
+    recent_returns: deque = field(default_factory=lambda: deque(maxlen=20))
+    recent_success: deque = field(default_factory=lambda: deque(maxlen=20))
+    episode_return: float = 0.0
+    last_seen: float = field(default_factory=time.monotonic)
+    heartbeat: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        return {
+            "transitions": self.transitions,
+            "episodes": self.episodes,
+            "policy_versions": len(self.versions),
+            "latest_version": max(self.versions, default=-1),
+            "recent_return": float(np.mean(self.recent_returns)) if self.recent_returns else None,
+            "recent_success": float(np.mean(self.recent_success)) if self.recent_success else None,
+            "steps_per_second": self.heartbeat.get("steps_per_second", 0.0),
+            "seconds_since_seen": round(time.monotonic() - self.last_seen, 2),
+        }
+
+
+class Ingest:
+    def __init__(self, context: zmq.Context, endpoint: str, capacity: int, max_rejects_logged: int = 20) -> None:
+        self.socket = context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(endpoint)
+        self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.capacity = capacity
+        self.robots: dict[str, RobotSession] = {}
+        self.rejected: Counter[str] = Counter()
+        self.duplicates = 0
+        self.buffer: ReplayBuffer | None = None
+        self.obs_space: gym.spaces.Dict | None = None
+        self.action_space: gym.spaces.Box | None = None
+        self.step_credit = 0
+        self.policy_version = -1
+        self._max_logged = max_rejects_logged
+
+    # -- receiving -------------------------------------------------------------------------
+    def poll(self, timeout_ms: int = 0, max_messages: int = 256) -> int:
+        """Handle waiting messages; return how many were handled."""
+        handled = 0
+        while handled < max_messages and self.socket.poll(timeout_ms if handled == 0 else 0):
+            frames = self.socket.recv_multipart(copy=False)
+            handled += 1
+            identity = frames[0].bytes
+            try:
+                self._handle(identity, decode(frames[1:]))
+            except WireError as exc:
+                self._reject(identity, exc)
+            except Exception as exc:  # a bug must not take the learner down with it
+                log.exception("ingest failed on a message")
+                self._reject(identity, WireError("internal_error", repr(exc)[:200]))
+        return handled
+
+    def _handle(self, identity: bytes, msg: Message) -> None:
+        kind = msg.kind
+        if kind == "hello":
+            self._hello(identity, msg)
+            return
+        session = self.robots.get(msg.envelope.robot_id)
+        if session is None or session.identity != identity:
+            raise WireError("no_hello", f"robot {msg.envelope.robot_id!r} sent {kind} before hello")
+        session.last_seen = time.monotonic()
+        if kind == "batch":
+            self._batch(session, msg)
+        elif kind == "heartbeat":
+            hb = msg.body
+            session.heartbeat = {"env_steps": hb.env_steps, "steps_per_second": hb.steps_per_second,
+                                 "policy_version": hb.policy_version, "unacked": hb.unacked_batches}
+            self._ack(session, 0)
+        else:
+            raise WireError("unexpected", f"{kind} is not accepted on the data link")
+
+    def _hello(self, identity: bytes, msg: Message) -> None:
+        hello = msg.body
+        robot_id = msg.envelope.robot_id
+        if not robot_id:
+            raise WireError("bad_hello", "hello without a robot id")
+        obs_space = dict_space_from_proto(hello.observation_space)
+        action_space = box_from_proto(hello.action_space)
+        if self.obs_space is None:
+            self.obs_space, self.action_space = obs_space, action_space
+            self.buffer = ReplayBuffer(obs_space, action_space, self.capacity)
+        elif obs_space != self.obs_space or action_space != self.action_space:
+            raise WireError("spaces_mismatch", f"{robot_id}: spaces differ from the fleet's (heterogeneous fleets need per-embodiment policies)")
+        old = self.robots.get(robot_id)
+        if old is not None and old.epoch == hello.stream_epoch:
+            old.identity = identity  # reconnect of the same stream: keep its place
+            session = old
+        else:
+            session = RobotSession(
+                robot_id=robot_id,
+                index=old.index if old else len(self.robots),
+                identity=identity,
+                descriptor=descriptor_from_proto(hello.descriptor),
+                epoch=hello.stream_epoch,
+                stitcher=EpisodeStitcher(sorted(obs_space.spaces)),
+            )
+            if old is not None:  # a restarted edge: counters carry on, its open episode cannot
+                session.transitions, session.episodes, session.versions = old.transitions, old.episodes, old.versions
+            self.robots[robot_id] = session
+            log.info("robot %s joined (epoch %d)", robot_id, hello.stream_epoch)
+        self._ack(session, 0)
+
+    def _batch(self, session: RobotSession, msg: Message) -> None:
+        body = msg.body
+        if body.stream_epoch != session.epoch:
+            raise WireError("wrong_epoch", f"{session.robot_id}: epoch {body.stream_epoch}, expected {session.epoch}")
+        if body.seq <= session.last_seq:
+            self.duplicates += 1
+            self._ack(session, body.seq)
+            return
+        validate_batch(msg.arrays, body.count, self.obs_space, self.action_space)
+        transitions = session.stitcher.stitch(msg.arrays)
+        assert self.buffer is not None
+        if transitions:
+            self.buffer.add(transitions, session.index)
+        self._account(session, msg.arrays)
+        session.last_seq = body.seq
+        self._ack(session, body.seq)
+
+    def _account(self, session: RobotSession, cols: dict[str, np.ndarray]) -> None:
+        session.transitions += len(cols["reward"])
+        session.versions.update(np.unique(cols["policy_version"]).tolist())
+        ended = np.flatnonzero(cols["terminated"] | cols["truncated"])
+        start = 0
+        for row in ended:
+            session.episode_return += float(cols["reward"][start : row + 1].sum())
+            session.recent_returns.append(session.episode_return)
+            session.episode_return = 0.0
+            session.episodes += 1
+            if cols["label"][row] != pb.LABEL_NONE:
+                session.recent_success.append(float(cols["label"][row] == pb.LABEL_SUCCESS))
+            start = row + 1
+        session.episode_return += float(cols["reward"][start:].sum())
+
+    # -- replying --------------------------------------------------------------------------
+    def _ack(self, session: RobotSession, seq: int) -> None:
+        ack = pb.Ack(stream_epoch=session.epoch, seq=seq, step_credit=self.step_credit,
+                     policy_version=self.policy_version)
+        self.socket.send_multipart([session.identity, *encode(envelope(session.robot_id, ack=ack))])
+
+    def push_credit(self) -> None:
+        """Tell every robot its new step credit and the newest policy version."""
+        for session in self.robots.values():
+            self._ack(session, 0)
+
+    def _reject(self, identity: bytes, exc: WireError) -> None:
+        self.rejected[exc.reason] += 1
+        if self.rejected[exc.reason] <= self._max_logged:
+            log.warning("rejected a message: %s", exc)
+        reject = envelope(reject=pb.Reject(reason=str(exc)[:500]))
+        self.socket.send_multipart([identity, *encode(reject)])
+
+    def close(self) -> None:
+        self.socket.close(0)

@@ -1,0 +1,211 @@
+"""The learner service: ingest → replay → SAC updates → weight publisher, in one loop.
+
+The loop never waits for rollouts: each turn it drains waiting messages without blocking and
+makes one gradient step. When the fleet is paced (sims in training), every ack carries a step
+credit so that env steps and updates keep the configured update-to-data ratio on any machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import zmq
+
+from user_rl.algos import SAC, SACSettings
+from user_rl.cloud.checkpoint import save_checkpoint, spaces_to_text
+from user_rl.cloud.ingest import Ingest
+from user_rl.cloud.weight_server import WeightServer
+from user_rl.config import Config
+
+log = logging.getLogger(__name__)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class Learner:
+    def __init__(self, cfg: Config, run_dir: str | Path) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        threads = cfg.learner.torch_threads or max(1, (os.cpu_count() or 1) - cfg.fleet.num_robots)
+        torch.set_num_threads(threads)
+        self.device = pick_device(cfg.learner.device)
+        self.context = zmq.Context()
+        host = cfg.learner.host
+        self.ingest = Ingest(self.context, f"tcp://{host}:0", cfg.learner.buffer_capacity)
+        cast = torch.bfloat16 if cfg.learner.weight_dtype == "bfloat16" else None
+        self.weights = WeightServer(self.context, f"tcp://{host}:0", cast)
+        self.rng = np.random.default_rng(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.algo: SAC | None = None
+        self.version = 0
+        self.last_metrics: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._pause_requested = threading.Event()
+        self._paused = threading.Event()
+        self._status: dict = {}
+        self._started = time.monotonic()
+        self._update_ingest_credit()
+
+    @property
+    def addresses(self) -> dict[str, str]:
+        return {"data": self.ingest.endpoint, "weights": self.weights.endpoint}
+
+    # -- pacing ----------------------------------------------------------------------------
+    @property
+    def updates(self) -> int:
+        return self.algo.updates if self.algo else 0
+
+    @property
+    def env_steps(self) -> int:
+        return sum(s.transitions for s in self.ingest.robots.values())
+
+    def _update_ingest_credit(self) -> None:
+        fleet, algo = self.cfg.fleet, self.cfg.algo
+        if not fleet.pace_to_learner:
+            self.ingest.step_credit = 0
+            return
+        allowed = algo.learning_starts + self.updates / algo.utd_ratio
+        n = fleet.num_robots
+        per_robot = math.ceil(allowed / n) + fleet.batch_transitions
+        self.ingest.step_credit = min(per_robot, math.ceil(self.cfg.stop.max_env_steps / n))
+
+    def _may_update(self) -> bool:
+        buffer = self.ingest.buffer
+        if self._pause_requested.is_set() or buffer is None or len(buffer) < self.cfg.algo.learning_starts:
+            return False
+        if not self.cfg.fleet.pace_to_learner:
+            return True
+        # Paced: do not run ahead of the data either (the ratio holds in both directions).
+        lead = self.cfg.fleet.num_robots * self.cfg.fleet.batch_transitions * self.cfg.algo.utd_ratio
+        return self.updates < self.cfg.algo.utd_ratio * (self.env_steps - self.cfg.algo.learning_starts) + lead
+
+    # -- the loop --------------------------------------------------------------------------
+    def run(self) -> None:
+        last_status = 0.0
+        while not self._stop.is_set():
+            busy = self._may_update()
+            self.ingest.poll(0 if busy else 5)
+            self.weights.poll(0)
+            if busy:
+                self._train_step()
+            elif self._pause_requested.is_set() and not self._paused.is_set():
+                self._publish()
+                self._paused.set()
+            if time.monotonic() - last_status > 0.5:
+                self._status = self._snapshot()
+                last_status = time.monotonic()
+        self._status = self._snapshot()
+
+    def _ensure_algo(self) -> SAC:
+        if self.algo is None:
+            cfg = self.cfg
+            settings = SACSettings(
+                gamma=cfg.algo.gamma, tau=cfg.algo.tau, actor_lr=cfg.algo.actor_lr,
+                critic_lr=cfg.algo.critic_lr, init_alpha=cfg.algo.init_alpha,
+                target_entropy_scale=cfg.algo.target_entropy_scale,
+            )
+            self.algo = SAC(
+                self.ingest.obs_space, self.ingest.action_space, cfg.policy.type,
+                {"hidden": cfg.policy.hidden}, settings, self.device,
+            )
+        return self.algo
+
+    def _train_step(self) -> None:
+        algo = self._ensure_algo()
+        batch = self.ingest.buffer.sample(self.cfg.algo.batch_size, self.rng)
+        self.last_metrics = algo.update(self._to_device(batch))
+        if algo.updates == 1 or algo.updates % self.cfg.learner.publish_every_updates == 0:
+            self._publish()
+        if algo.updates % 8 == 0:
+            self._update_ingest_credit()
+            self.ingest.push_credit()
+
+    def _to_device(self, batch: dict[str, np.ndarray]) -> dict:
+        dev = self.device
+        tensors = {k: torch.as_tensor(v).to(dev, non_blocking=True) for k, v in batch.items()}
+        return {
+            "obs": {k[4:]: v for k, v in tensors.items() if k.startswith("obs/")},
+            "next_obs": {k[9:]: v for k, v in tensors.items() if k.startswith("next_obs/")},
+            "action": tensors["action"],
+            "reward": tensors["reward"],
+            "terminated": tensors["terminated"],
+        }
+
+    def _publish(self) -> None:
+        if self.algo is None:
+            return
+        self.version += 1
+        self.weights.publish(self.version, self.algo.actor.state_dict())
+        self.ingest.policy_version = self.version
+
+    # -- control from outside the loop thread ------------------------------------------------
+    def pause(self, timeout: float = 30.0) -> int:
+        """Stop updating, publish the current actor, and return its version."""
+        self._paused.clear()
+        self._pause_requested.set()
+        if not self._paused.wait(timeout):
+            raise TimeoutError("learner did not pause in time")
+        return self.version
+
+    def resume(self) -> None:
+        self._pause_requested.clear()
+        self._paused.clear()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def status(self) -> dict:
+        return dict(self._status)
+
+    def _snapshot(self) -> dict:
+        robots = {rid: s.summary() for rid, s in self.ingest.robots.items()}
+        successes = [r["recent_success"] for r in robots.values() if r["recent_success"] is not None]
+        returns = [r["recent_return"] for r in robots.values() if r["recent_return"] is not None]
+        return {
+            "time": time.monotonic() - self._started,
+            "env_steps": self.env_steps,
+            "updates": self.updates,
+            "policy_version": self.version,
+            "buffer": len(self.ingest.buffer) if self.ingest.buffer else 0,
+            "recent_success": float(np.mean(successes)) if successes else None,
+            "recent_return": float(np.mean(returns)) if returns else None,
+            "rejected": dict(self.ingest.rejected),
+            "duplicates": self.ingest.duplicates,
+            "robots": robots,
+            "metrics": dict(self.last_metrics),
+            "step_credit": self.ingest.step_credit,
+        }
+
+    # -- persistence -----------------------------------------------------------------------
+    def save(self, path: Path | None = None) -> Path | None:
+        """Write the final checkpoint (call after the loop has ended)."""
+        if self.algo is None:
+            return None
+        path = path or self.run_dir / "checkpoint.pt"
+        save_checkpoint(path, {
+            "format": 1,
+            "config": self.cfg.model_dump(),
+            "spaces": spaces_to_text(self.ingest.obs_space, self.ingest.action_space),
+            "policy": {"type": self.cfg.policy.type, "options": {"hidden": self.cfg.policy.hidden}},
+            "policy_version": self.version,
+            "actor": self.algo.actor.state_dict(),
+            "algo": self.algo.state_dict(),
+            "env_steps": self.env_steps,
+        })
+        return path
+
+    def close(self) -> None:
+        self.ingest.close()
+        self.weights.close()
+        self.context.term()

@@ -1,0 +1,170 @@
+"""Typed configuration: YAML plus `key=value` overrides, validated once, errors on one line.
+
+    cfg = load_config("configs/reach.yaml", ["fleet.num_robots=2", "algo.lr=1e-3"])
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration mistake, phrased for the person who wrote the config."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RobotConfig(Section):
+    type: str = "mujoco_reach"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known_driver(self) -> "RobotConfig":
+        from user_rl.hal.registry import robot_names, robot_option_names
+
+        if self.type not in robot_names():
+            raise ValueError(f"unknown robot type {self.type!r}; allowed: {', '.join(robot_names())}")
+        allowed = [n for n in robot_option_names(self.type) if n not in ("robot_id", "seed")]
+        unknown = sorted(set(self.options) - set(allowed))
+        if unknown:
+            raise ValueError(f"unknown option {unknown[0]!r} for {self.type}; allowed: {', '.join(allowed)}")
+        return self
+
+
+class FleetConfig(Section):
+    num_robots: int = Field(4, ge=1, le=256)
+    control_hz: float = Field(0.0, ge=0.0, description="0 runs sims unthrottled")
+    pace_to_learner: bool = True
+    batch_transitions: int = Field(64, ge=1, le=65536)
+    max_batch_delay_s: float = Field(0.1, gt=0.0)
+    heartbeat_s: float = Field(1.0, gt=0.0)
+
+
+class PolicyConfig(Section):
+    type: Literal["mlp"] = "mlp"
+    hidden: list[int] = Field(default_factory=lambda: [256, 256])
+
+
+class AlgoConfig(Section):
+    type: Literal["sac"] = "sac"
+    gamma: float = Field(0.99, gt=0.0, le=1.0)
+    tau: float = Field(0.005, gt=0.0, le=1.0)
+    actor_lr: float = Field(3e-4, gt=0.0)
+    critic_lr: float = Field(3e-4, gt=0.0)
+    batch_size: int = Field(256, ge=1)
+    init_alpha: float = Field(0.1, gt=0.0)
+    target_entropy_scale: float = 1.0
+    learning_starts: int = Field(2000, ge=1)
+    utd_ratio: float = Field(1.0, gt=0.0, description="learner updates per env step when paced")
+
+
+class LearnerConfig(Section):
+    buffer_capacity: int = Field(300_000, ge=1000)
+    publish_every_updates: int = Field(50, ge=1)
+    torch_threads: int = Field(0, ge=0, description="0 picks what the fleet leaves free")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    weight_dtype: Literal["float32", "bfloat16"] = "float32"
+    host: str = "127.0.0.1"
+
+
+class StopConfig(Section):
+    max_env_steps: int = Field(200_000, ge=1)
+    max_wall_s: float = Field(1800.0, gt=0.0)
+    eval_every_s: float = Field(20.0, gt=0.0)
+    eval_episodes: int = Field(20, ge=1)
+    success_rate: float | None = Field(None, ge=0.0, le=1.0)
+    mean_return: float | None = None
+
+
+class Config(Section):
+    name: str = "run"
+    seed: int = 0
+    run_root: str = "runs"
+    robot: RobotConfig = Field(default_factory=RobotConfig)
+    fleet: FleetConfig = Field(default_factory=FleetConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    stop: StopConfig = Field(default_factory=StopConfig)
+
+    def robot_options(self, index: int) -> dict[str, Any]:
+        """Options for the index-th robot of the fleet: unique id and seed."""
+        return {**self.robot.options, "robot_id": f"{self.robot.type}-{index}", "seed": self.seed + 1000 * index}
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"config error: {key}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _explain(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    key = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        section: Any = Config
+        for part in err["loc"][:-1]:
+            section = section.model_fields[str(part)].annotation
+        allowed = ", ".join(section.model_fields)
+        return f"config error: unknown key {key!r}; allowed here: {allowed}"
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    got_text = "" if isinstance(got, dict) else f" (got {got!r})"
+    return f"config error: {key or 'config'}: {msg}{got_text}"
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"config error: override {item!r} is not key=value")
+        _set_dotted(tree, key.strip(), yaml.safe_load(text) if text else "")
+    return tree
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def build_config(data: dict[str, Any], overrides: list[str] | None = None) -> Config:
+    """Validate a config tree (plus overrides); raise `ConfigError` with a one-line message."""
+    merged = _merge(data, parse_overrides(overrides or []))
+    try:
+        return Config.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config error: no config file at {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config error: {path} is not valid YAML: {exc}".replace("\n", " ")) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config error: {path} must hold a mapping at the top level")
+    return build_config(data, overrides)
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.model_dump(), sort_keys=False)

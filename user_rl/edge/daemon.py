@@ -1,0 +1,176 @@
+"""The edge daemon: one robot's control loop with local policy inference.
+
+Each turn: swap in new weights if any arrived (a safe point between steps), pick an action
+(random until the first policy version arrives), pass it through the safety filter, step the
+robot, record the transition, and service the link (flush batches, heartbeats, acks). The
+link is never waited on, except by a sim paced to the learner's update rate.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import zmq
+from torch import nn
+
+from user_rl.edge.batching import BatchBuilder
+from user_rl.edge.link import DataLink
+from user_rl.edge.weights import WeightReceiver
+from user_rl.hal.robot import Robot
+from user_rl.robots.safety import ActionFilter
+from user_rl.wire import user_rl_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EdgeSettings:
+    control_hz: float = 0.0          # 0: as fast as the robot steps (sims in training)
+    pace_to_learner: bool = False    # sims only: wait for step credit from the learner
+    batch_transitions: int = 64
+    max_batch_delay_s: float = 0.1
+    heartbeat_s: float = 1.0
+    seed: int = 0
+
+
+class EdgeDaemon:
+    def __init__(
+        self,
+        robot: Robot,
+        actor: nn.Module,
+        data_address: str,
+        weights_address: str,
+        settings: EdgeSettings | None = None,
+        context: zmq.Context | None = None,
+    ) -> None:
+        self.robot = robot
+        self.actor = actor.eval()
+        self.settings = s = settings or EdgeSettings()
+        self.context = context or zmq.Context.instance()
+        self.link = DataLink(self.context, data_address, robot.descriptor, robot.observation_space, robot.action_space)
+        self.weights = WeightReceiver(self.context, weights_address)
+        self.batch = BatchBuilder(robot.observation_space, robot.action_space, s.batch_transitions)
+        self.safety = ActionFilter(robot.action_space)
+        self.rng = np.random.default_rng(s.seed)
+        self.policy_version = -1
+        self.steps = 0
+        self.episodes = 0
+        self._batch_started = 0.0
+        self._last_heartbeat = 0.0
+        self._rate_window = (time.monotonic(), 0)
+        self.steps_per_second = 0.0
+        self._stop = threading.Event()
+
+    # -- policy ------------------------------------------------------------------------------
+    def _maybe_swap_weights(self) -> None:
+        new = self.weights.poll_new()
+        if new is not None:
+            version, state = new
+            self.actor.load_state_dict(state)
+            self.policy_version = version
+
+    def _choose_action(self, obs: dict[str, np.ndarray]) -> tuple[np.ndarray, int]:
+        if self.policy_version < 0:
+            return self.robot.action_space.sample().astype(self.robot.action_space.dtype), pb.ACTOR_SCRIPTED
+        batch = {k: torch.as_tensor(v).unsqueeze(0) for k, v in obs.items()}
+        return self.actor.act(batch)[0].numpy(), pb.ACTOR_POLICY
+
+    # -- link ---------------------------------------------------------------------------------
+    def _flush(self) -> None:
+        if self.batch.count:
+            self.link.send_batch(*self.batch.take())
+
+    def _service_link(self, now: float) -> None:
+        if self.batch.full or (self.batch.count and now - self._batch_started > self.settings.max_batch_delay_s):
+            self._flush()
+        if now - self._last_heartbeat > self.settings.heartbeat_s:
+            self._update_rate(now)
+            self.link.heartbeat(env_steps=self.steps, episodes=self.episodes,
+                                policy_version=self.policy_version, steps_per_second=self.steps_per_second)
+            self._last_heartbeat = now
+        self.link.poll(0)
+
+    def _update_rate(self, now: float) -> None:
+        t0, n0 = self._rate_window
+        if now - t0 > 0:
+            self.steps_per_second = (self.steps - n0) / (now - t0)
+        self._rate_window = (now, self.steps)
+
+    def _wait_for_credit(self) -> None:
+        """A paced sim holds between steps until the learner grants more steps."""
+        while not self._stop.is_set() and not self.link.stop_requested:
+            credit_ok = self.link.welcomed and (self.link.step_credit == 0 or self.steps < self.link.step_credit)
+            if credit_ok or (not self.settings.pace_to_learner and self.link.welcomed):
+                return
+            self._flush()
+            self._service_link(time.monotonic())
+            self.link.poll(20)
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self, max_steps: int | None = None) -> dict:
+        s = self.settings
+        self.link.hello(self.policy_version)
+        obs = self.robot.reset(seed=s.seed)
+        step_in_episode = 0
+        period = 1.0 / s.control_hz if s.control_hz > 0 else 0.0
+        next_tick = time.monotonic()
+        while not self._stop.is_set() and not self.link.stop_requested:
+            if max_steps is not None and self.steps >= max_steps:
+                break
+            self._wait_for_credit()
+            if self._stop.is_set() or self.link.stop_requested:
+                break
+            self._maybe_swap_weights()
+            proposed, actor = self._choose_action(obs)
+            result = self.robot.step(self.safety(proposed))
+            ended = result.terminated or result.truncated
+            label = pb.LABEL_NONE
+            if ended and "is_success" in result.info:
+                label = pb.LABEL_SUCCESS if result.info["is_success"] else pb.LABEL_FAILURE
+            if self.batch.count == 0:
+                self._batch_started = time.monotonic()
+            self.batch.add(
+                obs, result.action_applied, result.reward, result.terminated, result.truncated,
+                episode=self.episodes, step=step_in_episode, policy_version=self.policy_version,
+                actor=actor, label=label, sensor_time=time.time(),
+                final_obs=result.observation if ended else None,
+            )
+            self.steps += 1
+            step_in_episode += 1
+            obs = result.observation
+            if ended:
+                self.episodes += 1
+                step_in_episode = 0
+                obs = self.robot.reset()
+            now = time.monotonic()
+            self._service_link(now)
+            if period:
+                next_tick += period
+                time.sleep(max(0.0, next_tick - time.monotonic()))
+        self._flush()
+        self.link.poll(100)
+        return self.status()
+
+    def status(self) -> dict:
+        return {
+            "robot_id": self.robot.descriptor.id,
+            "steps": self.steps,
+            "episodes": self.episodes,
+            "policy_version": self.policy_version,
+            "steps_per_second": self.steps_per_second,
+            "unacked_batches": len(self.link.unacked),
+            "safety_violations": dict(self.safety.violations),
+        }
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        self.weights.close()
+        self.link.close()
+        self.robot.close()

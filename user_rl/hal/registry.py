@@ -1,0 +1,56 @@
+"""Robot drivers by name.
+
+A driver registers with `@register_robot("name")`, or from another installed package through
+the `user_rl.robots` entry-point group, so adding a robot never touches an if/elif chain.
+"""
+
+from __future__ import annotations
+
+import inspect
+from importlib.metadata import entry_points
+from typing import Any, Callable
+
+from user_rl.hal.robot import Robot
+
+RobotFactory = Callable[..., Robot]
+ENTRY_POINT_GROUP = "user_rl.robots"
+
+_factories: dict[str, RobotFactory] = {}
+
+
+def register_robot(name: str) -> Callable[[RobotFactory], RobotFactory]:
+    def decorator(factory: RobotFactory) -> RobotFactory:
+        if name in _factories and _factories[name] is not factory:
+            raise ValueError(f"robot driver {name!r} is registered twice")
+        _factories[name] = factory
+        return factory
+
+    return decorator
+
+
+def _entry_points() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def robot_names() -> list[str]:
+    return sorted(set(_factories) | set(_entry_points()))
+
+
+def robot_factory(name: str) -> RobotFactory:
+    """Look a driver up by name, loading its entry point on first use."""
+    if name not in _factories:
+        eps = _entry_points()
+        if name not in eps:
+            raise KeyError(f"unknown robot type {name!r}; known: {', '.join(robot_names()) or 'none'}")
+        _factories.setdefault(name, eps[name].load())
+    return _factories[name]
+
+
+def robot_option_names(name: str) -> list[str]:
+    """The keyword options a driver accepts, for config validation before anything starts."""
+    params = inspect.signature(robot_factory(name)).parameters.values()
+    return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def make_robot(name: str, **options: Any) -> Robot:
+    return robot_factory(name)(**options)

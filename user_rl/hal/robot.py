@@ -1,0 +1,84 @@
+"""The robot contract: a simulator and a real arm look the same to the edge daemon.
+
+The control loop this interface serves::
+
+    with make_robot("mujoco_reach", robot_id="arm-0") as robot:
+        obs = robot.reset(seed=0)
+        while True:
+            result = robot.step(policy(obs))
+            obs = result.observation
+            if result.terminated or result.truncated:
+                obs = robot.reset()
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from user_rl.hal.descriptor import DeviceDescriptor
+
+Observation = dict[str, np.ndarray]
+
+
+@dataclass
+class StepResult:
+    """What one control step returns. `info["is_success"]` is the task's success flag, if any."""
+
+    observation: Observation
+    reward: float
+    terminated: bool
+    truncated: bool
+    action_applied: np.ndarray
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Health:
+    ok: bool
+    detail: str = ""
+
+
+class Robot(abc.ABC):
+    """One robot or simulator slot.
+
+    Observations are dicts of arrays (images uint8 HWC); actions are float32 vectors in
+    `action_space`. `step` returns the action actually applied (after the driver's own
+    clipping) so the transition records what the robot really did.
+    """
+
+    descriptor: DeviceDescriptor
+    observation_space: gym.spaces.Dict
+    action_space: gym.spaces.Box
+
+    @property
+    def control_hz(self) -> float:
+        return self.descriptor.control_hz
+
+    @property
+    def instruction(self) -> str:
+        return self.descriptor.instruction
+
+    @abc.abstractmethod
+    def reset(self, seed: int | None = None) -> Observation:
+        """Start a new episode and return its first observation."""
+
+    @abc.abstractmethod
+    def step(self, action: np.ndarray) -> StepResult:
+        """Send one action, wait for the next observation."""
+
+    def close(self) -> None:
+        """Release the device. Safe to call twice."""
+
+    def health(self) -> Health:
+        return Health(ok=True)
+
+    def __enter__(self) -> "Robot":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,73 @@
+"""Observation encoders: dict of arrays in, one feature vector out.
+
+Images arrive as uint8 HWC and become float on the network's device, never before.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+
+def is_image(space: gym.spaces.Box) -> bool:
+    return space.dtype == np.uint8 and len(space.shape) == 3
+
+
+class ConvEncoder(nn.Module):
+    """A small DrQ-style conv stack for one camera (HWC uint8 → features)."""
+
+    def __init__(self, shape: tuple[int, ...], channels: int = 32, features: int = 64) -> None:
+        super().__init__()
+        h, w, c = shape
+        self.net = nn.Sequential(
+            nn.Conv2d(c, channels, 3, stride=2), nn.ReLU(),
+            nn.Conv2d(channels, channels, 3, stride=2), nn.ReLU(),
+            nn.Conv2d(channels, channels, 3, stride=1), nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            flat = self.net(torch.zeros(1, c, h, w)).shape[1]
+        self.head = nn.Sequential(nn.Linear(flat, features), nn.LayerNorm(features), nn.Tanh())
+        self.out_dim = features
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = image.permute(0, 3, 1, 2).float() / 255.0
+        return self.head(self.net(x))
+
+
+class DictEncoder(nn.Module):
+    """Concatenates flattened vectors with the features of each camera, in sorted key order."""
+
+    def __init__(self, space: gym.spaces.Dict) -> None:
+        super().__init__()
+        self.keys = sorted(space.spaces)
+        self.cameras = nn.ModuleDict(
+            {k: ConvEncoder(space[k].shape) for k in self.keys if is_image(space[k])}
+        )
+        self.out_dim = sum(
+            self.cameras[k].out_dim if k in self.cameras else int(np.prod(space[k].shape))
+            for k in self.keys
+        )
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        parts = [
+            self.cameras[k](obs[k]) if k in self.cameras else obs[k].flatten(1).float()
+            for k in self.keys
+        ]
+        return torch.cat(parts, dim=-1)
+
+
+def mlp(in_dim: int, hidden: list[int], out_dim: int) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for width in hidden:
+        layers += [nn.Linear(in_dim, width), nn.ReLU()]
+        in_dim = width
+    layers.append(nn.Linear(in_dim, out_dim))
+    return nn.Sequential(*layers)
+
+
+def to_tensors(obs: dict[str, np.ndarray], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Numpy observations (batched) to tensors on `device`, keeping uint8 images uint8."""
+    return {k: torch.as_tensor(v, device=device) for k, v in obs.items()}

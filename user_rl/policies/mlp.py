@@ -1,0 +1,68 @@
+"""Gaussian actor and twin Q critic over any dict observation (state vectors and/or cameras).
+
+The actor is what edges run: it outputs actions in the robot's own units, so an edge never
+needs the learner's normalisation. The critic sees actions normalised to [-1, 1].
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+from torch.distributions import Normal
+
+from user_rl.policies.encoders import DictEncoder, mlp
+
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+class GaussianActor(nn.Module):
+    def __init__(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, hidden: list[int]) -> None:
+        super().__init__()
+        self.encoder = DictEncoder(obs_space)
+        self.action_dim = int(np.prod(action_space.shape))
+        self.trunk = mlp(self.encoder.out_dim, hidden, 2 * self.action_dim)
+        low = torch.as_tensor(action_space.low, dtype=torch.float32)
+        high = torch.as_tensor(action_space.high, dtype=torch.float32)
+        self.register_buffer("action_scale", (high - low) / 2.0)
+        self.register_buffer("action_bias", (high + low) / 2.0)
+
+    def distribution(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, log_std = self.trunk(self.encoder(obs)).chunk(2, dim=-1)
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1.0)
+        return mean, log_std
+
+    def sample(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterised tanh-squashed sample in [-1, 1] and its log-probability."""
+        mean, log_std = self.distribution(obs)
+        normal = Normal(mean, log_std.exp())
+        pre_tanh = normal.rsample()
+        squashed = torch.tanh(pre_tanh)
+        log_prob = normal.log_prob(pre_tanh) - torch.log(1.0 - squashed.pow(2) + 1e-6)
+        return squashed, log_prob.sum(-1, keepdim=True)
+
+    @torch.no_grad()
+    def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> torch.Tensor:
+        """Actions in the robot's units (what an edge executes)."""
+        if deterministic:
+            squashed = torch.tanh(self.distribution(obs)[0])
+        else:
+            squashed = self.sample(obs)[0]
+        return squashed * self.action_scale + self.action_bias
+
+    def normalize(self, action: torch.Tensor) -> torch.Tensor:
+        return ((action - self.action_bias) / self.action_scale).clamp(-1.0, 1.0)
+
+
+class TwinQCritic(nn.Module):
+    def __init__(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, hidden: list[int]) -> None:
+        super().__init__()
+        self.encoder = DictEncoder(obs_space)
+        in_dim = self.encoder.out_dim + int(np.prod(action_space.shape))
+        self.q1 = mlp(in_dim, hidden, 1)
+        self.q2 = mlp(in_dim, hidden, 1)
+
+    def forward(self, obs: dict[str, torch.Tensor], action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([self.encoder(obs), action], dim=-1)
+        return self.q1(x), self.q2(x)

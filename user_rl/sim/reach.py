@@ -1,0 +1,219 @@
+"""A 3-joint MuJoCo arm that must touch a red target: the project's own sim robot.
+
+The arm (assets/reach_arm.xml) has base yaw, shoulder pitch and elbow pitch, 0.25 m links and
+stiff position servos. An action is a vector of joint-position deltas in [-1, 1] (x 0.1 rad),
+like the relative joint commands a real arm's driver accepts, so a policy trained here talks to
+a real arm the same way. Every episode draws a new start pose and a new target.
+"""
+
+from __future__ import annotations
+
+import os
+
+# MuJoCo picks its OpenGL backend when `mujoco` is first imported, so headless rendering must be
+# chosen before that import. Only a default: a caller's MUJOCO_GL (e.g. osmesa) wins.
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+from pathlib import Path  # noqa: E402
+
+import gymnasium as gym  # noqa: E402
+import mujoco  # noqa: E402
+import numpy as np  # noqa: E402
+
+from user_rl.hal.descriptor import DeviceDescriptor  # noqa: E402
+from user_rl.hal.robot import Observation, Robot, StepResult  # noqa: E402
+
+ASSET = Path(__file__).parent / "assets" / "reach_arm.xml"
+
+ACTION_SCALE = 0.1  # rad of joint motion per unit action per control step
+SUCCESS_DISTANCE = 0.02  # m between fingertip and target centre
+SUCCESS_BONUS = 1.0
+QVEL_SCALE = 0.2  # joint velocities (rad/s) are a few units; scale them to about [-1, 1]
+MAX_EPISODE_STEPS = 100
+
+# Where targets appear: a slice of a cylinder around the base axis, 0.30+ m across.
+TARGET_YAW = (-np.pi / 3, np.pi / 3)
+TARGET_RADIUS = (0.15, 0.40)
+TARGET_HEIGHT = (0.05, 0.30)
+# Start poses: (yaw, shoulder, elbow) ranges; poses that put the arm near the floor are redrawn.
+START_LOW = np.array([-np.pi / 2, 0.0, 0.2])
+START_HIGH = np.array([np.pi / 2, 1.0, 1.8])
+MIN_START_HEIGHT = 0.06  # fingertip and elbow height (m) a start pose must keep
+MIN_START_DISTANCE = 0.10  # a start pose this close to the target is redrawn (no free successes)
+
+
+def reach_reward(distance: float) -> float:
+    """Dense shaping: minus the distance in metres, plus a bonus while the target is touched."""
+    return -distance + (SUCCESS_BONUS if distance < SUCCESS_DISTANCE else 0.0)
+
+
+def sample_target(rng: np.random.Generator) -> np.ndarray:
+    """A target position (m) uniform in yaw, radius and height within the declared workspace."""
+    yaw = rng.uniform(*TARGET_YAW)
+    radius = rng.uniform(*TARGET_RADIUS)
+    return np.array([radius * np.cos(yaw), radius * np.sin(yaw), rng.uniform(*TARGET_HEIGHT)])
+
+
+def _make_renderer(model: mujoco.MjModel, size: int) -> mujoco.Renderer:
+    """An offscreen renderer, or an error that says how to fix the usual headless failure."""
+    try:
+        return mujoco.Renderer(model, size, size)
+    except Exception as exc:  # mujoco.FatalError, or ImportError of the GL backend
+        raise RuntimeError(
+            f"offscreen rendering failed ({exc}). MuJoCo reads MUJOCO_GL (now"
+            f" {os.environ.get('MUJOCO_GL')!r}) only when `mujoco` is first imported: set"
+            " MUJOCO_GL=egl (or osmesa) in the environment, or import user_rl.sim before mujoco"
+        ) from exc
+
+
+class ReachRobot(Robot):
+    """Fingertip-to-target reaching with a 3-joint arm, state or state+image observations."""
+
+    def __init__(
+        self,
+        *,
+        robot_id: str = "reach-0",
+        obs_mode: str = "state",
+        image_size: int = 64,
+        episode_steps: int = 50,
+        control_hz: float = 25.0,
+        seed: int | None = None,
+    ) -> None:
+        if obs_mode not in ("state", "image"):
+            raise ValueError(f"obs_mode must be 'state' or 'image', got {obs_mode!r}")
+        if not 1 <= episode_steps <= MAX_EPISODE_STEPS:
+            raise ValueError(f"episode_steps must be in 1..{MAX_EPISODE_STEPS}, got {episode_steps}")
+        if not 0 < control_hz <= 100:  # at least a few 2 ms physics steps per control step
+            raise ValueError(f"control_hz must be in (0, 100], got {control_hz}")
+        if not 8 <= image_size <= 512:
+            raise ValueError(f"image_size must be in 8..512, got {image_size}")
+        self.obs_mode = obs_mode
+        self.image_size = image_size
+        self.episode_steps = episode_steps
+
+        self.model = mujoco.MjModel.from_xml_path(str(ASSET))
+        self.data = mujoco.MjData(self.model)
+        # Physics substeps so that one control step lasts 1 / control_hz of simulated time.
+        self.n_substeps = max(1, round(1.0 / (control_hz * self.model.opt.timestep)))
+        self._qlow = self.model.jnt_range[:, 0].copy()
+        self._qhigh = self.model.jnt_range[:, 1].copy()
+        self._ee = self.model.site("ee").id
+        self._elbow = self.model.body("forearm").id
+        self._target_mocap = self.model.body_mocapid[self.model.body("target").id]
+        self._rng = np.random.default_rng(seed)
+        self._step = -1  # -1: no episode yet
+        self._closed = False
+
+        n_state = 3 * self.model.nq + 9  # sin, cos, velocity per joint; ee, target, target - ee
+        spaces: dict[str, gym.spaces.Space] = {
+            "state": gym.spaces.Box(-np.inf, np.inf, (n_state,), np.float32)
+        }
+        self._renderer: mujoco.Renderer | None = None
+        if obs_mode == "image":
+            vis = self.model.vis.global_
+            vis.offwidth, vis.offheight = max(vis.offwidth, image_size), max(vis.offheight, image_size)
+            self._renderer = _make_renderer(self.model, image_size)
+            spaces["image"] = gym.spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
+        self.observation_space = gym.spaces.Dict(spaces)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (self.model.nu,), np.float32)
+        self.descriptor = DeviceDescriptor(
+            kind="sim",
+            model="mujoco_reach",
+            id=robot_id,
+            control_hz=control_hz,
+            instruction="move the fingertip to the red target",
+            cameras=("front",) if obs_mode == "image" else (),
+        )
+
+    # -- episode -------------------------------------------------------------------------
+
+    def reset(self, seed: int | None = None) -> Observation:
+        """New random start pose and target; `seed` restarts the generator for reproducibility."""
+        self._check_open()
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        m, d = self.model, self.data
+        mujoco.mj_resetData(m, d)
+        target = sample_target(self._rng)
+        d.mocap_pos[self._target_mocap] = target
+        while True:  # rejection sampling; a handful of tries at most
+            d.qpos[:] = self._rng.uniform(START_LOW, START_HIGH)
+            mujoco.mj_kinematics(m, d)
+            ee = d.site_xpos[self._ee]
+            if (
+                min(ee[2], d.xpos[self._elbow][2]) >= MIN_START_HEIGHT
+                and np.linalg.norm(ee - target) >= MIN_START_DISTANCE
+            ):
+                break
+        d.ctrl[:] = d.qpos  # the servos hold the start pose
+        mujoco.mj_forward(m, d)
+        self._step = 0
+        return self._observation()
+
+    def step(self, action: np.ndarray) -> StepResult:
+        """Move the joint targets by 0.1 rad x action, simulate 1 / control_hz seconds."""
+        self._check_open()
+        if self._step < 0:
+            raise RuntimeError("call reset() before step()")
+        if self._step >= self.episode_steps:
+            raise RuntimeError("the episode is over (truncated); call reset()")
+        applied = np.clip(np.asarray(action, dtype=np.float32).reshape(self.action_space.shape), -1.0, 1.0)
+        applied = np.nan_to_num(applied, nan=0.0)  # a NaN command must never reach the servos
+        m, d = self.model, self.data
+        d.ctrl[:] = np.clip(d.qpos + ACTION_SCALE * applied, self._qlow, self._qhigh)
+        mujoco.mj_step(m, d, nstep=self.n_substeps)
+        self._step += 1
+        distance = self.distance
+        return StepResult(
+            observation=self._observation(),
+            reward=reach_reward(distance),
+            terminated=False,
+            truncated=self._step >= self.episode_steps,
+            action_applied=applied,
+            info={"distance": distance, "is_success": distance < SUCCESS_DISTANCE},
+        )
+
+    def close(self) -> None:
+        """Free the renderer's GL context; safe to call twice."""
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
+        self._closed = True
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def ee_pos(self) -> np.ndarray:
+        return self.data.site_xpos[self._ee].copy()
+
+    @property
+    def target_pos(self) -> np.ndarray:
+        return self.data.mocap_pos[self._target_mocap].copy()
+
+    @property
+    def distance(self) -> float:
+        return float(np.linalg.norm(self.data.site_xpos[self._ee] - self.data.mocap_pos[self._target_mocap]))
+
+    def set_target(self, position: np.ndarray) -> Observation:
+        """Move the target (for scripted scenes and tests) and return the new observation."""
+        self._check_open()
+        self.data.mocap_pos[self._target_mocap] = position
+        mujoco.mj_forward(self.model, self.data)
+        return self._observation()
+
+    def _observation(self) -> Observation:
+        d = self.data
+        ee = d.site_xpos[self._ee]
+        target = d.mocap_pos[self._target_mocap]
+        state = np.concatenate(
+            [np.sin(d.qpos), np.cos(d.qpos), QVEL_SCALE * d.qvel, ee, target, target - ee]
+        ).astype(np.float32)
+        obs = {"state": state}
+        if self._renderer is not None:
+            self._renderer.update_scene(d, camera="front")
+            obs["image"] = self._renderer.render()
+        return obs
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"robot {self.descriptor.id!r} is closed")

@@ -1,0 +1,76 @@
+"""The transition-batch columns shared by the edge (which fills them) and the learner.
+
+A batch is a run of consecutive steps of one robot. Record t holds obs_t, the action executed
+at t and what followed (reward, terminated, truncated). Its next observation is the obs of
+record t+1 of the same episode, or, when the episode ends at t, `final_obs/<key>` at the row
+listed in `final_row`. Next observations never cross episodes or robots.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+from user_rl.wire.codec import WireError
+
+OBS = "obs/"
+FINAL_OBS = "final_obs/"
+FINAL_ROW = "final_row"
+POLICY_ACTION = "policy_action"
+
+# Per-row scalar columns and their dtypes.
+SCALAR_COLUMNS: dict[str, np.dtype] = {
+    "reward": np.dtype(np.float32),
+    "terminated": np.dtype(np.bool_),
+    "truncated": np.dtype(np.bool_),
+    "episode": np.dtype(np.uint64),
+    "step": np.dtype(np.int64),
+    "policy_version": np.dtype(np.int64),
+    "actor": np.dtype(np.uint8),
+    "label": np.dtype(np.uint8),
+    "sensor_time": np.dtype(np.float64),
+}
+
+MAX_BATCH_ROWS = 65536
+
+
+def _check(name: str, array: np.ndarray | None, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    if array is None:
+        raise WireError("missing_column", name)
+    if array.dtype != dtype:
+        raise WireError("bad_dtype", f"{name}: {array.dtype}, expected {dtype}")
+    if array.shape != shape:
+        raise WireError("bad_shape", f"{name}: {list(array.shape)}, expected {list(shape)}")
+    return array
+
+
+def validate_batch(
+    arrays: dict[str, np.ndarray], count: int, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box
+) -> None:
+    """Raise `WireError` unless the columns form `count` well-typed rows for these spaces."""
+    if not 0 < count <= MAX_BATCH_ROWS:
+        raise WireError("bad_count", f"{count} rows")
+    expected = set(SCALAR_COLUMNS) | {"action", FINAL_ROW, POLICY_ACTION}
+    expected |= {OBS + k for k in obs_space.spaces} | {FINAL_OBS + k for k in obs_space.spaces}
+    unknown = sorted(set(arrays) - expected)
+    if unknown:
+        raise WireError("unknown_column", unknown[0])
+    for name, dtype in SCALAR_COLUMNS.items():
+        _check(name, arrays.get(name), dtype, (count,))
+    for name in ("action", POLICY_ACTION):
+        if name == "action" or name in arrays:
+            action = _check(name, arrays.get(name), action_space.dtype, (count, *action_space.shape))
+            if not np.isfinite(action).all():
+                raise WireError("non_finite", f"{name} holds NaN or inf")
+    if not np.isfinite(arrays["reward"]).all():
+        raise WireError("non_finite", "reward holds NaN or inf")
+    ended = np.flatnonzero(arrays["terminated"] | arrays["truncated"])
+    final_row = _check(FINAL_ROW, arrays.get(FINAL_ROW, np.zeros(0, np.int64)), np.dtype(np.int64), (len(ended),))
+    if not np.array_equal(final_row, ended):
+        raise WireError("bad_final_rows", "final_row must list exactly the rows whose episode ends")
+    for key, space in obs_space.spaces.items():
+        obs = _check(OBS + key, arrays.get(OBS + key), space.dtype, (count, *space.shape))
+        if obs.dtype.kind == "f" and not np.isfinite(obs).all():
+            raise WireError("non_finite", f"{OBS + key} holds NaN or inf")
+        if len(ended) or FINAL_OBS + key in arrays:
+            _check(FINAL_OBS + key, arrays.get(FINAL_OBS + key), space.dtype, (len(ended), *space.shape))
