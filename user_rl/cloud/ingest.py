@@ -54,7 +54,7 @@ class RobotSession:
         return {
             "transitions": self.transitions,
             "episodes": self.episodes,
-            "policy_versions": len(self.versions),
+            "policy_versions": len([v for v in self.versions if v >= 0]),  # -1: random warm-up
             "latest_version": max(self.versions, default=-1),
             "recent_return": float(np.mean(self.recent_returns)) if self.recent_returns else None,
             "recent_success": float(np.mean(self.recent_success)) if self.recent_success else None,
@@ -121,8 +121,11 @@ class Ingest:
         robot_id = msg.envelope.robot_id
         if not robot_id:
             raise WireError("bad_hello", "hello without a robot id")
-        obs_space = dict_space_from_proto(hello.observation_space)
-        action_space = box_from_proto(hello.action_space)
+        try:
+            obs_space = dict_space_from_proto(hello.observation_space)
+            action_space = box_from_proto(hello.action_space)
+        except (TypeError, ValueError) as exc:  # bad dtype name, bounds that do not fit the shape
+            raise WireError("bad_hello", f"{robot_id}: unusable spaces: {exc}"[:300]) from None
         if self.obs_space is None:
             self.obs_space, self.action_space = obs_space, action_space
             self.buffer = ReplayBuffer(obs_space, action_space, self.capacity)

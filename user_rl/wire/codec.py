@@ -65,7 +65,7 @@ def encode(env: pb.Envelope, arrays: Mapping[str, np.ndarray] | None = None) -> 
     frames: list[bytes | memoryview] = []
     del env.arrays[:]
     for name, array in (arrays or {}).items():
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")  # keeps 0-d shape, unlike ascontiguousarray
         if array.dtype.name not in WIRE_DTYPES:
             raise WireError("bad_dtype", f"{name}: {array.dtype} cannot go on the wire")
         env.arrays.add(name=name, dtype=array.dtype.name, shape=array.shape)

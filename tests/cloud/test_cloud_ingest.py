@@ -1,0 +1,356 @@
+"""Live ingest on real ZeroMQ sockets: bad input is rejected with a counted reason and the
+peer is told; the socket keeps serving real edges, whose batches are acked, stitched and
+stored exactly once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import zmq
+
+from user_rl.cloud.ingest import Ingest
+from user_rl.edge.batching import BatchBuilder
+from user_rl.edge.link import DataLink
+from user_rl.hal.descriptor import DeviceDescriptor
+from user_rl.wire import user_rl_pb2 as pb
+from user_rl.wire.codec import PROTOCOL_VERSION, Message, decode, encode, envelope
+from user_rl.wire.spaces import box_to_proto, dict_space_to_proto
+
+OBS_SPACE = gym.spaces.Dict({
+    "image": gym.spaces.Box(0, 255, (4, 4, 3), np.uint8),
+    "state": gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
+})
+ACTION_SPACE = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+TIMEOUT = 5.0
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = TIMEOUT, pump: Callable[[], object] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        if pump is not None:
+            pump()
+        else:
+            time.sleep(0.005)
+
+
+class Episodes:
+    """Feeds a BatchBuilder with a deterministic robot: episodes of `length` steps, truncated."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.episode = 0
+        self.step = 0
+        self.t = 0
+
+    def obs(self) -> dict[str, np.ndarray]:
+        v = (self.t % 100) / 100
+        return {"image": np.full((4, 4, 3), self.t % 256, np.uint8), "state": np.full(3, v, np.float32)}
+
+    def batch(self, rows: int) -> tuple[int, dict[str, np.ndarray]]:
+        builder = BatchBuilder(OBS_SPACE, ACTION_SPACE, capacity=rows)
+        for _ in range(rows):
+            obs = self.obs()
+            self.t += 1
+            ends = self.step == self.length - 1
+            builder.add(
+                obs, np.array([0.5, -0.5], np.float32), 1.0, False, ends,
+                episode=self.episode, step=self.step, policy_version=0, actor=pb.ACTOR_POLICY,
+                label=pb.LABEL_NONE, sensor_time=time.time(), final_obs=self.obs() if ends else None,
+            )
+            self.step += 1
+            if ends:
+                self.episode, self.step = self.episode + 1, 0
+        return builder.take()
+
+
+def hello_envelope(robot_id: str, epoch: int, obs_space: gym.spaces.Dict = OBS_SPACE) -> pb.Envelope:
+    hello = pb.Hello(
+        descriptor=pb.Descriptor(kind="sim", model="test", id=robot_id),
+        observation_space=dict_space_to_proto(obs_space),
+        action_space=box_to_proto(ACTION_SPACE),
+        stream_epoch=epoch,
+    )
+    return envelope(robot_id, hello=hello)
+
+
+@pytest.fixture
+def context():
+    ctx = zmq.Context()
+    yield ctx
+    ctx.term()
+
+
+@pytest.fixture
+def ingest(context: zmq.Context):
+    ing = Ingest(context, "tcp://127.0.0.1:0", capacity=10_000)
+    assert ing.endpoint.startswith("tcp://127.0.0.1:") and not ing.endpoint.endswith(":0")
+    stop = threading.Event()
+    crashed: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            while not stop.is_set():
+                ing.poll(50)
+        except BaseException as exc:  # the test fails if the serving loop ever dies
+            crashed.append(exc)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield ing
+    stop.set()
+    thread.join(TIMEOUT)
+    ing.close()
+    assert not crashed, crashed
+
+
+class RawPeer:
+    """A bare DEALER: sends exactly the frames it is given."""
+
+    def __init__(self, context: zmq.Context, address: str) -> None:
+        self.socket = context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(address)
+
+    def send(self, frames) -> None:
+        self.socket.send_multipart(list(frames))
+
+    def reply(self) -> Message:
+        assert self.socket.poll(int(TIMEOUT * 1000)), "no reply from the ingest"
+        return decode(self.socket.recv_multipart())
+
+    def expect_reject(self, reason: str) -> str:
+        msg = self.reply()
+        assert msg.kind == "reject", msg.kind
+        assert msg.body.reason.split(":")[0] == reason, msg.body.reason
+        return msg.body.reason
+
+    def close(self) -> None:
+        self.socket.close(0)
+
+
+def test_bad_input_is_rejected_and_ingest_keeps_serving(context: zmq.Context, ingest: Ingest) -> None:
+    peer = RawPeer(context, ingest.endpoint)
+    try:
+        def rejected_once(reason: str) -> None:
+            peer.expect_reject(reason)
+            assert ingest.rejected[reason] == 1, dict(ingest.rejected)
+
+        peer.send([b"\xff\xfe not a protobuf \x00"])
+        rejected_once("undecodable")
+
+        peer.send([b""])  # an empty frame is an envelope of protocol 0
+        peer.expect_reject("wrong_version")
+
+        env = hello_envelope("raw-0", epoch=1)
+        env.protocol_version = PROTOCOL_VERSION + 1
+        peer.send([env.SerializeToString()])
+        peer.expect_reject("wrong_version")
+        assert ingest.rejected["wrong_version"] == 2
+
+        count, cols = Episodes(50).batch(8)
+        batch = encode(envelope("raw-0", batch=pb.TransitionBatch(stream_epoch=1, seq=1, count=count)), cols)
+        frames = [bytes(f) for f in batch]
+        peer.send(frames[:-1])  # truncated: the last frame is missing
+        rejected_once("frame_count")
+        cut = list(frames)
+        cut[3] = cut[3][: len(cut[3]) // 2]  # truncated frame
+        peer.send(cut)
+        rejected_once("frame_size")
+
+        peer.send(frames)  # a valid batch, but no hello yet
+        rejected_once("no_hello")
+        assert ingest.buffer is None  # nothing was stored, no fleet spaces were guessed
+
+        peer.send(encode(hello_envelope("raw-0", epoch=1)))
+        welcome = peer.reply()
+        assert welcome.kind == "ack" and welcome.body.seq == 0 and welcome.body.stream_epoch == 1
+
+        bad = dict(cols)
+        bad["obs/state"] = np.zeros((count, 4), np.float32)
+        peer.send(encode(envelope("raw-0", batch=pb.TransitionBatch(stream_epoch=1, seq=1, count=count)), bad))
+        rejected_once("bad_shape")
+
+        nan = {k: v.copy() for k, v in cols.items()}
+        nan["action"][3, 0] = np.nan
+        peer.send(encode(envelope("raw-0", batch=pb.TransitionBatch(stream_epoch=1, seq=1, count=count)), nan))
+        rejected_once("non_finite")
+
+        peer.send(encode(envelope("raw-0", batch=pb.TransitionBatch(stream_epoch=2, seq=1, count=count)), cols))
+        rejected_once("wrong_epoch")
+
+        peer.send(encode(envelope("raw-0", weights_request=pb.WeightsRequest(have_version=-1))))
+        rejected_once("unexpected")
+
+        # None of it was stored, and no robot's stream advanced.
+        assert len(ingest.buffer) == 0
+        assert ingest.robots["raw-0"].last_seq == 0 and ingest.robots["raw-0"].transitions == 0
+
+        # The same peer's valid batch after all that is accepted.
+        peer.send(frames)
+        ack = peer.reply()
+        assert ack.kind == "ack" and ack.body.seq == 1
+        assert len(ingest.buffer) == 7  # 8 rows, the last waits for its successor
+
+        # Then a real edge client talks to the same ingest.
+        link = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-0"),
+                        OBS_SPACE, ACTION_SPACE, epoch=42)
+        try:
+            link.hello()
+            wait_until(lambda: link.welcomed, pump=lambda: link.poll(20))
+            robot = Episodes(25)
+            for _ in range(3):
+                link.send_batch(*robot.batch(10))
+            assert len(link.unacked) == 3
+            wait_until(lambda: not link.unacked, pump=lambda: link.poll(20))
+            # Rows 0..23 pair with their successor, row 24 with its final obs, 25..28 with the
+            # next; row 29 waits for the next batch.
+            assert len(ingest.buffer) == 7 + 29
+            session = ingest.robots["edge-0"]
+            assert session.transitions == 30 and session.episodes == 1 and session.last_seq == 3
+            assert link.rejects == {}
+        finally:
+            link.close()
+        assert sum(ingest.rejected.values()) == 10
+    finally:
+        peer.close()
+
+
+def test_duplicate_batch_is_acked_but_stored_once(context: zmq.Context, ingest: Ingest) -> None:
+    link = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-1"),
+                    OBS_SPACE, ACTION_SPACE, epoch=7)
+    try:
+        link.hello()
+        wait_until(lambda: link.welcomed, pump=lambda: link.poll(20))
+        robot = Episodes(100)
+        link.send_batch(*robot.batch(10))
+        seq = link.send_batch(*robot.batch(10))
+        frames = link.unacked[seq]
+        wait_until(lambda: not link.unacked, pump=lambda: link.poll(20))
+        stored = len(ingest.buffer)
+        assert stored == 19 and ingest.duplicates == 0
+
+        # The edge did not see the ack (say, a reconnect) and sends the same batch again.
+        link.unacked[seq] = frames
+        link.socket.send_multipart(frames, copy=False)
+        wait_until(lambda: not link.unacked, pump=lambda: link.poll(20))  # acked again
+        assert ingest.duplicates == 1
+        assert len(ingest.buffer) == stored
+        assert ingest.robots["edge-1"].transitions == 20  # counted once too
+
+        # An older batch still counts as a duplicate; the stream carries on afterwards.
+        link.socket.send_multipart(frames, copy=False)
+        link.send_batch(*robot.batch(10))
+        wait_until(lambda: not link.unacked and ingest.duplicates == 2, pump=lambda: link.poll(20))
+        assert len(ingest.buffer) == stored + 10
+        assert sum(ingest.rejected.values()) == 0
+    finally:
+        link.close()
+
+
+def test_hello_with_other_spaces_is_rejected(context: zmq.Context, ingest: Ingest) -> None:
+    first = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-a"),
+                     OBS_SPACE, ACTION_SPACE, epoch=1)
+    other_obs = gym.spaces.Dict({
+        "image": gym.spaces.Box(0, 255, (4, 4, 3), np.uint8),
+        "state": gym.spaces.Box(-1.0, 1.0, (5,), np.float32),
+    })
+    odd = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-b"),
+                   other_obs, ACTION_SPACE, epoch=1)
+    try:
+        first.hello()
+        wait_until(lambda: first.welcomed, pump=lambda: first.poll(20))
+        odd.hello()
+        wait_until(lambda: odd.rejects["spaces_mismatch"] == 1, pump=lambda: odd.poll(20))
+        assert not odd.welcomed
+        assert ingest.rejected["spaces_mismatch"] == 1
+        assert "edge-b" not in ingest.robots
+        assert ingest.obs_space == OBS_SPACE  # the fleet's spaces did not change
+
+        # The odd robot's batches are refused (it never joined); the first robot carries on.
+        odd_builder = BatchBuilder(other_obs, ACTION_SPACE, capacity=2)
+        for step in range(2):
+            odd_builder.add({"image": np.zeros((4, 4, 3), np.uint8), "state": np.zeros(5, np.float32)},
+                            np.zeros(2, np.float32), 0.0, False, False, episode=0, step=step,
+                            policy_version=0, actor=0, label=0, sensor_time=0.0)
+        odd.send_batch(*odd_builder.take())
+        wait_until(lambda: odd.rejects["no_hello"] == 1, pump=lambda: odd.poll(20))
+
+        first.send_batch(*Episodes(50).batch(5))
+        wait_until(lambda: not first.unacked, pump=lambda: first.poll(20))
+        assert len(ingest.buffer) == 4
+    finally:
+        first.close()
+        odd.close()
+
+
+def test_malformed_hello_is_rejected_not_crashing(context: zmq.Context, ingest: Ingest) -> None:
+    peer = RawPeer(context, ingest.endpoint)
+    try:
+        env = hello_envelope("raw-1", epoch=1)
+        env.hello.observation_space["state"].dtype = "not_a_dtype"
+        peer.send(encode(env))
+        peer.expect_reject("bad_hello")
+        env = hello_envelope("raw-1", epoch=1)
+        del env.hello.observation_space["state"].low[:]
+        env.hello.observation_space["state"].low.extend([0.0, 1.0])  # two bounds for three elements
+        peer.send(encode(env))
+        peer.expect_reject("bad_hello")
+        env = hello_envelope("", epoch=1)  # no robot id
+        peer.send(encode(env))
+        peer.expect_reject("bad_hello")
+        assert ingest.buffer is None and ingest.robots == {}
+        # Still serving: a proper hello is welcomed.
+        peer.send(encode(hello_envelope("raw-1", epoch=1)))
+        assert peer.reply().kind == "ack"
+    finally:
+        peer.close()
+
+
+def test_heartbeat_is_answered(context: zmq.Context, ingest: Ingest) -> None:
+    link = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-h"),
+                    OBS_SPACE, ACTION_SPACE, epoch=3)
+    try:
+        link.heartbeat(env_steps=5)  # before hello: refused
+        wait_until(lambda: link.rejects["no_hello"] == 1, pump=lambda: link.poll(20))
+        link.hello()
+        wait_until(lambda: link.welcomed, pump=lambda: link.poll(20))
+        link.heartbeat(env_steps=123, steps_per_second=50.0)
+        wait_until(lambda: ingest.robots["edge-h"].heartbeat.get("env_steps") == 123)
+    finally:
+        link.close()
+
+
+def test_restarted_edge_starts_a_new_stream(context: zmq.Context, ingest: Ingest) -> None:
+    robot = Episodes(100)
+    old = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-r"),
+                   OBS_SPACE, ACTION_SPACE, epoch=1)
+    try:
+        old.hello()
+        wait_until(lambda: old.welcomed, pump=lambda: old.poll(20))
+        old.send_batch(*robot.batch(10))
+        old.send_batch(*robot.batch(10))
+        wait_until(lambda: not old.unacked, pump=lambda: old.poll(20))
+        assert len(ingest.buffer) == 19
+    finally:
+        old.close()
+    new = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-r"),
+                   OBS_SPACE, ACTION_SPACE, epoch=2)
+    try:
+        new.hello()
+        wait_until(lambda: new.welcomed, pump=lambda: new.poll(20))
+        assert new.send_batch(*robot.batch(10)) == 1  # seq starts again at 1: not a duplicate
+        wait_until(lambda: not new.unacked, pump=lambda: new.poll(20))
+        assert ingest.duplicates == 0
+        # The old stream's pending record is not paired with the new stream's first row.
+        assert len(ingest.buffer) == 19 + 9
+        session = ingest.robots["edge-r"]
+        assert session.epoch == 2 and session.transitions == 30 and session.index == 0
+    finally:
+        new.close()

@@ -1,0 +1,181 @@
+"""Typed config: YAML + dotted overrides; every mistake is one line that names the key and
+says what is allowed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from user_rl.config import Config, ConfigError, build_config, dump_config, load_config
+
+YAML = """\
+name: reach-test
+seed: 3
+robot:
+  type: mujoco_reach
+  options:
+    episode_steps: 40
+fleet:
+  num_robots: 4
+  batch_transitions: 32
+policy:
+  hidden: [128, 128]
+algo:
+  gamma: 0.98
+learner:
+  device: cpu
+"""
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "reach.yaml"
+    path.write_text(YAML)
+    return path
+
+
+def error(data: dict | None = None, overrides: list[str] | None = None) -> str:
+    with pytest.raises(ConfigError) as info:
+        build_config(data or {}, overrides)
+    message = str(info.value)
+    assert "\n" not in message, f"error spans several lines: {message!r}"
+    assert message.startswith("config error")
+    return message
+
+
+def test_load_yaml(config_file: Path) -> None:
+    cfg = load_config(config_file)
+    assert isinstance(cfg, Config)
+    assert cfg.name == "reach-test" and cfg.seed == 3
+    assert cfg.robot.type == "mujoco_reach" and cfg.robot.options == {"episode_steps": 40}
+    assert cfg.fleet.num_robots == 4 and cfg.fleet.batch_transitions == 32
+    assert cfg.policy.hidden == [128, 128]
+    assert cfg.algo.gamma == 0.98
+    assert cfg.learner.device == "cpu"
+    # Unset keys keep their defaults.
+    assert cfg.algo.tau == Config().algo.tau
+    assert cfg.fleet.heartbeat_s == Config().fleet.heartbeat_s
+
+
+def test_overrides_win_over_the_file(config_file: Path) -> None:
+    cfg = load_config(config_file, ["fleet.num_robots=2", "policy.hidden=[64,64]", "algo.actor_lr=1e-3",
+                                     "robot.options.obs_mode=image", "stop.success_rate=0.9"])
+    assert cfg.fleet.num_robots == 2
+    assert cfg.policy.hidden == [64, 64]
+    assert cfg.algo.actor_lr == pytest.approx(1e-3)
+    assert cfg.robot.options == {"episode_steps": 40, "obs_mode": "image"}  # merged, not replaced
+    assert cfg.stop.success_rate == 0.9
+    assert cfg.fleet.batch_transitions == 32  # siblings in the file are kept
+    assert cfg.robot_options(1) == {"episode_steps": 40, "obs_mode": "image",
+                                    "robot_id": "mujoco_reach-1", "seed": 1003}
+
+
+def test_empty_file_gives_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    assert load_config(path) == Config()
+
+
+def test_dumped_config_loads_back(config_file: Path, tmp_path: Path) -> None:
+    cfg = load_config(config_file, ["fleet.num_robots=2"])
+    again = tmp_path / "again.yaml"
+    again.write_text(dump_config(cfg))
+    assert load_config(again) == cfg
+
+
+def test_unknown_top_level_key() -> None:
+    message = error({"fleets": {"num_robots": 2}})
+    assert "'fleets'" in message
+    for allowed in ("robot", "fleet", "policy", "algo", "learner", "stop"):
+        assert allowed in message
+    message = error(overrides=["bogus=1"])
+    assert "'bogus'" in message and "fleet" in message
+
+
+def test_unknown_nested_key_names_it_and_the_allowed_keys(config_file: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(config_file, ["fleet.num_robot=3"])
+    message = str(info.value)
+    assert "\n" not in message
+    assert "fleet.num_robot" in message
+    assert "num_robots" in message and "batch_transitions" in message
+    message = error({"learner": {"gpu": True}})
+    assert "learner.gpu" in message and "device" in message and "buffer_capacity" in message
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "hint"),
+    [
+        ("fleet.num_robots=abc", "fleet.num_robots", "integer"),
+        ("fleet.num_robots=0", "fleet.num_robots", "greater than or equal to 1"),
+        ("fleet.num_robots=1000", "fleet.num_robots", "256"),
+        ("learner.device=tpu", "learner.device", "'cuda'"),
+        ("algo.gamma=1.5", "algo.gamma", "1"),
+        ("policy.hidden=64", "policy.hidden", "list"),
+        ("learner.weight_dtype=int8", "learner.weight_dtype", "bfloat16"),
+    ],
+)
+def test_bad_values_name_the_key_and_what_is_allowed(override: str, key: str, hint: str) -> None:
+    message = error(overrides=[override])
+    assert key in message
+    assert hint in message
+    assert override.split("=", 1)[1] in message  # and what was given
+
+
+def test_unknown_robot_type_lists_the_known_ones() -> None:
+    message = error(overrides=["robot.type=ur5e"])
+    assert "'ur5e'" in message
+    assert "mujoco_reach" in message and "gym" in message
+
+
+def test_unknown_robot_option_lists_the_allowed_ones() -> None:
+    message = error({"robot": {"type": "mujoco_reach"}}, ["robot.options.bogus=1"])
+    assert "'bogus'" in message
+    for option in ("obs_mode", "image_size", "episode_steps"):
+        assert option in message
+    # Per-robot options the fleet sets itself are not the user's to set.
+    assert "robot_id" not in message.split("allowed", 1)[1]
+    assert "'robot_id'" in error(overrides=["robot.options.robot_id=x"])
+    # The allowed options follow the driver.
+    message = error({"robot": {"type": "gym", "options": {"obs_mode": "image"}}})
+    assert "'obs_mode'" in message and "env_id" in message
+
+
+@pytest.mark.parametrize("override", ["fleet.num_robots", "=3", "fleet"])
+def test_override_without_key_value_is_rejected(override: str) -> None:
+    message = error(overrides=[override])
+    assert repr(override) in message and "key=value" in message
+
+
+def test_override_into_a_value_is_rejected() -> None:
+    message = error({"name": "x"}, ["name.first=1"])
+    assert "name" in message
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "nope.yaml")
+    assert "nope.yaml" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_invalid_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("fleet:\n  num_robots: [1, 2\nalgo: {\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert "broken.yaml" in message and "YAML" in message and "\n" not in message
+
+
+def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
+    path = tmp_path / "list.yaml"
+    path.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "mapping" in str(info.value)
+
+
+def test_config_error_is_a_value_error() -> None:
+    # Callers that catch ValueError (e.g. the CLI's one-line error path) see config mistakes too.
+    assert issubclass(ConfigError, ValueError)

@@ -1,0 +1,226 @@
+"""Policy weights: chunked packing and reassembly, and the live long-poll server + receiver."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import pytest
+import torch
+import zmq
+
+from user_rl.cloud.weight_server import WeightServer
+from user_rl.edge.weights import WeightReceiver
+from user_rl.wire import user_rl_pb2 as pb
+from user_rl.wire.codec import WireError, decode, encode, envelope
+from user_rl.wire.weights import WeightsAssembly, pack
+
+
+def actor_state(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "encoder.weight": torch.randn(7, 5, generator=g),
+        "encoder.bias": torch.randn(7, generator=g),
+        "head.weight": torch.randn(3, 7, generator=g) * 100,
+        "head.bias": torch.zeros(0),  # empty tensor
+        "steps": torch.tensor(123456789, dtype=torch.int64),  # 0-d, not a float
+        "mask": torch.tensor([True, False, True]),
+    }
+
+
+def assemble(packed, order=None) -> dict[str, torch.Tensor]:
+    asm = WeightsAssembly(packed.announce)
+    indices = list(order if order is not None else range(len(packed.chunks)))
+    for n, i in enumerate(indices):
+        done = asm.add(i, packed.chunks[i])
+        assert done == (n == len(indices) - 1)
+    return asm.state()
+
+
+def test_float32_roundtrip_in_many_chunks_is_exact() -> None:
+    state = actor_state()
+    packed = pack(7, state, chunk_bytes=16)
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    assert packed.announce.version == 7
+    assert packed.announce.total_bytes == total
+    assert packed.announce.num_chunks == len(packed.chunks) == -(-total // 16) > 5
+    assert all(len(c) == 16 for c in packed.chunks[:-1])
+    # Chunks may arrive in any order.
+    got = assemble(packed, order=reversed(range(len(packed.chunks))))
+    assert list(got) == list(state)
+    for name, tensor in state.items():
+        assert got[name].dtype == tensor.dtype, name
+        assert got[name].shape == tensor.shape, name
+        assert torch.equal(got[name], tensor), name
+
+
+def test_bfloat16_roundtrip_is_approximate_and_half_the_bytes() -> None:
+    state = actor_state(1)
+    full = pack(1, state, chunk_bytes=10)
+    half = pack(1, state, cast_floats_to=torch.bfloat16, chunk_bytes=10)
+    float_bytes = sum(t.numel() * 4 for t in state.values() if t.is_floating_point())
+    assert full.announce.total_bytes - half.announce.total_bytes == float_bytes // 2
+    got = assemble(half)
+    for name, tensor in state.items():
+        if tensor.is_floating_point():
+            assert got[name].dtype == torch.bfloat16, name
+            torch.testing.assert_close(got[name].float(), tensor, rtol=1e-2, atol=1e-2)
+        else:  # integers and masks are never cast
+            assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+
+
+def test_assembly_refuses_wrong_chunks() -> None:
+    packed = pack(3, actor_state(), chunk_bytes=32)
+    asm = WeightsAssembly(packed.announce)
+    with pytest.raises(WireError) as info:
+        asm.add(0, packed.chunks[0][:-1])  # short chunk
+    assert info.value.reason == "bad_chunk"
+    with pytest.raises(WireError) as info:
+        asm.add(0, packed.chunks[0] + b"\x00")  # long chunk
+    assert info.value.reason == "bad_chunk"
+    last = len(packed.chunks) - 1
+    with pytest.raises(WireError) as info:
+        asm.add(last, packed.chunks[0])  # the last chunk is shorter than chunk_bytes
+    assert info.value.reason == "bad_chunk"
+    with pytest.raises(WireError) as info:
+        asm.add(len(packed.chunks), packed.chunks[0])  # no such chunk
+    assert info.value.reason == "bad_chunk"
+    assert asm.missing == set(range(len(packed.chunks)))  # nothing was stored
+
+
+def test_inconsistent_announce_is_refused() -> None:
+    announce = pb.WeightsAnnounce(version=1, total_bytes=100, num_chunks=2, chunk_bytes=10)
+    with pytest.raises(WireError) as info:
+        WeightsAssembly(announce)
+    assert info.value.reason == "bad_announce"
+    # A layout that runs past the buffer cannot be read out.
+    announce = pb.WeightsAnnounce(version=1, total_bytes=8, num_chunks=1, chunk_bytes=8,
+                                  tensors=[pb.ArraySpec(name="w", dtype="float32", shape=[4])])
+    asm = WeightsAssembly(announce)
+    asm.add(0, b"\x00" * 8)
+    with pytest.raises(WireError) as info:
+        asm.state()
+    assert info.value.reason == "bad_announce"
+
+
+# -- live: WeightServer <-> WeightReceiver over real sockets ---------------------------------
+
+class ServerThread:
+    """Owns the WeightServer's socket in one thread; `publish` is handed over through a queue."""
+
+    def __init__(self, context: zmq.Context) -> None:
+        self.server = WeightServer(context, "tcp://127.0.0.1:0")
+        self.endpoint = self.server.endpoint
+        self._jobs: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                while not self._jobs.empty():
+                    version, state, done = self._jobs.get()
+                    self.server.publish(version, state)
+                    done.set()
+                self.server.poll(20)
+        finally:
+            self.server.close()
+
+    def publish(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        done = threading.Event()
+        self._jobs.put((version, state, done))
+        assert done.wait(5.0)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+
+
+@pytest.fixture
+def context():
+    ctx = zmq.Context()
+    yield ctx
+    ctx.term()
+
+
+def test_late_receiver_gets_the_latest_version_then_the_next(context: zmq.Context) -> None:
+    server = ServerThread(context)
+    receiver = None
+    try:
+        server.publish(1, actor_state(1))
+        v2 = actor_state(2)
+        server.publish(2, v2)
+        receiver = WeightReceiver(context, server.endpoint, resend_s=5.0)
+        version, state = receiver.wait_for(0, timeout=5.0)
+        assert version == 2  # not the stale v1
+        for name in v2:
+            assert torch.equal(state[name], v2[name]), name
+        assert receiver.version == 2
+        assert receiver.poll_new() is None  # handed over once
+
+        v3 = actor_state(3)
+        server.publish(3, v3)
+        version, state = receiver.wait_for(3, timeout=5.0)
+        assert version == 3
+        assert all(torch.equal(state[n], v3[n]) for n in v3)
+
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            receiver.wait_for(4, timeout=0.3)
+        assert time.monotonic() - start < 2.0
+        assert receiver.errors == 0
+        assert server.server.sent_versions == 2  # v2 and v3 only; never v1 to this edge
+    finally:
+        if receiver is not None:
+            receiver.close()
+        server.close()
+
+
+def test_receiver_polls_new_versions_without_blocking(context: zmq.Context) -> None:
+    server = ServerThread(context)
+    receiver = WeightReceiver(context, server.endpoint)
+    try:
+        assert receiver.poll_new() is None  # nothing published: no wait, no crash
+        server.publish(5, actor_state(5))
+        deadline = time.monotonic() + 5.0
+        got = None
+        while got is None and time.monotonic() < deadline:
+            got = receiver.poll_new()
+            time.sleep(0.01)
+        assert got is not None and got[0] == 5
+    finally:
+        receiver.close()
+        server.close()
+
+
+def test_server_rejects_other_messages_and_keeps_serving(context: zmq.Context) -> None:
+    server = ServerThread(context)
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(server.endpoint)
+    try:
+        dealer.send_multipart([b"garbage\xff\xff"])
+        assert dealer.poll(5000)
+        reply = decode(dealer.recv_multipart())
+        assert reply.kind == "reject" and reply.body.reason.startswith("undecodable")
+        dealer.send_multipart(encode(envelope(ack=pb.Ack())))
+        assert dealer.poll(5000)
+        assert decode(dealer.recv_multipart()).body.reason.startswith("unexpected")
+
+        server.publish(1, {"w": torch.arange(6, dtype=torch.float32)})
+        dealer.send_multipart(encode(envelope(weights_request=pb.WeightsRequest(have_version=-1))))
+        assert dealer.poll(5000)
+        announce = decode(dealer.recv_multipart())
+        assert announce.kind == "weights_announce" and announce.body.version == 1
+        asm = WeightsAssembly(announce.body)
+        for _ in range(announce.body.num_chunks):
+            assert dealer.poll(5000)
+            chunk = decode(dealer.recv_multipart())
+            asm.add(chunk.body.index, chunk.arrays["bytes"])
+        assert torch.equal(asm.state()["w"], torch.arange(6, dtype=torch.float32))
+        assert server.server.rejected == {"undecodable": 1, "unexpected": 1}
+    finally:
+        dealer.close(0)
+        server.close()

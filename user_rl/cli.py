@@ -1,0 +1,63 @@
+"""The `user-rl` command: parse, build a config, call one function."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from user_rl.config import ConfigError, load_config
+
+
+def _train(args: argparse.Namespace) -> int:
+    from user_rl.launch import train
+
+    cfg = load_config(args.config, args.overrides)
+    summary = train(cfg, ray_address=args.address)
+    return 0 if summary["stop_reason"] in ("goal_reached", "max_env_steps", "max_wall_s") else 1
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from user_rl.evaluation import evaluate_checkpoint
+
+    result = evaluate_checkpoint(args.checkpoint, episodes=args.episodes, seed=args.seed)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        success = "-" if result["success_rate"] is None else f"{result['success_rate']:.2f}"
+        print(f"policy v{result['policy_version']} on {result['robot']}: success {success}, "
+              f"mean return {result['mean_return']:.1f}, mean length {result['mean_length']:.0f} "
+              f"over {result['episodes']} episodes")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="user-rl", description="Online policy learning on robot fleets.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train a policy with a learner and a sim fleet")
+    train.add_argument("config", help="YAML config, e.g. configs/reach.yaml")
+    train.add_argument("overrides", nargs="*", help="key=value overrides, e.g. fleet.num_robots=2")
+    train.add_argument("--address", default=None, help="Ray cluster address (default: a local instance)")
+    train.set_defaults(func=_train)
+
+    ev = sub.add_parser("eval", help="evaluate a checkpoint on fresh episodes")
+    ev.add_argument("checkpoint")
+    ev.add_argument("--episodes", type=int, default=20)
+    ev.add_argument("--seed", type=int, default=1, help="evaluation seed set (training evals use the run's seed)")
+    ev.add_argument("--json", action="store_true", help="print the result as JSON")
+    ev.set_defaults(func=_eval)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"user-rl: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

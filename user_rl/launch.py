@@ -1,0 +1,165 @@
+"""`user-rl train`: place the learner and a sim fleet as separate processes on Ray, watch
+progress, evaluate, stop, and leave a run directory behind.
+
+Ray only places processes and carries control calls (status, pause, finish); every
+transition and every weight travels over the components' own ZeroMQ sockets.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+import warnings
+from datetime import datetime
+from pathlib import Path
+from typing import Callable
+
+import zmq
+
+from user_rl.config import Config, dump_config
+from user_rl.evaluation import EvalResult, evaluate
+from user_rl.progress import ProgressPrinter
+
+Printer = Callable[[str], None]
+
+
+def make_run_dir(cfg: Config) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    run_dir = Path(cfg.run_root) / f"{cfg.name}-{stamp}"
+    run_dir.mkdir(parents=True, exist_ok=False)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    return run_dir
+
+
+class Evaluator:
+    """Fetches the learner's newest actor over the weights socket and evaluates it locally."""
+
+    def __init__(self, cfg: Config, weights_address: str) -> None:
+        from user_rl.edge.weights import WeightReceiver
+        from user_rl.hal.registry import make_robot
+        from user_rl.policies import make_actor
+
+        self.cfg = cfg
+        self.robot = make_robot(cfg.robot.type, **{**cfg.robot_options(0), "robot_id": "eval"})
+        self.actor = make_actor(cfg.policy.type, self.robot.observation_space, self.robot.action_space,
+                                hidden=cfg.policy.hidden)
+        self.context = zmq.Context()
+        self.receiver = WeightReceiver(self.context, weights_address)
+
+    def run(self, version: int) -> EvalResult:
+        got, state = self.receiver.wait_for(version)
+        self.actor.load_state_dict(state)
+        return evaluate(self.robot, self.actor, self.cfg.stop.eval_episodes, seed=self.cfg.seed)
+
+    def close(self) -> None:
+        self.receiver.close()
+        self.robot.close()
+        self.context.term()
+
+
+def _start_ray(cfg: Config, address: str | None, out: Printer) -> None:
+    import ray
+
+    cores = os.cpu_count() or 1
+    if cfg.fleet.num_robots + 1 > cores:
+        out(f"note: {cfg.fleet.num_robots} sims and a learner share {cores} cores; "
+            "sims are paced to the learner, so this slows wall time, not learning")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ray.init(
+            address=address,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+            log_to_driver=True,
+            runtime_env={"env_vars": {"MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"), "OMP_NUM_THREADS": "1"}},
+        )
+
+
+def train(cfg: Config, out: Printer = print, ray_address: str | None = None) -> dict:
+    """Run one training to its stop condition; return the summary (also in summary.json)."""
+    import ray
+
+    from user_rl.services import EdgeService, LearnerService
+
+    run_dir = make_run_dir(cfg)
+    out(f"run directory: {run_dir}")
+    _start_ray(cfg, ray_address, out)
+    started = time.monotonic()
+    evaluator = None
+    try:
+        learner = ray.remote(num_cpus=0)(LearnerService).remote(cfg.model_dump(), str(run_dir.resolve()))
+        addresses = ray.get(learner.addresses.remote())
+        edges = [ray.remote(num_cpus=0)(EdgeService).remote(cfg.model_dump(), i, addresses)
+                 for i in range(cfg.fleet.num_robots)]
+        ray.get([e.status.remote() for e in edges])
+        out(f"learner at {addresses['data']} (weights {addresses['weights']}); {len(edges)} edge daemons started")
+        evaluator = Evaluator(cfg, addresses["weights"])
+        summary = _watch(cfg, learner, edges, evaluator, run_dir, started, out)
+        summary["learner"] = final = ray.get(learner.finish.remote())
+        summary["checkpoint"] = final["checkpoint"]
+        summary["edges"] = ray.get([e.finish.remote() for e in edges])
+    finally:
+        if evaluator is not None:
+            evaluator.close()
+        ray.shutdown()
+    summary["wall_s"] = round(time.monotonic() - started, 1)
+    summary["run_dir"] = str(run_dir)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    ProgressPrinter.print_summary(summary, out)
+    return summary
+
+
+def _watch(cfg, learner, edges, evaluator: Evaluator, run_dir: Path, started: float, out: Printer) -> dict:
+    """Poll progress until a stop condition; evaluate paused snapshots on schedule."""
+    import ray
+
+    stop = cfg.stop
+    step_cap = cfg.fleet.num_robots * math.floor(stop.max_env_steps / cfg.fleet.num_robots)
+    printer = ProgressPrinter(run_dir / "metrics.jsonl", out)
+    evals: list[dict] = []
+    goal_reached_s = None
+    last_eval = time.monotonic()
+    reason = "max_wall_s"
+    while time.monotonic() - started < stop.max_wall_s:
+        time.sleep(1.0)
+        status = ray.get(learner.status.remote())
+        for edge_status in ray.get([e.status.remote() for e in edges]):
+            if edge_status["error"]:
+                raise RuntimeError(f"edge {edge_status['robot_id']} crashed:\n{edge_status['error']}")
+        if status.get("error"):
+            raise RuntimeError(f"learner crashed:\n{status['error']}")
+        printer.progress(time.monotonic() - started, status)
+        due = time.monotonic() - last_eval >= stop.eval_every_s and status.get("policy_version", 0) > 0
+        if status["env_steps"] >= step_cap:
+            reason = "max_env_steps"
+            break
+        if due and (stop.success_rate is not None or stop.mean_return is not None):
+            result = _evaluate_snapshot(learner, evaluator, started, printer, evals)
+            last_eval = time.monotonic()
+            if result.meets(stop.success_rate, stop.mean_return):
+                goal_reached_s = evals[-1]["time_s"]
+                reason = "goal_reached"
+                break
+            ray.get(learner.resume.remote())
+    if reason != "goal_reached":
+        _evaluate_snapshot(learner, evaluator, started, printer, evals)
+    # The learner stays paused: the checkpoint it writes is the version evaluated last.
+    return {"stop_reason": reason, "goal_reached_s": goal_reached_s, "evaluations": evals,
+            "final_eval": evals[-1] if evals else None}
+
+
+def _evaluate_snapshot(learner, evaluator: Evaluator, started: float, printer: "ProgressPrinter",
+                       evals: list[dict]) -> EvalResult:
+    """Pause updates and evaluate exactly the version just published (the caller resumes)."""
+    import ray
+
+    version = ray.get(learner.pause.remote())
+    result = evaluator.run(version)
+    record = {"time_s": round(time.monotonic() - started, 1), "policy_version": version, **result.as_dict()}
+    evals.append(record)
+    printer.evaluation(record)
+    return result

@@ -1,0 +1,72 @@
+"""Live progress lines, the metrics file, and the end-of-run summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+
+def _fmt(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+class ProgressPrinter:
+    def __init__(self, metrics_path: Path, out: Callable[[str], None], every_s: float = 5.0) -> None:
+        self.metrics = metrics_path.open("a")
+        self.out = out
+        self.every_s = every_s
+        self._last_print = -1e9
+        self._last = (0.0, 0, 0)
+
+    def progress(self, elapsed: float, status: dict) -> None:
+        t0, steps0, updates0 = self._last
+        dt = max(elapsed - t0, 1e-9)
+        steps_rate = (status["env_steps"] - steps0) / dt
+        update_rate = (status["updates"] - updates0) / dt
+        self._last = (elapsed, status["env_steps"], status["updates"])
+        record = {"time_s": round(elapsed, 2), "env_steps_per_s": round(steps_rate, 1),
+                  "updates_per_s": round(update_rate, 1),
+                  **{k: v for k, v in status.items() if k not in ("robots", "error")}}
+        self.metrics.write(json.dumps(record) + "\n")
+        self.metrics.flush()
+        if elapsed - self._last_print >= self.every_s:
+            self._last_print = elapsed
+            self.out(
+                f"[{elapsed:6.0f}s] env {status['env_steps']:>8,} ({steps_rate:6.0f}/s) | "
+                f"updates {status['updates']:>8,} ({update_rate:5.0f}/s) | policy v{status['policy_version']} | "
+                f"success {_fmt(status.get('recent_success'))} | return {_fmt(status.get('recent_return'), '.1f')} | "
+                f"robots {len(status.get('robots', {}))}"
+            )
+
+    def evaluation(self, record: dict) -> None:
+        self.metrics.write(json.dumps({"eval": record}) + "\n")
+        self.metrics.flush()
+        self.out(
+            f"[{record['time_s']:6.0f}s] eval of policy v{record['policy_version']}: "
+            f"success {_fmt(record['success_rate'])}, return {record['mean_return']:.1f} "
+            f"over {record['episodes']} episodes"
+        )
+
+    @staticmethod
+    def print_summary(summary: dict, out: Callable[[str], None]) -> None:
+        learner = summary.get("learner", {})
+        final = summary.get("final_eval") or {}
+        wall = max(summary.get("wall_s", 0.0), 1e-9)
+        out("")
+        out(f"run finished ({summary['stop_reason']}) in {summary['wall_s']:.0f}s: {summary['run_dir']}")
+        out(f"  env steps {learner.get('env_steps', 0):,} ({learner.get('env_steps', 0) / wall:.0f}/s), "
+            f"updates {learner.get('updates', 0):,} ({learner.get('updates', 0) / wall:.0f}/s), "
+            f"policy versions {learner.get('policy_version', 0)}")
+        if final:
+            out(f"  final eval (policy v{final['policy_version']}): success {_fmt(final['success_rate'])}, "
+                f"return {final['mean_return']:.1f} over {final['episodes']} episodes")
+        if summary.get("goal_reached_s") is not None:
+            out(f"  goal reached after {summary['goal_reached_s']:.0f}s")
+        for robot_id, robot in sorted(learner.get("robots", {}).items()):
+            out(f"  {robot_id}: {robot['transitions']:,} transitions, {robot['episodes']} episodes, "
+                f"{robot['policy_versions']} policy versions")
+        rejected = learner.get("rejected") or {}
+        if rejected:
+            out(f"  rejected messages: {rejected}")
+        out(f"  checkpoint: {summary.get('checkpoint')}")

@@ -1,0 +1,91 @@
+"""Long-running components wrapped for placement: each runs its loop in a thread and answers
+status / control calls from the process that placed it (a Ray actor, or a test).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import traceback
+from typing import Any
+
+from user_rl.config import Config
+
+
+def _quiet_logging() -> None:
+    logging.basicConfig(level=os.environ.get("USER_RL_LOG_LEVEL", "WARNING"),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+class _Threaded:
+    """Runs `self._loop()` in a daemon thread and keeps any crash for `status()` to report."""
+
+    def _start_thread(self, name: str) -> None:
+        self.error: str | None = None
+        self.thread = threading.Thread(target=self._guarded, name=name, daemon=True)
+        self.thread.start()
+
+    def _guarded(self) -> None:
+        try:
+            self._loop()
+        except Exception:  # reported to the driver, which stops the run with this message
+            self.error = traceback.format_exc()
+
+    def _loop(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class LearnerService(_Threaded):
+    def __init__(self, cfg: dict[str, Any], run_dir: str) -> None:
+        _quiet_logging()
+        from user_rl.cloud.learner import Learner
+
+        self.learner = Learner(Config.model_validate(cfg), run_dir)
+        self._start_thread("learner")
+
+    def _loop(self) -> None:
+        self.learner.run()
+
+    def addresses(self) -> dict[str, str]:
+        return self.learner.addresses
+
+    def status(self) -> dict:
+        return {**self.learner.status(), "error": self.error, "pid": os.getpid()}
+
+    def pause(self) -> int:
+        return self.learner.pause()
+
+    def resume(self) -> None:
+        self.learner.resume()
+
+    def finish(self) -> dict:
+        """Stop the loop, write the final checkpoint, return the final status."""
+        self.learner.stop()
+        self.thread.join(timeout=60)
+        path = self.learner.save()
+        status = self.status()
+        self.learner.close()
+        return {**status, "checkpoint": str(path) if path else None}
+
+
+class EdgeService(_Threaded):
+    def __init__(self, cfg: dict[str, Any], index: int, addresses: dict[str, str]) -> None:
+        _quiet_logging()
+        from user_rl.edge.factory import make_edge
+
+        self.daemon = make_edge(Config.model_validate(cfg), index, addresses["data"], addresses["weights"])
+        self._start_thread(f"edge-{index}")
+
+    def _loop(self) -> None:
+        self.daemon.run()
+
+    def status(self) -> dict:
+        return {**self.daemon.status(), "error": self.error, "pid": os.getpid()}
+
+    def finish(self) -> dict:
+        self.daemon.stop()
+        self.thread.join(timeout=30)
+        status = self.status()
+        self.daemon.close()
+        return status
