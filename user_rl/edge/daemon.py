@@ -102,10 +102,12 @@ class EdgeDaemon:
         self._rate_window = (now, self.steps)
 
     def _wait_for_credit(self) -> None:
-        """A paced sim holds between steps until the learner grants more steps."""
+        """A paced sim holds between steps until the learner grants more steps (0: no limit)."""
+        if not self.settings.pace_to_learner:
+            return
         while not self._stop.is_set() and not self.link.stop_requested:
-            credit_ok = self.link.welcomed and (self.link.step_credit == 0 or self.steps < self.link.step_credit)
-            if credit_ok or (not self.settings.pace_to_learner and self.link.welcomed):
+            credit = self.link.step_credit
+            if self.link.welcomed and (credit == 0 or self.steps < credit):
                 return
             self._flush()
             self._service_link(time.monotonic())
