@@ -70,22 +70,34 @@ class LearnerService(_Threaded):
 
 
 class EdgeService(_Threaded):
+    """Builds, runs and closes the edge daemon in one thread (the robot's GL context lives there)."""
+
     def __init__(self, cfg: dict[str, Any], index: int, addresses: dict[str, str]) -> None:
         _quiet_logging()
-        from user_rl.edge.factory import make_edge
-
-        self.daemon = make_edge(Config.model_validate(cfg), index, addresses["data"], addresses["weights"])
+        self.cfg, self.index, self.addresses = Config.model_validate(cfg), index, addresses
+        self.daemon = None
+        self._built = threading.Event()
         self._start_thread(f"edge-{index}")
+        self._built.wait(timeout=120)
 
     def _loop(self) -> None:
-        self.daemon.run()
+        from user_rl.edge.factory import make_edge
+
+        try:
+            self.daemon = make_edge(self.cfg, self.index, self.addresses["data"], self.addresses["weights"])
+        finally:
+            self._built.set()
+        try:
+            self.daemon.run()
+        finally:
+            self.daemon.close()
 
     def status(self) -> dict:
-        return {**self.daemon.status(), "error": self.error, "pid": os.getpid()}
+        base = self.daemon.status() if self.daemon else {"robot_id": f"edge-{self.index}"}
+        return {**base, "error": self.error, "pid": os.getpid()}
 
     def finish(self) -> dict:
-        self.daemon.stop()
+        if self.daemon is not None:
+            self.daemon.stop()
         self.thread.join(timeout=30)
-        status = self.status()
-        self.daemon.close()
-        return status
+        return self.status()

@@ -48,7 +48,8 @@ class Robot(abc.ABC):
 
     Observations are dicts of arrays (images uint8 HWC); actions are float32 vectors in
     `action_space`. `step` returns the action actually applied (after the driver's own
-    clipping) so the transition records what the robot really did.
+    clipping) so the transition records what the robot really did. A robot is used from the
+    thread that made it: camera and GL contexts are bound to their thread.
     """
 
     descriptor: DeviceDescriptor

@@ -1,0 +1,109 @@
+"""The edge daemon against a real learner over loopback ZeroMQ (threads in one process)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from user_rl.cloud.learner import Learner
+from user_rl.config import build_config
+from user_rl.edge.daemon import EdgeDaemon, EdgeSettings
+from user_rl.edge.factory import make_edge
+from user_rl.hal.registry import make_robot
+from user_rl.policies import make_actor
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def running(tmp_path: Path):
+    """Start a learner and edges for a config; stop everything afterwards. Each edge is built,
+    run and closed in its own thread, as the edge service does (GL contexts are per thread)."""
+    started: list = []
+
+    def start(overrides: list[str], robot: dict) -> tuple[Learner, list[EdgeDaemon]]:
+        cfg = build_config({"robot": robot}, overrides)
+        learner = Learner(cfg, tmp_path)
+        threading.Thread(target=learner.run, daemon=True).start()
+        edges: list[EdgeDaemon] = []
+        threads = []
+        for i in range(cfg.fleet.num_robots):
+            built = threading.Event()
+
+            def serve(index: int = i, built: threading.Event = built) -> None:
+                edge = make_edge(cfg, index, learner.addresses["data"], learner.addresses["weights"])
+                edges.append(edge)
+                built.set()
+                try:
+                    edge.run()
+                finally:
+                    edge.close()
+
+            threads.append(threading.Thread(target=serve, daemon=True))
+            threads[-1].start()
+            assert built.wait(60)
+        started.append((learner, edges, threads))
+        return learner, edges
+
+    yield start
+    for learner, edges, threads in started:
+        for edge in edges:
+            edge.stop()
+        for thread in threads:
+            thread.join(timeout=10)
+        learner.stop()
+        time.sleep(0.3)
+        learner.close()
+
+
+def test_camera_fleet_streams_uint8_images_and_receives_policies(running) -> None:
+    learner, edges = running(
+        ["fleet.num_robots=2", "algo.learning_starts=200", "algo.batch_size=32", "policy.hidden=[32]",
+         "learner.publish_every_updates=5", "fleet.batch_transitions=16"],
+        {"type": "mujoco_reach", "options": {"obs_mode": "image", "image_size": 32}},
+    )
+    wait_until(lambda: all(e.policy_version >= 2 for e in edges), 120, "two policy versions at every edge")
+    buffer = learner.ingest.buffer
+    assert buffer.columns["obs/image"].dtype == np.uint8 and buffer.columns["obs/image"].shape[1:] == (32, 32, 3)
+    assert buffer.columns["next_obs/image"][: len(buffer)].any(), "images arrived empty"
+    assert learner.updates > 0
+    status = learner.status()
+    assert set(status["robots"]) == {"mujoco_reach-0", "mujoco_reach-1"}
+    assert status["rejected"] == {}
+
+
+def test_paced_fleet_never_exceeds_its_step_budget(running) -> None:
+    learner, edges = running(
+        ["fleet.num_robots=2", "algo.learning_starts=100", "algo.batch_size=16", "policy.hidden=[16]",
+         "stop.max_env_steps=600", "fleet.batch_transitions=8"],
+        {"type": "gym", "options": {"env_id": "InvertedPendulum-v5"}},
+    )
+    wait_until(lambda: sum(e.steps for e in edges) >= 600, 120, "the step budget to be used")
+    time.sleep(1.0)  # edges must now hold, not step on
+    assert sum(e.steps for e in edges) == 600
+    assert learner.env_steps == 600  # every step arrived and was acked
+    assert all(len(e.link.unacked) == 0 for e in edges)
+
+
+def test_unpaced_edge_keeps_acting_while_no_learner_answers(tmp_path: Path) -> None:
+    """A real robot never waits for the cloud: with no learner up it acts and keeps its batches."""
+    context = zmq.Context()
+    robot = make_robot("gym", env_id="InvertedPendulum-v5", robot_id="lonely", seed=0)
+    actor = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
+    edge = EdgeDaemon(robot, actor, "tcp://127.0.0.1:1", "tcp://127.0.0.1:1",
+                      EdgeSettings(pace_to_learner=False, batch_transitions=10), context)
+    status = edge.run(max_steps=200)
+    assert status["steps"] == 200
+    assert status["unacked_batches"] == 20  # kept until a learner acknowledges them
+    edge.close()
+    context.term()
