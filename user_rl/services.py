@@ -4,6 +4,7 @@ status / control calls from the process that placed it (a Ray actor, or a test).
 
 from __future__ import annotations
 
+import abc
 import logging
 import os
 import threading
@@ -18,7 +19,7 @@ def _quiet_logging() -> None:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
-class _Threaded:
+class _Threaded(abc.ABC):
     """Runs `self._loop()` in a daemon thread and keeps any crash for `status()` to report."""
 
     def _start_thread(self, name: str) -> None:
@@ -32,8 +33,9 @@ class _Threaded:
         except Exception:  # reported to the driver, which stops the run with this message
             self.error = traceback.format_exc()
 
-    def _loop(self) -> None:  # pragma: no cover - overridden
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _loop(self) -> None:
+        """The component's main loop; returns when the component stops."""
 
 
 class LearnerService(_Threaded):

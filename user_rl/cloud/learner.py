@@ -21,8 +21,10 @@ import zmq
 from user_rl.algos import SAC, SACSettings
 from user_rl.cloud.checkpoint import save_checkpoint, spaces_to_text
 from user_rl.cloud.ingest import Ingest
+from user_rl.cloud.replay import NEXT_OBS
 from user_rl.cloud.weight_server import WeightServer
 from user_rl.config import Config
+from user_rl.wire.transitions import OBS
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +137,8 @@ class Learner:
         dev = self.device
         tensors = {k: torch.as_tensor(v).to(dev, non_blocking=True) for k, v in batch.items()}
         return {
-            "obs": {k[4:]: v for k, v in tensors.items() if k.startswith("obs/")},
-            "next_obs": {k[9:]: v for k, v in tensors.items() if k.startswith("next_obs/")},
+            "obs": {k.removeprefix(OBS): v for k, v in tensors.items() if k.startswith(OBS)},
+            "next_obs": {k.removeprefix(NEXT_OBS): v for k, v in tensors.items() if k.startswith(NEXT_OBS)},
             "action": tensors["action"],
             "reward": tensors["reward"],
             "terminated": tensors["terminated"],
