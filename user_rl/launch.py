@@ -50,7 +50,7 @@ class Evaluator:
         self.receiver = WeightReceiver(self.context, weights_address)
 
     def run(self, version: int) -> EvalResult:
-        got, state = self.receiver.wait_for(version)
+        _, state = self.receiver.wait_for(version)
         self.actor.load_state_dict(state)
         return evaluate(self.robot, self.actor, self.cfg.stop.eval_episodes, seed=self.cfg.seed)
 

@@ -23,7 +23,7 @@ from user_rl.hal.descriptor import DeviceDescriptor
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import Message, WireError, decode, encode, envelope
 from user_rl.wire.spaces import box_from_proto, descriptor_from_proto, dict_space_from_proto
-from user_rl.wire.transitions import OBS, validate_batch
+from user_rl.wire.transitions import validate_batch
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,6 @@ class RobotSession:
     last_seq: int = 0
     transitions: int = 0
     episodes: int = 0
-    successes: int = 0
-    labelled: int = 0
     versions: set[int] = field(default_factory=set)
     recent_returns: deque = field(default_factory=lambda: deque(maxlen=20))
     recent_success: deque = field(default_factory=lambda: deque(maxlen=20))

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import gymnasium as gym
 from torch import nn
 
 from user_rl.policies.mlp import GaussianActor, TwinQCritic
-
-ActorFactory = Callable[..., nn.Module]
 
 ACTORS: dict[str, type[nn.Module]] = {"mlp": GaussianActor}
 CRITICS: dict[str, type[nn.Module]] = {"mlp": TwinQCritic}

@@ -67,7 +67,3 @@ def mlp(in_dim: int, hidden: list[int], out_dim: int) -> nn.Sequential:
     layers.append(nn.Linear(in_dim, out_dim))
     return nn.Sequential(*layers)
 
-
-def to_tensors(obs: dict[str, np.ndarray], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-    """Numpy observations (batched) to tensors on `device`, keeping uint8 images uint8."""
-    return {k: torch.as_tensor(v, device=device) for k, v in obs.items()}
