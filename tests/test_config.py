@@ -101,7 +101,7 @@ def test_unknown_nested_key_names_it_and_the_allowed_keys(config_file: Path) -> 
     assert "fleet.num_robot" in message
     assert "num_robots" in message and "batch_transitions" in message
     message = error({"learner": {"gpu": True}})
-    assert "learner.gpu" in message and "device" in message and "buffer_capacity" in message
+    assert "learner.gpu" in message and "device" in message and "checkpoint_every_s" in message
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,16 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _buffer_inspect(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from user_rl.cloud.buffer.inspect import format_report, inspect_buffer
+
+    report = inspect_buffer(Path(args.directory), verify=not args.no_verify)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0 if report["ok"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="user-rl", description="Online policy learning on robot fleets.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -47,6 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=1, help="evaluation seed set (training evals use the run's seed)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
     ev.set_defaults(func=_eval)
+
+    buffer = sub.add_parser("buffer", help="persistent replay buffer tools")
+    actions = buffer.add_subparsers(dest="action", required=True)
+    inspect = actions.add_parser("inspect", help="summarize a buffer directory and verify its segment checksums "
+                                 "(read-only; exit 1 if a segment is corrupt)")
+    inspect.add_argument("directory", help="the buffer directory (holds index.sqlite)")
+    inspect.add_argument("--json", action="store_true", help="print the report as JSON")
+    inspect.add_argument("--no-verify", action="store_true", help="skip the checksums (headers and sizes are still checked)")
+    inspect.set_defaults(func=_buffer_inspect)
     return parser
 
 

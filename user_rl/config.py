@@ -37,6 +37,11 @@ class RobotConfig(Section):
         return self
 
 
+class CompressionConfig(Section):
+    format: Literal["jpeg", "png"] = "jpeg"
+    quality: int = Field(90, ge=1, le=100)
+
+
 class FleetConfig(Section):
     num_robots: int = Field(4, ge=1, le=256)
     control_hz: float = Field(0.0, ge=0.0, description="0 runs sims unthrottled")
@@ -44,6 +49,11 @@ class FleetConfig(Section):
     batch_transitions: int = Field(64, ge=1, le=65536)
     max_batch_delay_s: float = Field(0.1, gt=0.0)
     heartbeat_s: float = Field(1.0, gt=0.0)
+    spool_max_mb: float = Field(2048.0, gt=0, description="disk for batches the learner has not acked yet")
+    max_in_flight: int = Field(64, ge=1, description="batches sent and not yet acked before the edge waits")
+    resend_after_s: float = Field(2.0, gt=0, description="no ack progress this long: send again from the last ack")
+    compression: dict[str, "CompressionConfig"] = Field(default_factory=dict, description="per camera key")
+    adapt: bool = Field(True, description="grow batches and compress harder while the backlog grows")
 
 
 class PolicyConfig(Section):
@@ -64,13 +74,38 @@ class AlgoConfig(Section):
     utd_ratio: float = Field(1.0, gt=0.0, description="learner updates per env step when paced")
 
 
+class AttachConfig(Section):
+    """An earlier run's buffer, read-only, filtered; its transitions join the sampling."""
+
+    path: str
+    source: Literal["online", "demo", "intervention"] = "online"
+    tasks: list[str] | None = None
+    robots: list[str] | None = None
+    min_policy_version: int | None = None
+
+
+class BufferConfig(Section):
+    ram_budget_mb: float = Field(2048.0, gt=0, description="RAM for cached segments")
+    segment_mb: float = Field(32.0, gt=0, description="target size of one segment file")
+    max_disk_gb: float = Field(0.0, ge=0, description="0: no limit; else evict oldest online segments")
+    commit_interval_s: float = Field(0.05, ge=0, description="group commit: fsync and ack this often")
+    hot_segments: int = Field(2, ge=0, description="newest sealed segments always kept in RAM")
+    strategy: Literal["uniform", "recency", "task_balanced"] = "uniform"
+    recency_half_life: int = Field(50_000, ge=1)
+    mix: dict[str, float] | None = Field(None, description='e.g. {online: 0.5, demo: 0.5} (RLPD)')
+    n_step: int = Field(1, ge=1, le=20)
+    attach: list[AttachConfig] = Field(default_factory=list)
+
+
 class LearnerConfig(Section):
-    buffer_capacity: int = Field(300_000, ge=1000)
     publish_every_updates: int = Field(50, ge=1)
     torch_threads: int = Field(0, ge=0, description="0 picks what the fleet leaves free")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     weight_dtype: Literal["float32", "bfloat16"] = "float32"
     host: str = "127.0.0.1"
+    data_port: int = Field(0, ge=0, le=65535, description="0 picks a free port; fix it so edges survive a learner restart")
+    weights_port: int = Field(0, ge=0, le=65535)
+    checkpoint_every_s: float = Field(60.0, gt=0, description="background checkpoints, written without pausing")
 
 
 class StopConfig(Section):
@@ -86,12 +121,14 @@ class Config(Section):
     name: str = "run"
     seed: int = 0
     run_root: str = "runs"
+    resume: str | None = Field(None, description="run directory to continue (checkpoint and buffer)")
     robot: RobotConfig = Field(default_factory=RobotConfig)
     fleet: FleetConfig = Field(default_factory=FleetConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     stop: StopConfig = Field(default_factory=StopConfig)
+    buffer: BufferConfig = Field(default_factory=BufferConfig)
 
     def robot_options(self, index: int) -> dict[str, Any]:
         """Options for the index-th robot of the fleet: unique id and seed."""

@@ -19,7 +19,7 @@ from typing import Callable
 
 import zmq
 
-from user_rl.config import Config, dump_config
+from user_rl.config import Config, ConfigError, dump_config
 from user_rl.evaluation import EvalResult, evaluate
 from user_rl.progress import ProgressPrinter
 
@@ -27,6 +27,12 @@ Printer = Callable[[str], None]
 
 
 def make_run_dir(cfg: Config) -> Path:
+    """A fresh run directory, or the one named by `resume` (which must hold a run)."""
+    if cfg.resume:
+        run_dir = Path(cfg.resume)
+        if not (run_dir / "checkpoint.pt").is_file():
+            raise ConfigError(f"config error: resume: {run_dir} holds no checkpoint.pt to resume from")
+        return run_dir
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     run_dir = Path(cfg.run_root) / f"{cfg.name}-{stamp}"
     run_dir.mkdir(parents=True, exist_ok=False)
@@ -93,7 +99,8 @@ def train(cfg: Config, out: Printer = print, ray_address: str | None = None) -> 
     try:
         learner = ray.remote(num_cpus=0)(LearnerService).remote(cfg.model_dump(), str(run_dir.resolve()))
         addresses = ray.get(learner.addresses.remote())
-        edges = [ray.remote(num_cpus=0)(EdgeService).remote(cfg.model_dump(), i, addresses)
+        spool_root = str((run_dir / "spool").resolve())
+        edges = [ray.remote(num_cpus=0)(EdgeService).remote(cfg.model_dump(), i, addresses, spool_root)
                  for i in range(cfg.fleet.num_robots)]
         ray.get([e.status.remote() for e in edges])
         out(f"learner at {addresses['data']} (weights {addresses['weights']}); {len(edges)} edge daemons started")

@@ -74,9 +74,10 @@ class LearnerService(_Threaded):
 class EdgeService(_Threaded):
     """Builds, runs and closes the edge daemon in one thread (the robot's GL context lives there)."""
 
-    def __init__(self, cfg: dict[str, Any], index: int, addresses: dict[str, str]) -> None:
+    def __init__(self, cfg: dict[str, Any], index: int, addresses: dict[str, str], spool_root: str | None = None) -> None:
         _quiet_logging()
         self.cfg, self.index, self.addresses = Config.model_validate(cfg), index, addresses
+        self.spool_root = spool_root
         self.daemon = None
         self._built = threading.Event()
         self._start_thread(f"edge-{index}")
@@ -86,7 +87,8 @@ class EdgeService(_Threaded):
         from user_rl.edge.factory import make_edge
 
         try:
-            self.daemon = make_edge(self.cfg, self.index, self.addresses["data"], self.addresses["weights"])
+            self.daemon = make_edge(self.cfg, self.index, self.addresses["data"], self.addresses["weights"],
+                                    self.spool_root)
         finally:
             self._built.set()
         try:

@@ -55,7 +55,10 @@ class SAC:
         return self.log_alpha.exp()
 
     def update(self, batch: dict) -> dict[str, float]:
-        """One gradient step on a batch of tensors: obs, action, reward, next_obs, terminated."""
+        """One gradient step on a batch of tensors: obs, action, reward, next_obs, terminated.
+
+        An optional `discount` per row (gamma ** n for n-step returns) replaces `gamma`.
+        """
         s = self.settings
         obs, next_obs = batch["obs"], batch["next_obs"]
         action = self.actor.normalize(batch["action"])
@@ -66,7 +69,8 @@ class SAC:
         with torch.no_grad():
             next_action, next_log_prob = self.actor.sample(next_obs)
             target_q = torch.min(*self.critic_target(next_obs, next_action)) - self.alpha * next_log_prob
-            td_target = reward + s.gamma * not_done * target_q
+            discount = batch["discount"].unsqueeze(-1) if "discount" in batch else s.gamma
+            td_target = reward + discount * not_done * target_q
         q1, q2 = self.critic(obs, action)
         critic_loss = F.mse_loss(q1, td_target) + F.mse_loss(q2, td_target)
         self.critic_optim.zero_grad(set_to_none=True)

@@ -1,9 +1,11 @@
 """ZeroMQ ingest: one ROUTER socket that many edges talk to at once.
 
-Per robot it keeps the hello (descriptor and spaces), the stream epoch and last sequence
-number (duplicates are acknowledged again but stored once), the episode stitcher and the
-counters the learner reports. Every message that fails to decode or validate is dropped with
-a counted, logged reason, and the peer is told why; the socket keeps serving.
+Per robot it keeps the hello (descriptor and spaces) and the counters the learner reports.
+Batches are appended to the persistent buffer strictly in sequence per (robot, epoch) stream:
+a re-sent batch is acknowledged again but stored once, and a batch after a gap is not stored
+(the ack tells the edge where to resume). Acks are cumulative and sent only once a group
+commit has made the batches durable. Every message that fails to decode or validate is
+dropped with a counted, logged reason, and the peer is told why; the socket keeps serving.
 """
 
 from __future__ import annotations
@@ -12,16 +14,19 @@ import logging
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import zmq
 
-from user_rl.cloud.replay import ReplayBuffer
-from user_rl.cloud.stitching import EpisodeStitcher
+from user_rl.cloud.buffer.rows import StreamState
+from user_rl.cloud.buffer.store import PersistentReplay
+from user_rl.config import BufferConfig
 from user_rl.hal.descriptor import DeviceDescriptor
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import Message, WireError, decode, encode, envelope
+from user_rl.wire.images import decode_columns
 from user_rl.wire.spaces import box_from_proto, descriptor_from_proto, dict_space_from_proto
 from user_rl.wire.transitions import validate_batch
 
@@ -37,8 +42,7 @@ class RobotSession:
     identity: bytes
     descriptor: DeviceDescriptor
     epoch: int
-    stitcher: EpisodeStitcher
-    last_seq: int = 0
+    stream: StreamState
     transitions: int = 0
     episodes: int = 0
     versions: set[int] = field(default_factory=set)
@@ -57,21 +61,30 @@ class RobotSession:
             "recent_return": float(np.mean(self.recent_returns)) if self.recent_returns else None,
             "recent_success": float(np.mean(self.recent_success)) if self.recent_success else None,
             "steps_per_second": self.heartbeat.get("steps_per_second", 0.0),
+            "backlog_batches": self.heartbeat.get("unacked", 0),
+            "backlog_bytes": self.heartbeat.get("backlog_bytes", 0),
+            "dropped_transitions": self.heartbeat.get("dropped_transitions", 0),
             "seconds_since_seen": round(time.monotonic() - self.last_seen, 2),
         }
 
 
 class Ingest:
-    def __init__(self, context: zmq.Context, endpoint: str, capacity: int, max_rejects_logged: int = 20) -> None:
+    def __init__(self, context: zmq.Context, endpoint: str, buffer_dir: Path, buffer: BufferConfig | None = None,
+                 gamma: float = 0.99, max_rejects_logged: int = 20) -> None:
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting edge takes its identity back
         self.socket.bind(endpoint)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.capacity = capacity
+        self.buffer_dir = Path(buffer_dir)
+        self.buffer_settings = buffer or BufferConfig()
+        self.gamma = gamma
         self.robots: dict[str, RobotSession] = {}
         self.rejected: Counter[str] = Counter()
         self.duplicates = 0
-        self.buffer: ReplayBuffer | None = None
+        self.out_of_order = 0
+        self.buffer: PersistentReplay | None = None
+        self._last_commit = time.monotonic()
         self.obs_space: gym.spaces.Dict | None = None
         self.action_space: gym.spaces.Box | None = None
         self.step_credit = 0
@@ -93,7 +106,21 @@ class Ingest:
             except Exception as exc:  # a bug must not take the learner down with it
                 log.exception("ingest failed on a message")
                 self._reject(identity, WireError("internal_error", repr(exc)[:200]))
+        self.maybe_commit()
         return handled
+
+    def maybe_commit(self, force: bool = False) -> None:
+        """Group commit: make appended batches durable, then acknowledge them."""
+        if self.buffer is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_commit < self.buffer_settings.commit_interval_s:
+            return
+        self._last_commit = now
+        for stream in self.buffer.commit():
+            session = self.robots.get(stream.record.robot)
+            if session is not None:
+                self._ack(session, stream)
 
     def _handle(self, identity: bytes, msg: Message) -> None:
         kind = msg.kind
@@ -109,8 +136,9 @@ class Ingest:
         elif kind == "heartbeat":
             hb = msg.body
             session.heartbeat = {"env_steps": hb.env_steps, "steps_per_second": hb.steps_per_second,
-                                 "policy_version": hb.policy_version, "unacked": hb.unacked_batches}
-            self._ack(session, 0)
+                                 "policy_version": hb.policy_version, "unacked": hb.unacked_batches,
+                                 "backlog_bytes": hb.backlog_bytes, "dropped_transitions": hb.dropped_transitions}
+            self._ack(session, session.stream)
         else:
             raise WireError("unexpected", f"{kind} is not accepted on the data link")
 
@@ -125,45 +153,53 @@ class Ingest:
         except (TypeError, ValueError) as exc:  # bad dtype name, bounds that do not fit the shape
             raise WireError("bad_hello", f"{robot_id}: unusable spaces: {exc}"[:300]) from None
         if self.obs_space is None:
-            self.obs_space, self.action_space = obs_space, action_space
-            self.buffer = ReplayBuffer(obs_space, action_space, self.capacity)
+            try:
+                self.open_buffer(obs_space, action_space)
+            except ValueError as exc:  # the run's buffer holds other spaces
+                raise WireError("spaces_mismatch", str(exc)[:300]) from None
         elif obs_space != self.obs_space or action_space != self.action_space:
             raise WireError("spaces_mismatch", f"{robot_id}: spaces differ from the fleet's (heterogeneous fleets need per-embodiment policies)")
         old = self.robots.get(robot_id)
+        descriptor = descriptor_from_proto(hello.descriptor)
+        stream = self.buffer.open_stream(robot_id, hello.stream_epoch, descriptor.instruction)
         if old is not None and old.epoch == hello.stream_epoch:
             old.identity = identity  # reconnect of the same stream: keep its place
             session = old
         else:
-            session = RobotSession(
-                robot_id=robot_id,
-                index=old.index if old else len(self.robots),
-                identity=identity,
-                descriptor=descriptor_from_proto(hello.descriptor),
-                epoch=hello.stream_epoch,
-                stitcher=EpisodeStitcher(sorted(obs_space.spaces)),
-            )
-            if old is not None:  # a restarted edge: counters carry on, its open episode cannot
+            session = RobotSession(robot_id=robot_id, index=old.index if old else len(self.robots), identity=identity,
+                                   descriptor=descriptor, epoch=hello.stream_epoch, stream=stream)
+            if old is not None:  # a restarted edge: counters carry on, its open episode was cut short
                 session.transitions, session.episodes, session.versions = old.transitions, old.episodes, old.versions
             self.robots[robot_id] = session
-            log.info("robot %s joined (epoch %d)", robot_id, hello.stream_epoch)
-        self._ack(session, 0)
+            log.info("robot %s joined (epoch %d, %d batches already stored)", robot_id, hello.stream_epoch,
+                     stream.durable_seq)
+        self._ack(session, stream)
+
+    def open_buffer(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> None:
+        """Open (or reopen after a restart) the run's buffer; the fleet's spaces are fixed from now."""
+        self.buffer = PersistentReplay(self.buffer_dir, obs_space, action_space, self.buffer_settings, self.gamma)
+        self.obs_space, self.action_space = obs_space, action_space
 
     def _batch(self, session: RobotSession, msg: Message) -> None:
         body = msg.body
-        if body.stream_epoch != session.epoch:
-            raise WireError("wrong_epoch", f"{session.robot_id}: epoch {body.stream_epoch}, expected {session.epoch}")
-        if body.seq <= session.last_seq:
+        stream = session.stream
+        if body.stream_epoch != session.epoch:  # an older epoch's spool, re-sent after an edge restart
+            stream = self.buffer.streams.get((session.robot_id, body.stream_epoch))
+            if stream is None:
+                raise WireError("unknown_stream", f"{session.robot_id}: epoch {body.stream_epoch} was never announced")
+        expected = stream.record.last_seq + 1
+        if body.seq < expected:
             self.duplicates += 1
-            self._ack(session, body.seq)
+            self._ack(session, stream)
             return
-        validate_batch(msg.arrays, body.count, self.obs_space, self.action_space)
-        transitions = session.stitcher.stitch(msg.arrays)
-        assert self.buffer is not None
-        if transitions:
-            self.buffer.add(transitions, session.index)
-        self._account(session, msg.arrays)
-        session.last_seq = body.seq
-        self._ack(session, body.seq)
+        if body.seq > expected:  # a batch before it was lost in transit: the edge resumes from `expected`
+            self.out_of_order += 1
+            self._ack(session, stream, gap=True)
+            return
+        arrays = decode_columns(msg.arrays, self.obs_space)
+        validate_batch(arrays, body.count, self.obs_space, self.action_space)
+        self.buffer.add(stream, body.seq, arrays)
+        self._account(session, arrays)
 
     def _account(self, session: RobotSession, cols: dict[str, np.ndarray]) -> None:
         session.transitions += len(cols["reward"])
@@ -181,15 +217,17 @@ class Ingest:
         session.episode_return += float(cols["reward"][start:].sum())
 
     # -- replying --------------------------------------------------------------------------
-    def _ack(self, session: RobotSession, seq: int) -> None:
-        ack = pb.Ack(stream_epoch=session.epoch, seq=seq, step_credit=self.step_credit,
-                     policy_version=self.policy_version)
+    def _ack(self, session: RobotSession, stream: StreamState, gap: bool = False) -> None:
+        """Cumulative ack of the stream's durable batches; after a gap, also where to resume."""
+        ack = pb.Ack(stream_epoch=stream.record.epoch, seq=stream.durable_seq,
+                     next_seq=stream.record.last_seq + 1 if gap else 0,
+                     step_credit=self.step_credit, policy_version=self.policy_version)
         self.socket.send_multipart([session.identity, *encode(envelope(session.robot_id, ack=ack))])
 
     def push_credit(self) -> None:
         """Tell every robot its new step credit and the newest policy version."""
         for session in self.robots.values():
-            self._ack(session, 0)
+            self._ack(session, session.stream)
 
     def _reject(self, identity: bytes, exc: WireError) -> None:
         self.rejected[exc.reason] += 1
@@ -199,4 +237,7 @@ class Ingest:
         self.socket.send_multipart([identity, *encode(reject)])
 
     def close(self) -> None:
+        """Stop serving; seal and close the buffer (everything acked is on disk already)."""
         self.socket.close(0)
+        if self.buffer is not None:
+            self.buffer.close()

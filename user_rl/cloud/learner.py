@@ -19,9 +19,10 @@ import torch
 import zmq
 
 from user_rl.algos import SAC, SACSettings
-from user_rl.cloud.checkpoint import save_checkpoint, spaces_to_text
+from user_rl.cloud.buffer.store import NEXT_OBS
+from user_rl.cloud.checkpoint import (BackgroundCheckpointer, load_checkpoint, save_checkpoint, snapshot,
+                                      spaces_from_text, spaces_to_text)
 from user_rl.cloud.ingest import Ingest
-from user_rl.cloud.replay import NEXT_OBS
 from user_rl.cloud.weight_server import WeightServer
 from user_rl.config import Config
 from user_rl.wire.transitions import OBS
@@ -43,14 +44,21 @@ class Learner:
         torch.set_num_threads(threads)
         self.device = pick_device(cfg.learner.device)
         self.context = zmq.Context()
-        host = cfg.learner.host
-        self.ingest = Ingest(self.context, f"tcp://{host}:0", cfg.learner.buffer_capacity)
+        host, lc = cfg.learner.host, cfg.learner
+        self.ingest = Ingest(self.context, f"tcp://{host}:{lc.data_port}", self.run_dir / "buffer", cfg.buffer,
+                             cfg.algo.gamma)
         cast = torch.bfloat16 if cfg.learner.weight_dtype == "bfloat16" else None
-        self.weights = WeightServer(self.context, f"tcp://{host}:0", cast)
+        self.weights = WeightServer(self.context, f"tcp://{host}:{lc.weights_port}", cast)
         self.rng = np.random.default_rng(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.algo: SAC | None = None
         self.version = 0
+        self.resumed_from: dict | None = None
+        self.checkpoints = BackgroundCheckpointer(self.checkpoint_path)
+        self._last_checkpoint = time.monotonic()
+        if self.checkpoint_path.is_file():
+            self._resume()
+        self.steps_at_start = self.env_steps
         self.last_metrics: dict[str, float] = {}
         self._stop = threading.Event()
         self._pause_requested = threading.Event()
@@ -60,8 +68,26 @@ class Learner:
         self._update_ingest_credit()
 
     @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / "checkpoint.pt"
+
+    @property
     def addresses(self) -> dict[str, str]:
         return {"data": self.ingest.endpoint, "weights": self.weights.endpoint}
+
+    def _resume(self) -> None:
+        """Continue from the run's checkpoint: networks, optimisers, counters, RNG, and its buffer."""
+        state = load_checkpoint(self.checkpoint_path)
+        obs_space, action_space = spaces_from_text(state["spaces"])
+        self.ingest.open_buffer(obs_space, action_space)
+        self._ensure_algo().load_state_dict(state["algo"])
+        self.version = int(state["policy_version"])
+        self.rng.bit_generator.state = state["rng"]["numpy"]
+        torch.set_rng_state(state["rng"]["torch"])
+        self.resumed_from = {"updates": self.algo.updates, "policy_version": self.version,
+                             "buffer_transitions": len(self.ingest.buffer)}
+        self._publish(new_version=False)
+        log.warning("resumed from %s: %s", self.checkpoint_path, self.resumed_from)
 
     # -- pacing ----------------------------------------------------------------------------
     @property
@@ -70,17 +96,21 @@ class Learner:
 
     @property
     def env_steps(self) -> int:
-        return sum(s.transitions for s in self.ingest.robots.values())
+        """Step records stored for this run (survives learner restarts: it is counted from the buffer)."""
+        return self.ingest.buffer.records if self.ingest.buffer else 0
 
     def _update_ingest_credit(self) -> None:
         fleet, algo = self.cfg.fleet, self.cfg.algo
         if not fleet.pace_to_learner:
             self.ingest.step_credit = 0
             return
-        allowed = algo.learning_starts + self.updates / algo.utd_ratio
+        # Credit counts the steps of the edges started with this learner: a resumed run's
+        # earlier steps (`steps_at_start`) are already in the buffer.
+        allowed = algo.learning_starts + self.updates / algo.utd_ratio - self.steps_at_start
         n = fleet.num_robots
-        per_robot = math.ceil(allowed / n) + fleet.batch_transitions
-        self.ingest.step_credit = min(per_robot, math.ceil(self.cfg.stop.max_env_steps / n))
+        per_robot = math.ceil(max(0.0, allowed) / n) + fleet.batch_transitions
+        cap = math.ceil(max(0, self.cfg.stop.max_env_steps - self.steps_at_start) / n)
+        self.ingest.step_credit = max(1, min(per_robot, cap))
 
     def _may_update(self) -> bool:
         buffer = self.ingest.buffer
@@ -104,6 +134,9 @@ class Learner:
             elif self._pause_requested.is_set() and not self._paused.is_set():
                 self._publish()
                 self._paused.set()
+            if self.algo is not None and time.monotonic() - self._last_checkpoint > self.cfg.learner.checkpoint_every_s:
+                self.checkpoints.submit(self._checkpoint_payload())
+                self._last_checkpoint = time.monotonic()
             if time.monotonic() - last_status > 0.5:
                 self._status = self._snapshot()
                 last_status = time.monotonic()
@@ -142,12 +175,13 @@ class Learner:
             "action": tensors["action"],
             "reward": tensors["reward"],
             "terminated": tensors["terminated"],
+            **({"discount": tensors["discount"]} if "discount" in tensors else {}),
         }
 
-    def _publish(self) -> None:
+    def _publish(self, new_version: bool = True) -> None:
         if self.algo is None:
             return
-        self.version += 1
+        self.version += int(new_version)
         self.weights.publish(self.version, self.algo.actor.state_dict())
         self.ingest.policy_version = self.version
 
@@ -184,30 +218,41 @@ class Learner:
             "recent_return": float(np.mean(returns)) if returns else None,
             "rejected": dict(self.ingest.rejected),
             "duplicates": self.ingest.duplicates,
+            "out_of_order": self.ingest.out_of_order,
+            "buffer_stats": self.ingest.buffer.stats() if self.ingest.buffer else {},
+            "checkpoints_written": self.checkpoints.written,
+            "resumed_from": self.resumed_from,
             "robots": robots,
             "metrics": dict(self.last_metrics),
             "step_credit": self.ingest.step_credit,
         }
 
     # -- persistence -----------------------------------------------------------------------
-    def save(self, path: Path | None = None) -> Path | None:
-        """Write the final checkpoint (call after the loop has ended)."""
-        if self.algo is None:
-            return None
-        path = path or self.run_dir / "checkpoint.pt"
-        save_checkpoint(path, {
-            "format": 1,
+    def _checkpoint_payload(self) -> dict:
+        """Everything a resume needs, snapshotted now (safe to write from another thread)."""
+        return {
+            "format": 2,
             "config": self.cfg.model_dump(),
             "spaces": spaces_to_text(self.ingest.obs_space, self.ingest.action_space),
             "policy": {"type": self.cfg.policy.type, "options": {"hidden": self.cfg.policy.hidden}},
             "policy_version": self.version,
-            "actor": self.algo.actor.state_dict(),
-            "algo": self.algo.state_dict(),
+            "actor": snapshot(self.algo.actor.state_dict()),
+            "algo": snapshot(self.algo.state_dict()),
             "env_steps": self.env_steps,
-        })
+            "rng": {"numpy": snapshot(self.rng.bit_generator.state), "torch": torch.get_rng_state()},
+        }
+
+    def save(self, path: Path | None = None) -> Path | None:
+        """Write the final checkpoint (call after the loop has ended)."""
+        if self.algo is None:
+            return None
+        self.checkpoints.close()
+        path = path or self.checkpoint_path
+        save_checkpoint(path, self._checkpoint_payload())
         return path
 
     def close(self) -> None:
+        self.checkpoints.close()
         self.ingest.close()
         self.weights.close()
         self.context.term()

@@ -11,15 +11,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import zmq
 from torch import nn
 
+from user_rl.edge.adapt import BacklogAdapter
 from user_rl.edge.batching import BatchBuilder
-from user_rl.edge.link import DataLink
+from user_rl.edge.link import DataLink, LinkSettings
 from user_rl.edge.weights import WeightReceiver
 from user_rl.hal.robot import Robot
 from user_rl.robots.safety import ActionFilter
@@ -36,6 +37,8 @@ class EdgeSettings:
     max_batch_delay_s: float = 0.1
     heartbeat_s: float = 1.0
     seed: int = 0
+    link: LinkSettings = field(default_factory=LinkSettings)
+    adapt: bool = True               # grow batches / compress harder while the backlog grows
 
 
 class EdgeDaemon:
@@ -52,9 +55,11 @@ class EdgeDaemon:
         self.actor = actor.eval()
         self.settings = s = settings or EdgeSettings()
         self.context = context or zmq.Context.instance()
-        self.link = DataLink(self.context, data_address, robot.descriptor, robot.observation_space, robot.action_space)
+        self.link = DataLink(self.context, data_address, robot.descriptor, robot.observation_space,
+                             robot.action_space, settings=s.link)
         self.weights = WeightReceiver(self.context, weights_address)
         self.batch = BatchBuilder(robot.observation_space, robot.action_space, s.batch_transitions)
+        self.adapter = BacklogAdapter(s.batch_transitions, s.link.compression or {}, s.link.max_in_flight)
         self.safety = ActionFilter(robot.action_space)
         self.rng = np.random.default_rng(s.seed)
         self.policy_version = -1
@@ -84,6 +89,16 @@ class EdgeDaemon:
     def _flush(self) -> None:
         if self.batch.count:
             self.link.send_batch(*self.batch.take())
+            if self.settings.adapt:
+                self._adapt()
+
+    def _adapt(self) -> None:
+        """Follow the backlog: bigger batches and lower JPEG quality while it grows, back when it drains."""
+        capacity, compression = self.adapter.update(self.link.unacked)
+        self.link.compression = compression
+        if capacity != self.batch.capacity:
+            space = self.robot.observation_space
+            self.batch = BatchBuilder(space, self.robot.action_space, capacity)
 
     def _service_link(self, now: float) -> None:
         if self.batch.full or (self.batch.count and now - self._batch_started > self.settings.max_batch_delay_s):
@@ -158,6 +173,13 @@ class EdgeDaemon:
         self.link.poll(100)
         return self.status()
 
+    def drain(self, timeout_s: float) -> bool:
+        """After `run`: keep the link serviced until every batch is acknowledged (True) or time is up."""
+        deadline = time.monotonic() + timeout_s
+        while self.link.unacked and time.monotonic() < deadline:
+            self.link.poll(50)
+        return self.link.unacked == 0
+
     def status(self) -> dict:
         return {
             "robot_id": self.robot.descriptor.id,
@@ -165,7 +187,11 @@ class EdgeDaemon:
             "episodes": self.episodes,
             "policy_version": self.policy_version,
             "steps_per_second": self.steps_per_second,
-            "unacked_batches": len(self.link.unacked),
+            "unacked_batches": self.link.unacked,
+            "backlog_bytes": self.link.spool.bytes_used,
+            "dropped_transitions": self.link.dropped_transitions,
+            "batch_transitions": self.batch.capacity,
+            "resends": self.link.resends,
             "safety_violations": dict(self.safety.violations),
         }
 

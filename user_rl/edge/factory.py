@@ -5,12 +5,18 @@ from __future__ import annotations
 import torch
 
 from user_rl.config import Config
+from pathlib import Path
+
 from user_rl.edge.daemon import EdgeDaemon, EdgeSettings
+from user_rl.edge.link import LinkSettings
+from user_rl.wire.images import ImageCompression
 from user_rl.hal.registry import make_robot
 from user_rl.policies import make_actor
 
 
-def make_edge(cfg: Config, index: int, data_address: str, weights_address: str) -> EdgeDaemon:
+def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
+              spool_root: str | Path | None = None) -> EdgeDaemon:
+    """`spool_root/<robot id>` keeps unacked batches across restarts of this edge (None: a temp dir)."""
     torch.set_num_threads(1)  # an edge runs a small policy; more threads only fight the learner
     options = cfg.robot_options(index)
     robot = make_robot(cfg.robot.type, **options)
@@ -22,5 +28,18 @@ def make_edge(cfg: Config, index: int, data_address: str, weights_address: str) 
         max_batch_delay_s=cfg.fleet.max_batch_delay_s,
         heartbeat_s=cfg.fleet.heartbeat_s,
         seed=options["seed"],
+        link=link_settings(cfg, Path(spool_root) / options["robot_id"] if spool_root else None),
+        adapt=cfg.fleet.adapt,
     )
     return EdgeDaemon(robot, actor, data_address, weights_address, settings)
+
+
+def link_settings(cfg: Config, spool_dir: Path | None) -> LinkSettings:
+    fleet = cfg.fleet
+    return LinkSettings(
+        spool_dir=str(spool_dir) if spool_dir else None,
+        spool_max_bytes=int(fleet.spool_max_mb * 2**20),
+        max_in_flight=fleet.max_in_flight,
+        resend_after_s=fleet.resend_after_s,
+        compression={k: ImageCompression(c.format, c.quality) for k, c in fleet.compression.items()},
+    )

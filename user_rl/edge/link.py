@@ -1,25 +1,53 @@
 """The edge's data link to the learner: DEALER socket, hello, batches, heartbeats, acks.
 
-Batches stay in `unacked` until the learner acknowledges them (the persistent spool takes
-this place later); after a reconnect they are sent again and the learner drops duplicates.
+Every batch goes to the disk spool first and leaves it only when the learner acknowledges it
+as durable (acks are cumulative per stream epoch). At most `max_in_flight` batches are on the
+wire unacknowledged; the rest wait in the spool, so a learner outage costs disk, not RAM, and
+the control loop never blocks. With no ack progress for `resend_after_s` (a lost message, a
+dropped connection, a restarted learner), the link sends again from the first unacked batch;
+the learner drops duplicates. Batches spooled by an earlier run of this daemon (another
+epoch) are sent too, before the current ones.
 """
 
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import zmq
 
+from user_rl.edge.spool import Spool
 from user_rl.hal.descriptor import DeviceDescriptor
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import WireError, decode, encode, envelope
+from user_rl.wire.images import ImageCompression, compress_columns
 from user_rl.wire.spaces import box_to_proto, descriptor_to_proto, dict_space_to_proto
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class LinkSettings:
+    spool_dir: str | None = None      # None: a fresh temporary directory (sims)
+    spool_max_bytes: int = 2 * 2**30
+    max_in_flight: int = 64
+    resend_after_s: float = 2.0
+    compression: dict[str, ImageCompression] | None = None
+
+
+@dataclass
+class _Cursor:
+    """Where one stream epoch stands: acked (durable) and sent."""
+
+    acked: int = 0
+    sent: int = 0
+    progress_at: float = 0.0
 
 
 class DataLink:
@@ -31,46 +59,101 @@ class DataLink:
         obs_space: gym.spaces.Dict,
         action_space: gym.spaces.Box,
         epoch: int | None = None,
+        settings: LinkSettings | None = None,
     ) -> None:
         self.robot_id = descriptor.id
+        self.settings = s = settings or LinkSettings()
+        self.epoch = epoch if epoch is not None else time.time_ns()
         self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.IMMEDIATE, 1)  # no queueing into a dead connection: the spool holds it
+        self.socket.setsockopt(zmq.ROUTING_ID, f"{self.robot_id}:{self.epoch}".encode())
+        self.socket.setsockopt(zmq.SNDHWM, 4 * s.max_in_flight)
         self.socket.connect(address)
-        self.epoch = epoch if epoch is not None else time.time_ns()
         self._hello = pb.Hello(
             descriptor=descriptor_to_proto(descriptor),
             observation_space=dict_space_to_proto(obs_space),
             action_space=box_to_proto(action_space),
             stream_epoch=self.epoch,
         )
+        spool_dir = s.spool_dir or tempfile.mkdtemp(prefix=f"user-rl-spool-{self.robot_id}-")
+        self.spool = Spool(Path(spool_dir), s.spool_max_bytes)
+        self.cursors: dict[int, _Cursor] = {}
+        for old_epoch in self.spool.epochs():  # left by an earlier run of this daemon
+            first = self.spool.first_pending(old_epoch)
+            self.cursors[old_epoch] = _Cursor(acked=first - 1, sent=first - 1)
+        self.cursors[self.epoch] = _Cursor(progress_at=time.monotonic())
         self.seq = 0
-        self.unacked: OrderedDict[int, list] = OrderedDict()
+        self.compression = dict(s.compression or {})
+        self.dropped_transitions = 0
         self.step_credit = 0
         self.learner_version = -1
         self.welcomed = False
         self.stop_requested = False
         self.rejects: Counter[str] = Counter()
+        self.resends = 0
+        self._hello_at = 0.0
+        self.refused: str | None = None  # the learner will not take this robot (e.g. other spaces)
+
+    @property
+    def unacked(self) -> int:
+        """Batches spooled and not yet acknowledged (the backlog)."""
+        return len(self.spool)
 
     def hello(self, policy_version: int = -1) -> None:
         self._hello.policy_version = policy_version
-        self._send(envelope(self.robot_id, hello=self._hello))
+        self._hello_at = time.monotonic()
+        self._send(encode(envelope(self.robot_id, hello=self._hello)))
 
-    def send_batch(self, count: int, columns: dict[str, np.ndarray]) -> int:
-        self.seq += 1
-        body = pb.TransitionBatch(stream_epoch=self.epoch, seq=self.seq, count=count, send_time=time.time())
+    def send_batch(self, count: int, columns: dict[str, np.ndarray]) -> int | None:
+        """Spool a batch and send it when the window allows; None if the spool is full (dropped)."""
+        if self.compression:
+            columns = compress_columns(columns, self.compression)
+        seq = self.seq + 1
+        body = pb.TransitionBatch(stream_epoch=self.epoch, seq=seq, count=count, send_time=time.time())
         frames = encode(envelope(self.robot_id, batch=body), columns)
-        self.unacked[self.seq] = frames
-        self.socket.send_multipart(frames, copy=False)
-        return self.seq
+        if not self.spool.put(self.epoch, seq, frames):
+            self.dropped_transitions += count
+            return None
+        self.seq = seq
+        self.pump()
+        return seq
+
+    def pump(self) -> None:
+        """Send spooled batches while fewer than `max_in_flight` are unacknowledged."""
+        now = time.monotonic()
+        if not self.welcomed:  # batches wait until the learner has answered our hello
+            if now - self._hello_at > 0.5 and self.refused is None:
+                self.hello(self._hello.policy_version)
+            return
+        for epoch, cursor in list(self.cursors.items()):
+            if cursor.sent > cursor.acked and now - cursor.progress_at > self.settings.resend_after_s:
+                cursor.sent = cursor.acked  # no progress: go back and send again from the first unacked
+                cursor.progress_at = now
+                self.resends += 1
+            last = self.seq if epoch == self.epoch else self.spool.last_pending(epoch)
+            while cursor.sent < (last or 0) and cursor.sent - cursor.acked < self.settings.max_in_flight:
+                frames = self.spool.load_or_drop(epoch, cursor.sent + 1)
+                if frames is not None and not self._send(frames):
+                    return  # no connection: keep it spooled, try again later
+                if cursor.sent == cursor.acked:
+                    cursor.progress_at = now
+                cursor.sent += 1
 
     def heartbeat(self, **stats: float) -> None:
-        self._send(envelope(self.robot_id, heartbeat=pb.Heartbeat(time=time.time(), unacked_batches=len(self.unacked), **stats)))
+        hb = pb.Heartbeat(time=time.time(), unacked_batches=self.unacked, backlog_bytes=self.spool.bytes_used,
+                          dropped_transitions=self.dropped_transitions, **stats)
+        self._send(encode(envelope(self.robot_id, heartbeat=hb)))
 
-    def _send(self, env: pb.Envelope) -> None:
-        self.socket.send_multipart(encode(env))
+    def _send(self, frames: list) -> bool:
+        try:
+            self.socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            return True
+        except zmq.Again:
+            return False
 
     def poll(self, timeout_ms: int = 0) -> int:
-        """Handle replies from the learner (acks, credit, rejects, commands)."""
+        """Handle replies from the learner (acks, credit, rejects, commands), then send what is due."""
         handled = 0
         while self.socket.poll(timeout_ms if handled == 0 else 0):
             handled += 1
@@ -81,18 +164,56 @@ class DataLink:
                 log.warning("%s: undecodable reply from learner: %s", self.robot_id, exc)
                 continue
             if msg.kind == "ack":
-                ack = msg.body
-                if ack.stream_epoch == self.epoch:
-                    self.welcomed = True
-                    self.unacked.pop(ack.seq, None)
-                    self.step_credit = ack.step_credit
-                    self.learner_version = ack.policy_version
+                self._on_ack(msg.body)
             elif msg.kind == "reject":
-                self.rejects[msg.body.reason.split(":")[0]] += 1
-                log.warning("%s: learner rejected a message: %s", self.robot_id, msg.body.reason)
+                self._on_reject(msg.body.reason)
             elif msg.kind == "command" and msg.body.kind == pb.Command.KIND_STOP:
                 self.stop_requested = True
+        self.pump()
         return handled
+
+    def _on_ack(self, ack: pb.Ack) -> None:
+        cursor = self.cursors.get(ack.stream_epoch)
+        if cursor is None:
+            return
+        if ack.stream_epoch == self.epoch:
+            self.welcomed = True
+            self.step_credit = ack.step_credit
+            self.learner_version = ack.policy_version
+        if ack.seq > cursor.acked:
+            self.spool.ack_through(ack.stream_epoch, ack.seq)
+            cursor.acked = ack.seq
+            cursor.progress_at = time.monotonic()
+        cursor.sent = max(cursor.sent, cursor.acked)
+        if ack.next_seq and ack.next_seq - 1 < cursor.sent and ack.next_seq - 1 >= cursor.acked:
+            cursor.sent = ack.next_seq - 1  # the learner missed a batch: resume right after what it has
+        if ack.stream_epoch != self.epoch and cursor.acked >= (self.spool.last_pending(ack.stream_epoch) or 0):
+            del self.cursors[ack.stream_epoch]  # an earlier run's spool has fully arrived
+
+    def _on_reject(self, reason: str) -> None:
+        key = reason.split(":")[0]
+        self.rejects[key] += 1
+        if key == "no_hello":  # the learner restarted and does not know us: introduce ourselves again
+            self.welcomed = False
+            self.hello(self._hello.policy_version)
+            for cursor in self.cursors.values():
+                cursor.sent = cursor.acked
+            return
+        if key in ("spaces_mismatch", "bad_hello"):  # retrying cannot help: say so and stop asking
+            if self.refused is None:
+                log.error("%s: the learner refused this robot: %s", self.robot_id, reason)
+            self.refused = reason
+            return
+        if key == "unknown_stream":  # an earlier run's batches the learner never heard of
+            for epoch in [e for e in self.cursors if e != self.epoch and str(e) in reason]:
+                log.warning("%s: learner does not know epoch %d; dropping its %d spooled batches",
+                            self.robot_id, epoch, len(self.spool.pending(epoch)))
+                last = self.spool.last_pending(epoch)
+                if last:
+                    self.spool.ack_through(epoch, last)
+                del self.cursors[epoch]
+            return
+        log.warning("%s: learner rejected a message: %s", self.robot_id, reason)
 
     def close(self) -> None:
         self.socket.close(0)

@@ -1,0 +1,155 @@
+"""The buffer's RAM cache: segments held in fixed slots of preallocated column arrays.
+
+Every column is one array of shape (slots, segment_rows, ...), so gathering a batch from any
+mix of cached segments is a single numpy fancy index, as fast as gathering from one in-RAM
+array. The byte budget fixes the number of slots; one extra *spare* slot is where the
+prefetcher reads a cold segment from disk, off the sampling path, before it is swapped in.
+The catalog lists the transitions of the active slots for the sampler.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from user_rl.cloud.buffer.rows import successors
+from user_rl.cloud.buffer.sampling import SOURCES
+from user_rl.wire import user_rl_pb2 as pb
+
+INTERVENTION = SOURCES.index("intervention")
+
+
+@dataclass
+class SlotInfo:
+    segment: int | None = None  # segment id held (None: free); attached history has negative ids
+    rows: int = 0
+    source: int = 0            # the segment's own source (online / demo); interventions are per row
+    loaded_at: float = 0.0
+    pinned: bool = False       # open or recent segments never leave the cache
+    row_filter: np.ndarray | None = None  # attached history: rows allowed by the filter
+
+
+class SlotCache:
+    def __init__(self, schema: dict[str, tuple[np.dtype, tuple]], segment_rows: int, slots: int) -> None:
+        self.schema = schema
+        self.segment_rows = segment_rows
+        self.slots = slots + 1  # plus the spare
+        # np.zeros maps pages lazily: an unused slot costs no RAM.
+        self.arrays = {n: np.zeros((self.slots, segment_rows, *s), d) for n, (d, s) in schema.items()}
+        self.flat = {n: a.reshape(self.slots * segment_rows, *a.shape[2:]) for n, a in self.arrays.items()}
+        self.next_row = np.full((self.slots, segment_rows), -1, np.int32)
+        self.info = [SlotInfo() for _ in range(self.slots)]
+        self.spare = self.slots - 1
+        self.version = 0
+        self._catalog: dict[str, np.ndarray] | None = None
+
+    # -- slots ---------------------------------------------------------------------------------
+    def slot_of(self, segment: int) -> int | None:
+        for i, info in enumerate(self.info):
+            if info.segment is not None and info.segment == segment and i != self.spare:
+                return i
+        return None
+
+    def free_slot(self) -> int | None:
+        for i, info in enumerate(self.info):
+            if info.segment is None and i != self.spare:
+                return i
+        return None
+
+    def active(self) -> list[int]:
+        return [i for i, info in enumerate(self.info) if info.segment is not None and i != self.spare]
+
+    def fill(self, slot: int, segment: int, columns: dict[str, np.ndarray], rows: int, source: int,
+             pinned: bool = False, row_filter: np.ndarray | None = None) -> None:
+        """Copy a segment's rows into a slot (the caller makes sure nobody samples it meanwhile)."""
+        for name, array in self.arrays.items():
+            array[slot, :rows] = columns[name][:rows]
+        self.info[slot] = SlotInfo(segment, rows, source, time.monotonic(), pinned, row_filter)
+        self.refresh(slot)
+
+    def append(self, slot: int, start: int, columns: dict[str, np.ndarray]) -> None:
+        """Append rows to the open segment's slot."""
+        n = len(columns["kind"])
+        for name, array in self.arrays.items():
+            array[slot, start : start + n] = columns[name]
+        self.info[slot].rows = start + n
+        self.refresh(slot)
+
+    def refresh(self, slot: int) -> None:
+        info = self.info[slot]
+        self.next_row[slot] = successors(self.arrays["prev_row"][slot], info.rows)
+        self.invalidate()
+
+    def release(self, slot: int) -> None:
+        self.info[slot] = SlotInfo()
+        self.next_row[slot] = -1
+        self.invalidate()
+
+    def swap_spare(self, victim: int) -> None:
+        """The spare (freshly prefetched) becomes active; the victim's slot becomes the spare."""
+        self.info[victim] = SlotInfo()
+        self.next_row[victim] = -1
+        self.spare = victim
+        self.invalidate()
+
+    def invalidate(self) -> None:
+        self.version += 1
+        self._catalog = None
+
+    # -- catalog and gathering ---------------------------------------------------------------------
+    def catalog(self) -> dict[str, np.ndarray]:
+        """Transitions of the active slots: flat position, insertion order, source, task."""
+        if self._catalog is None:
+            pieces = []
+            for slot in self.active():
+                info = self.info[slot]
+                valid = self.next_row[slot, : info.rows] >= 0
+                if info.row_filter is not None:
+                    valid &= info.row_filter[: info.rows]
+                rows = np.flatnonzero(valid)
+                human = self.arrays["actor"][slot, rows] == pb.ACTOR_HUMAN
+                pieces.append((
+                    slot * self.segment_rows + rows,
+                    info.segment * self.segment_rows + rows,
+                    np.where(human, INTERVENTION, info.source).astype(np.uint8),
+                    self.arrays["task"][slot, rows],
+                ))
+            names = ("position", "order", "source", "task")
+            dtypes = (np.int64, np.int64, np.uint8, np.int32)
+            self._catalog = {
+                name: np.concatenate([p[i] for p in pieces]).astype(dt, copy=False) if pieces else np.zeros(0, dt)
+                for i, (name, dt) in enumerate(zip(names, dtypes))
+            }
+            order = np.argsort(self._catalog["order"], kind="stable")
+            if len(order) and not np.all(order[:-1] < order[1:]):
+                self._catalog = {k: v[order] for k, v in self._catalog.items()}
+        return self._catalog
+
+    def successor(self, position: np.ndarray) -> np.ndarray:
+        """Flat position of each transition's next-observation row (same slot)."""
+        slot = position // self.segment_rows
+        return slot * self.segment_rows + self.next_row.reshape(-1)[position]
+
+    def n_step(self, start: np.ndarray, n: int, gamma: float) -> tuple[np.ndarray, ...]:
+        """Discounted n-step reward, discount for bootstrapping, last terminated flag, next-obs row.
+
+        The chain stops at the end of an episode and at the end of the segment.
+        """
+        reward = self.flat["reward"]
+        terminated, truncated = self.flat["terminated"], self.flat["truncated"]
+        flat_next = self.next_row.reshape(-1)
+        cur = start.copy()
+        total = reward[cur].astype(np.float32)
+        discount = np.full(len(cur), gamma, np.float32)
+        for _ in range(n - 1):
+            nxt = self.successor(cur)
+            nxt_next = flat_next[nxt]
+            go = ~(terminated[cur] | truncated[cur]) & (nxt_next >= 0)
+            if not go.any():
+                break
+            cur = np.where(go, nxt, cur)
+            total = np.where(go, total + discount * reward[cur], total)
+            discount = np.where(go, discount * gamma, discount)
+        return total, discount, terminated[cur], self.successor(cur)

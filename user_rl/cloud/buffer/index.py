@@ -1,0 +1,163 @@
+"""The buffer's index in SQLite: segments, streams, batches and episodes.
+
+The index is what survives a crash besides the segment files themselves: which sealed
+segments exist, which (robot, epoch, seq) batches they hold (so a re-sent batch is never
+stored twice), where each stream's last record lives (so an episode continues across a
+restart) and a per-episode summary for filtering and `user-rl buffer inspect`. One
+transaction per sealed segment keeps it consistent with the files.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS segments (
+    id INTEGER PRIMARY KEY, file TEXT NOT NULL, rows INTEGER NOT NULL, records INTEGER NOT NULL,
+    transitions INTEGER NOT NULL, bytes INTEGER NOT NULL, created REAL NOT NULL,
+    min_version INTEGER NOT NULL, max_version INTEGER NOT NULL,
+    intervention_rows INTEGER NOT NULL, source TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'ok');
+CREATE TABLE IF NOT EXISTS streams (
+    id INTEGER PRIMARY KEY, robot TEXT NOT NULL, epoch INTEGER NOT NULL, task TEXT NOT NULL,
+    last_seq INTEGER NOT NULL DEFAULT 0, last_segment INTEGER, last_row INTEGER,
+    UNIQUE (robot, epoch));
+CREATE TABLE IF NOT EXISTS batches (
+    stream INTEGER NOT NULL, seq INTEGER NOT NULL, segment INTEGER NOT NULL, records INTEGER NOT NULL,
+    PRIMARY KEY (stream, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS episodes (
+    stream INTEGER NOT NULL, episode INTEGER NOT NULL, robot TEXT NOT NULL, task TEXT NOT NULL,
+    length INTEGER NOT NULL, return REAL NOT NULL, success INTEGER, interventions INTEGER NOT NULL,
+    min_version INTEGER NOT NULL, max_version INTEGER NOT NULL, status TEXT NOT NULL,
+    first_segment INTEGER NOT NULL, last_segment INTEGER NOT NULL,
+    PRIMARY KEY (stream, episode)) WITHOUT ROWID;
+"""
+
+
+@dataclass
+class SegmentRecord:
+    id: int
+    file: str
+    rows: int
+    records: int
+    transitions: int
+    bytes: int
+    created: float
+    min_version: int
+    max_version: int
+    intervention_rows: int
+    source: str
+    status: str = "ok"
+
+
+@dataclass
+class StreamRecord:
+    id: int
+    robot: str
+    epoch: int
+    task: str
+    last_seq: int = 0
+    last_segment: int | None = None
+    last_row: int | None = None
+
+
+@dataclass
+class EpisodeRecord:
+    stream: int
+    episode: int
+    robot: str
+    task: str
+    length: int = 0
+    ret: float = 0.0
+    success: int | None = None
+    interventions: int = 0
+    min_version: int = 2**62
+    max_version: int = -(2**62)
+    status: str = "open"          # open / terminated / truncated / edge_restart
+    first_segment: int = -1
+    last_segment: int = -1
+
+
+class BufferIndex:
+    """SQLite index of one buffer directory (read-only for attached history)."""
+
+    def __init__(self, path: Path, read_only: bool = False) -> None:
+        self.path = Path(path)
+        self.read_only = read_only
+        if read_only:
+            if not self.path.is_file():
+                raise FileNotFoundError(f"no buffer index at {self.path}")
+            self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+        else:
+            self.db = sqlite3.connect(self.path, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")
+            self.db.executescript(SCHEMA)
+            self.db.commit()
+
+    # -- meta --------------------------------------------------------------------------------
+    def get_meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, values: dict[str, str]) -> None:
+        with self.db:
+            self.db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", values.items())
+
+    # -- reading -----------------------------------------------------------------------------
+    def segments(self, status: str | None = "ok") -> list[SegmentRecord]:
+        sql = "SELECT * FROM segments" + (" WHERE status = ?" if status else "") + " ORDER BY id"
+        return [SegmentRecord(*row) for row in self.db.execute(sql, (status,) if status else ())]
+
+    def streams(self) -> list[StreamRecord]:
+        return [StreamRecord(*row) for row in self.db.execute("SELECT * FROM streams ORDER BY id")]
+
+    def episodes(self) -> list[EpisodeRecord]:
+        return [EpisodeRecord(*row) for row in self.db.execute("SELECT * FROM episodes ORDER BY stream, episode")]
+
+    def batch_keys(self) -> list[tuple[str, int, int]]:
+        sql = "SELECT s.robot, s.epoch, b.seq FROM batches b JOIN streams s ON s.id = b.stream"
+        return [(r, int(e), int(q)) for r, e, q in self.db.execute(sql)]
+
+    def batch_count(self) -> int:
+        return int(self.db.execute("SELECT COUNT(*) FROM batches").fetchone()[0])
+
+    # -- writing (one transaction per sealed segment) -----------------------------------------
+    def register_segment(
+        self,
+        segment: SegmentRecord,
+        batches: Iterable[tuple[int, int, int]],
+        streams: Iterable[StreamRecord],
+        episodes: Iterable[EpisodeRecord],
+    ) -> None:
+        """Make a sealed segment and everything it holds visible, atomically."""
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO segments VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                            tuple(segment.__dict__.values()))
+            self.db.executemany("INSERT OR IGNORE INTO batches VALUES (?,?,?,?)",
+                                [(stream, seq, segment.id, n) for stream, seq, n in batches])
+            self._upsert_streams(streams)
+            self._upsert_episodes(episodes)
+
+    def update_episodes(self, episodes: Iterable[EpisodeRecord], streams: Iterable[StreamRecord] = ()) -> None:
+        with self.db:
+            self._upsert_streams(streams)
+            self._upsert_episodes(episodes)
+
+    def set_segment_status(self, segment_ids: Iterable[int], status: str) -> None:
+        with self.db:
+            self.db.executemany("UPDATE segments SET status = ? WHERE id = ?", [(status, i) for i in segment_ids])
+
+    def _upsert_streams(self, streams: Iterable[StreamRecord]) -> None:
+        self.db.executemany("INSERT OR REPLACE INTO streams VALUES (?,?,?,?,?,?,?)",
+                            [tuple(s.__dict__.values()) for s in streams])
+
+    def _upsert_episodes(self, episodes: Iterable[EpisodeRecord]) -> None:
+        self.db.executemany("INSERT OR REPLACE INTO episodes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                            [tuple(e.__dict__.values()) for e in episodes])
+
+    def close(self) -> None:
+        self.db.close()

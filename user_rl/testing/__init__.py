@@ -1,0 +1,1 @@
+"""Test and benchmark helpers that stand in for hostile networks and devices."""
