@@ -13,7 +13,9 @@ not. Each side gets a fresh directory under one temp dir (same filesystem), remo
 A second reference, `pwrite`, writes the same bytes with os.pwrite + fdatasync (what the segment
 writer itself does, minus everything else): mmap writes pay a page fault per 4 KiB page, so the
 memmap baseline is the slower of the two. Each repeat runs ours, raw, pwrite in that order; the
-table shows every repeat and the medians (the ratio is the median of per-repeat ratios).
+table shows every repeat and the medians (the ratio is the median of per-repeat ratios). The first
+repeat in a fresh process is usually slowest: the store's RAM cache (lazy np.zeros slots) pays
+first-touch page faults there; the `add s` column shows it.
 
     python bench/buffer_insert.py [--batch 64] [--transitions 20000] [--repeats 3] [--out insert.json]
 """
@@ -184,6 +186,7 @@ def main() -> None:
     wire_bytes = sum(v.nbytes for k, v in batches[0].items() if k != FINAL_ROW) / len(batches[0]["reward"])
 
     runs = []
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-insert-") as root:
         for r in range(args.repeats):
             ours_dir, raw_file, pwrite_file = (Path(root) / f"{name}-{r}" for name in ("ours", "raw", "pwrite"))
@@ -209,6 +212,7 @@ def main() -> None:
     stored_per_transition = runs[0]["ours"]["bytes"] / transitions
     print(f"{transitions:,} transitions in batches of {args.batch}, commit after each; "
           f"{stored_per_transition:,.0f} B stored per transition ({wire_bytes:,.0f} B on the wire)")
+    print(f"load average before / after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     print("raw = np.memmap copy + flush (the baseline); pwrite = os.pwrite + fdatasync (a second reference)")
     print()
     print("| repeat | ours tr/s | ours MB/s | raw tr/s | raw MB/s | pwrite tr/s | pwrite MB/s "
@@ -227,7 +231,9 @@ def main() -> None:
 
     result = {"config": {"batch": args.batch, "transitions": transitions, "episode_len": args.episode_len,
                          "repeats": args.repeats, "buffer": BufferConfig().model_dump()},
-              "stored_bytes_per_transition": stored_per_transition, "wire_bytes_per_transition": wire_bytes,
+              "load_average": [load_before[0], os.getloadavg()[0]],
+              "cpus": os.cpu_count(), "stored_bytes_per_transition": stored_per_transition,
+              "wire_bytes_per_transition": wire_bytes,
               "ours": median["ours"], "raw": median["raw"], "pwrite": median["pwrite"], "ratio": ratio,
               "ratio_vs_pwrite": ratio_pwrite, "goal": GOAL, "runs": runs}
     if args.out:

@@ -17,6 +17,13 @@ def _train(args: argparse.Namespace) -> int:
     return 0 if summary["stop_reason"] in ("goal_reached", "max_env_steps", "max_wall_s") else 1
 
 
+def _learner(args: argparse.Namespace) -> int:
+    from user_rl.cloud.standalone import serve_learner
+
+    serve_learner(load_config(args.config, args.overrides), args.run_dir)
+    return 0
+
+
 def _eval(args: argparse.Namespace) -> int:
     from user_rl.evaluation import evaluate_checkpoint
 
@@ -57,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=1, help="evaluation seed set (training evals use the run's seed)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
     ev.set_defaults(func=_eval)
+
+    learner = sub.add_parser("learner", help="run the learner alone (resumes the run directory if it holds one)")
+    learner.add_argument("config")
+    learner.add_argument("overrides", nargs="*", help="key=value overrides, e.g. learner.data_port=5555")
+    learner.add_argument("--run-dir", required=True, help="checkpoint, buffer and status live here")
+    learner.set_defaults(func=_learner)
 
     buffer = sub.add_parser("buffer", help="persistent replay buffer tools")
     actions = buffer.add_subparsers(dest="action", required=True)

@@ -77,8 +77,10 @@ class ReachRobot(Robot):
         image_size: int = 64,
         episode_steps: int = 50,
         control_hz: float = 25.0,
+        extra_cameras: tuple[str, ...] = (),
         seed: int | None = None,
     ) -> None:
+        """`extra_cameras` (e.g. ("top",)) add `image_<name>` observations beside the front `image`."""
         if obs_mode not in ("state", "image"):
             raise ValueError(f"obs_mode must be 'state' or 'image', got {obs_mode!r}")
         if not 1 <= episode_steps <= MAX_EPISODE_STEPS:
@@ -87,8 +89,14 @@ class ReachRobot(Robot):
             raise ValueError(f"control_hz must be in (0, 100], got {control_hz}")
         if not 8 <= image_size <= 512:
             raise ValueError(f"image_size must be in 8..512, got {image_size}")
+        unknown = sorted(set(extra_cameras) - {"top"})
+        if unknown:
+            raise ValueError(f"unknown camera {unknown[0]!r}; the arm has: top (and the default front)")
+        if extra_cameras and obs_mode != "image":
+            raise ValueError("extra_cameras need obs_mode='image'")
         self.obs_mode = obs_mode
         self.image_size = image_size
+        self.cameras = {"image": "front", **{f"image_{name}": name for name in extra_cameras}}
         self.episode_steps = episode_steps
 
         self.model = mujoco.MjModel.from_xml_path(str(ASSET))
@@ -113,7 +121,8 @@ class ReachRobot(Robot):
             vis = self.model.vis.global_
             vis.offwidth, vis.offheight = max(vis.offwidth, image_size), max(vis.offheight, image_size)
             self._renderer = _make_renderer(self.model, image_size)
-            spaces["image"] = gym.spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
+            for key in self.cameras:
+                spaces[key] = gym.spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
         self.observation_space = gym.spaces.Dict(spaces)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (self.model.nu,), np.float32)
         self.descriptor = DeviceDescriptor(
@@ -122,7 +131,7 @@ class ReachRobot(Robot):
             id=robot_id,
             control_hz=control_hz,
             instruction="move the fingertip to the red target",
-            cameras=("front",) if obs_mode == "image" else (),
+            cameras=tuple(self.cameras.values()) if obs_mode == "image" else (),
         )
 
     # -- episode -------------------------------------------------------------------------
@@ -210,8 +219,9 @@ class ReachRobot(Robot):
         ).astype(np.float32)
         obs = {"state": state}
         if self._renderer is not None:
-            self._renderer.update_scene(d, camera="front")
-            obs["image"] = self._renderer.render()
+            for key, camera in self.cameras.items():
+                self._renderer.update_scene(d, camera=camera)
+                obs[key] = self._renderer.render()
         return obs
 
     def _check_open(self) -> None:

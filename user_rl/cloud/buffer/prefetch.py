@@ -31,7 +31,7 @@ class Prefetcher:
         self.samples_per_swap = samples_per_swap
         self.rng = np.random.default_rng(seed)
         self._want = threading.Event()
-        self._ready: tuple[int, int] | None = None   # (segment id, rows) sitting in the spare slot
+        self._ready: SlotInfo | None = None   # the segment sitting in the spare slot, ready to swap in
         self._lock = threading.Lock()
         self._closed = False
         self._samples = 0
@@ -40,7 +40,7 @@ class Prefetcher:
 
     def cold(self) -> list[int]:
         cached = {self.store.cache.info[s].segment for s in self.store.cache.active()}
-        return [i for i in self.store.segments if i not in cached]
+        return [i for i in list(self.store.segments) if i not in cached]  # a copy: the writer adds segments
 
     def sampled(self) -> None:
         """Called after each batch: every few batches, ask for one more cold segment."""
@@ -52,21 +52,31 @@ class Prefetcher:
             self._want.set()
 
     def install_ready(self) -> None:
-        """Swap a prefetched segment in (sampling thread only, between batches)."""
+        """Swap a prefetched segment in (sampling thread only, between batches).
+
+        Under the lock, so the loader never starts filling the spare while it changes hands.
+        A free slot is taken before any cached segment is evicted.
+        """
         with self._lock:
             ready, self._ready = self._ready, None
-        if ready is None:
-            return
-        segment, rows = ready
-        store, cache = self.store, self.store.cache
-        unpinned = [i for i in cache.active() if not cache.info[i].pinned]
-        if segment not in store.segments or not unpinned:
-            return
-        victim = min(unpinned, key=lambda i: cache.info[i].loaded_at)
-        cache.info[cache.spare] = self._loaded_info
-        cache.refresh(cache.spare)
-        cache.swap_spare(victim)
-        self.swaps += 1
+            if ready is None:
+                return
+            store, cache = self.store, self.store.cache
+            cached = {cache.info[i].segment for i in cache.active()}
+            if ready.segment not in store.segments or ready.segment in cached:
+                return
+            free = cache.free_slot()
+            unpinned = [i for i in cache.active() if not cache.info[i].pinned]
+            if free is None and not unpinned:
+                return
+            spare = cache.spare
+            cache.info[spare] = ready
+            cache.refresh(spare)
+            if free is not None:
+                cache.spare = free  # the free slot becomes the next spare; nothing leaves RAM
+            else:
+                cache.swap_spare(min(unpinned, key=lambda i: cache.info[i].loaded_at))
+            self.swaps += 1
 
     def _run(self) -> None:
         from user_rl.cloud.buffer.recovery import segment_source  # recovery imports the store's parts
@@ -79,7 +89,10 @@ class Prefetcher:
             cold = self.cold()
             if not cold or self._ready is not None:
                 continue
-            weights = np.array([max(1, self.store.segments[i].transitions) for i in cold], float)
+            records = [self.store.segments.get(i) for i in cold]  # one may be evicted meanwhile
+            weights = np.array([max(1, r.transitions) if r else 0 for r in records], float)
+            if not weights.sum():
+                continue
             segment = cold[int(self.rng.choice(len(cold), p=weights / weights.sum()))]
             try:
                 path, source, overrides = segment_source(self.store, segment)
@@ -90,12 +103,13 @@ class Prefetcher:
     def _load_into_spare(self, segment: int, path, source: int, overrides: dict) -> None:
         cache = self.store.cache
         seg = read_segment(path, verify=False)
-        spare = cache.spare
+        with self._lock:  # the spare only changes hands in install_ready, which needs _ready set
+            spare = cache.spare
         for name, array in cache.arrays.items():
             array[spare, : seg.rows] = overrides.get(name, seg.columns[name])[: seg.rows]
-        self._loaded_info = SlotInfo(segment, seg.rows, source, time.monotonic(), False, overrides.get("_filter"))
+        info = SlotInfo(segment, seg.rows, source, time.monotonic(), False, overrides.get("_filter"))
         with self._lock:
-            self._ready = (segment, seg.rows)
+            self._ready = info
 
     def close(self) -> None:
         self._closed = True

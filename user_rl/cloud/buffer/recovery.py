@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -68,14 +69,18 @@ def load_existing(store: PersistentReplay) -> None:
             _recover_open(store, int(open_path.stem.split("-")[1]))
     for stream in store.streams.values():
         _restore_pending(store, stream)
-    # Newest first into RAM; whatever does not fit waits for the prefetcher.
-    for segment_id in sorted(store.segments, reverse=True):
+    if store.segments:
+        log.info("buffer %s: %d segments, %d transitions", store.dir, len(store.segments), store.transitions)
+
+
+def fill_cache(store: PersistentReplay) -> None:
+    """Newest own segments into RAM first, then attached history; the rest waits for the prefetcher."""
+    own = sorted((i for i in store.segments if i not in store.attached), reverse=True)
+    for segment_id in own + sorted(store.attached, reverse=True):
         slot = store.cache.free_slot()
         if slot is None or len(store.cache.active()) >= store.cache.slots - 2:  # keep one for the open segment
             break
         _fill(store, slot, segment_id)
-    if store.segments:
-        log.info("buffer %s: %d segments, %d transitions", store.dir, len(store.segments), store.transitions)
 
 
 def _add_stream(store: PersistentReplay, record: StreamRecord) -> StreamState:
@@ -153,9 +158,9 @@ def _restore_pending(store: PersistentReplay, stream: StreamState) -> None:
         return
     seg = read_segment(store.dir / store.segments[record.last_segment].file, verify=False)
     row = {k: np.array(v[record.last_row : record.last_row + 1]) for k, v in seg.columns.items()}
-    if row["terminated"][0] or row["truncated"][0] or any(ep.status != "open" for ep in
-                                                          stream.episodes.values() if ep.episode == row["episode"][0]):
-        return
+    episode = stream.episodes.get(int(row["episode"][0]))  # only open episodes are loaded
+    if row["terminated"][0] or row["truncated"][0] or episode is None or episode.status != "open":
+        return  # ended, or cut short by an edge restart: nothing may follow it
     row["kind"][:] = KIND_CARRY
     row["prev_row"][:] = -1
     stream.pending, stream.pending_at = row, (record.last_segment, record.last_row)
@@ -181,7 +186,7 @@ def attach_history(store: PersistentReplay, attachments: list[AttachConfig]) -> 
     next_id = -2  # attached ids are negative: older than anything this run writes
     for cfg in attachments:
         directory = Path(cfg.path)
-        index = BufferIndex(directory / "index.sqlite", read_only=True)
+        index = _open_history_index(directory / "index.sqlite")
         try:
             if index.get_meta("spaces") != store.index.get_meta("spaces"):
                 raise ValueError(f"buffer.attach: {directory} holds other observation/action spaces than this run")
@@ -203,6 +208,16 @@ def attach_history(store: PersistentReplay, attachments: list[AttachConfig]) -> 
                 next_id -= 1
         finally:
             index.close()
+
+
+def _open_history_index(path: Path) -> BufferIndex:
+    """The index of an earlier buffer, read-only. A cleanly closed one (no -wal file) is read as an
+    immutable file: a read-only connection to a WAL database would leave -wal/-shm files behind."""
+    index = BufferIndex(path, read_only=True)  # raises FileNotFoundError naming the path
+    if not path.with_name(path.name + "-wal").exists():
+        index.db.close()  # nothing touched the disk yet: sqlite opens the file lazily
+        index.db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True, check_same_thread=False)
+    return index
 
 
 def _filter_rows(store: PersistentReplay, seg, streams: dict[int, StreamRecord], cfg: AttachConfig):

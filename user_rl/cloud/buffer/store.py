@@ -25,7 +25,7 @@ from user_rl.cloud.buffer.cache import SlotCache
 from user_rl.cloud.buffer.commitlog import CommitLog
 from user_rl.cloud.buffer.index import BufferIndex, SegmentRecord, StreamRecord
 from user_rl.cloud.buffer.prefetch import Prefetcher
-from user_rl.cloud.buffer.recovery import attach_history, load_existing, open_meta
+from user_rl.cloud.buffer.recovery import attach_history, fill_cache, load_existing, open_meta
 from user_rl.cloud.buffer.rows import KIND_RECORD, StreamState, layout, row_bytes, segment_schema
 from user_rl.cloud.buffer.sampling import SOURCES, Sampler, SamplerSettings
 from user_rl.cloud.buffer.segment import SegmentWriter
@@ -67,6 +67,7 @@ class PersistentReplay:
         self.attached: dict[int, tuple[Path, int, np.ndarray | None]] = {}  # id -> (file, source, row filter)
         self.corrupt: list[str] = []
         self.duplicates = 0
+        self._closed = False
         self._pending_commits: list[tuple[StreamState, int, int, int]] = []  # stream, seq, records, end row
         self._open_batches: list[tuple[int, int, int]] = []  # (stream, seq, records) durable in the open segment
         self._open_records = 0
@@ -74,7 +75,12 @@ class PersistentReplay:
         self.records = 0        # step records this run's robots produced (own data only)
         load_existing(self)            # seals what a crash left open, loads streams and segments
         attach_history(self, s.attach)
+        fill_cache(self)               # newest own segments first, then attached history
+        # The newest segment id ever used: a corrupt, evicted or unregistered file keeps its name.
+        self.open_id = max([0, *self.segments, *(r.id for r in self.index.segments(status=None)),
+                            *(int(p.stem.split("-")[1]) for p in self.dir.glob("*-*.seg"))])
         self._new_open_segment()
+        self._pin_hot()
         self.prefetcher = Prefetcher(self)
 
     # -- streams -------------------------------------------------------------------------------
@@ -84,7 +90,7 @@ class PersistentReplay:
         if key in self.streams:
             return self.streams[key]
         for other in self.streams.values():
-            if other.record.robot == robot and other.record.epoch != epoch:
+            if other.record.robot == robot and other.record.epoch < epoch:  # a stale epoch ends nothing
                 self._end_open_episodes(other, "edge_restart")
         record = StreamRecord(self._next_stream_id(), robot, epoch, task)
         state = StreamState(record, self.robots.setdefault(robot, len(self.robots)),
@@ -100,6 +106,7 @@ class PersistentReplay:
         for ep in stream.episodes.values():
             if ep.status == "open":
                 ep.status = status
+        stream.dropped += int(stream.pending is not None)  # its last record never gets a successor
         stream.pending, stream.pending_at = None, None
         self.index.update_episodes(list(stream.episodes.values()))
 
@@ -161,7 +168,9 @@ class PersistentReplay:
         self._register(record, columns)
         self.commits.close()
         commit_file(self.dir, segment_id).unlink(missing_ok=True)
-        self.cache.info[self.open_slot].pinned = False
+        sealed = self.cache.info[self.open_slot]
+        sealed.pinned, sealed.loaded_at = False, time.monotonic()  # in RAM from now, like a fresh load
+        self._pin_hot()  # before a slot is freed for the next open segment: the new one is hot
         self._new_open_segment()
         self._pin_hot()
         self._evict_for_disk()
@@ -191,7 +200,7 @@ class PersistentReplay:
             s.episodes = {n: ep for n, ep in s.episodes.items() if ep.status == "open"}
 
     def _new_open_segment(self) -> None:
-        self.open_id = 1 + max([*self.segments, *[i for i in self.attached], 0])
+        self.open_id += 1
         self.writer = SegmentWriter(segment_file(self.dir, self.open_id, open_=True), self.schema, self.segment_rows)
         self.commits = CommitLog(commit_file(self.dir, self.open_id))
         slot = self.cache.free_slot()
@@ -206,8 +215,10 @@ class PersistentReplay:
         self._open_transitions = 0
 
     def _pin_hot(self) -> None:
+        """Pin the open segment and the newest sealed ones, leaving at least one slot to rotate."""
         own = sorted(i for i in self.segments if i not in self.attached)
-        hot = set(own[-self.settings.hot_segments :]) if self.settings.hot_segments else set()
+        keep = min(self.settings.hot_segments, self.cache.slots - 3)  # minus the spare, open, rotating slot
+        hot = set(own[-keep:]) if keep > 0 else set()
         for slot in self.cache.active():
             info = self.cache.info[slot]
             info.pinned = info.segment == self.open_id or info.segment in hot
@@ -285,7 +296,12 @@ class PersistentReplay:
                 "dropped_unpaired": sum(s.dropped for s in self.streams.values())}
 
     def close(self) -> None:
-        """Seal what is open and close the index; the directory then holds everything."""
+        """Seal what is open and close the index; the directory then holds everything.
+
+        Closing twice is harmless (a learner and its test fixture may both close)."""
+        if self._closed:
+            return
+        self._closed = True
         self.prefetcher.close()
         self.seal()
         self.writer.abort()

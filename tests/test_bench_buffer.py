@@ -1,0 +1,41 @@
+"""The buffer benchmarks run end to end at tiny sizes and write their JSON (no timing is checked)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def run_bench(script: str, out: Path) -> dict:
+    done = subprocess.run([sys.executable, str(BENCH / script), "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ratio" in done.stdout
+    return json.loads(out.read_text())
+
+
+def test_insert_bench_reports_rates_and_ratio(tmp_path: Path) -> None:
+    result = run_bench("buffer_insert.py", tmp_path / "insert.json")
+    assert {"config", "ours", "raw", "pwrite", "ratio", "ratio_vs_pwrite", "goal", "runs",
+            "stored_bytes_per_transition"} <= set(result)
+    for side in ("ours", "raw", "pwrite"):
+        assert {"transitions_per_s", "mb_per_s"} <= set(result[side])
+    run = result["runs"][0]
+    assert run["ours"]["bytes"] == run["raw"]["bytes"] == run["pwrite"]["bytes"] > 0  # same bytes both ways
+    assert result["ratio"] > 0
+
+
+def test_sample_bench_reports_both_cases(tmp_path: Path) -> None:
+    result = run_bench("buffer_sample.py", tmp_path / "sample.json")
+    assert set(result["cases"]) == {"warm", "cold_3x"}
+    for case in result["cases"].values():
+        assert {"raw", "ours", "ratio", "goal", "ram_budget_mb"} <= set(case)
+        assert case["ours"]["batches"] > 0 and case["raw"]["batches"] > 0
+    cold = result["cases"]["cold_3x"]
+    assert {"swaps", "distinct_segments_sampled", "fraction_segments_sampled", "segments"} <= set(cold)
+    assert 0 < cold["fraction_segments_sampled"] <= 1
+    assert cold["ram_budget_mb"] < cold["data_mb"]

@@ -1,0 +1,55 @@
+"""`user-rl learner`: the learner as its own process, for a GPU box or a restart after a crash.
+
+It binds the configured ports (`learner.data_port`, `learner.weights_port`; fix them so edges
+find a restarted learner at the same address), resumes from the run directory's checkpoint
+and buffer when they exist, writes `addresses.json` and a `learner_status.json` every second,
+and on SIGTERM / SIGINT stops cleanly: final checkpoint, buffer sealed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from user_rl.cloud.learner import Learner
+from user_rl.config import Config, dump_config
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, default=str))
+    os.replace(tmp, path)
+
+
+def serve_learner(cfg: Config, run_dir: str | Path, out: Callable[[str], None] = print) -> dict:
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not (run_dir / "config.yaml").exists():
+        (run_dir / "config.yaml").write_text(dump_config(cfg))
+    learner = Learner(cfg, run_dir)
+    _write_json(run_dir / "addresses.json", learner.addresses)
+    resumed = learner.resumed_from
+    out(f"learner at {learner.addresses['data']} (weights {learner.addresses['weights']}); "
+        + (f"resumed from {resumed}" if resumed else "fresh run"))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    loop = threading.Thread(target=learner.run, name="learner", daemon=True)
+    loop.start()
+    while not stop.is_set() and loop.is_alive():
+        _write_json(run_dir / "learner_status.json",
+                    {"resumed_from": learner.resumed_from, **learner.status(), "pid": os.getpid()})
+        stop.wait(1.0)
+    learner.stop()
+    loop.join(timeout=60)
+    path = learner.save()
+    status = learner.status()
+    learner.close()
+    _write_json(run_dir / "learner_status.json", {**status, "pid": os.getpid(), "stopped": True})
+    out(f"learner stopped; checkpoint {path}")
+    return status
