@@ -495,12 +495,12 @@ def test_new_epoch_ends_the_open_episode_and_never_pairs_across(tmp_path: Path) 
     new = Robot(1, episode=1, step=4)  # the restarted edge goes on numbering as if nothing happened
     writer.add(new, 5, epoch=2)
     store.commit()
-    status = {(e.stream, e.episode): e.status for e in store.index.episodes()}
+    status = {(e.stream, e.episode): (e.status, e.end_reason) for e in store.index.episodes()}
     old_id = store.streams[("r1", 1)].record.id
     store.open_stream("r1", 0)  # a stale epoch seen late ends nothing
     assert store.streams[("r1", 2)].episodes[1].status == "open"
-    assert status[(old_id, 1)] == "edge_restart"
-    assert status[(old_id, 0)] == "terminated"
+    assert status[(old_id, 1)] == ("truncated", "edge_restart")
+    assert status[(old_id, 0)] == ("terminated", "")
     keys = all_transitions(store)
     assert (1, 1, 3) not in keys and (1, 1, 4) in keys
     assert len(keys) == len(store) == writer.records - 2
@@ -508,9 +508,9 @@ def test_new_epoch_ends_the_open_episode_and_never_pairs_across(tmp_path: Path) 
     store.close()
 
     store = open_store(tmp_path)
-    status = {(e.stream, e.episode): e.status for e in store.index.episodes()}
-    assert status[(old_id, 1)] == "edge_restart"
-    assert status[(store.streams[("r1", 2)].record.id, 1)] == "open"
+    status = {(e.stream, e.episode): (e.status, e.end_reason) for e in store.index.episodes()}
+    assert status[(old_id, 1)] == ("truncated", "edge_restart")
+    assert status[(store.streams[("r1", 2)].record.id, 1)] == ("open", "")
     assert all_transitions(store) == keys
     # A late batch of the old epoch (delayed on the network) never continues its ended episode.
     late = Robot(1, episode=1, step=4)

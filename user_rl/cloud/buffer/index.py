@@ -32,7 +32,7 @@ CREATE TABLE IF NOT EXISTS episodes (
     stream INTEGER NOT NULL, episode INTEGER NOT NULL, robot TEXT NOT NULL, task TEXT NOT NULL,
     length INTEGER NOT NULL, return REAL NOT NULL, success INTEGER, interventions INTEGER NOT NULL,
     min_version INTEGER NOT NULL, max_version INTEGER NOT NULL, status TEXT NOT NULL,
-    first_segment INTEGER NOT NULL, last_segment INTEGER NOT NULL,
+    first_segment INTEGER NOT NULL, last_segment INTEGER NOT NULL, end_reason TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (stream, episode)) WITHOUT ROWID;
 """
 
@@ -76,9 +76,10 @@ class EpisodeRecord:
     interventions: int = 0
     min_version: int = 2**62
     max_version: int = -(2**62)
-    status: str = "open"          # open / terminated / truncated / edge_restart
+    status: str = "open"          # open / terminated / truncated
     first_segment: int = -1
     last_segment: int = -1
+    end_reason: str = ""          # why a truncated episode ended early: "edge_restart" (else the env's time limit)
 
 
 class BufferIndex:
@@ -156,7 +157,7 @@ class BufferIndex:
                             [tuple(s.__dict__.values()) for s in streams])
 
     def _upsert_episodes(self, episodes: Iterable[EpisodeRecord]) -> None:
-        self.db.executemany("INSERT OR REPLACE INTO episodes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        self.db.executemany("INSERT OR REPLACE INTO episodes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                             [tuple(e.__dict__.values()) for e in episodes])
 
     def close(self) -> None:

@@ -22,7 +22,7 @@ from user_rl.cloud.buffer.index import BufferIndex, EpisodeRecord, StreamRecord
 from user_rl.cloud.buffer.segment import CorruptSegment, read_segment
 
 INDEX = "index.sqlite"
-EPISODE_STATUSES = ("terminated", "truncated", "edge_restart", "open")
+EPISODE_STATUSES = ("terminated", "truncated", "open")
 _SEALED = re.compile(r"seg-(\d+)\.seg")
 _OPEN = re.compile(r"open-(\d+)\.(seg|log)")
 
@@ -89,6 +89,7 @@ def inspect_buffer(directory: Path, verify: bool = True) -> dict[str, Any]:
             "total": len(episodes),
             **{status: ep_status.get(status, 0) for status in EPISODE_STATUSES},
             **{status: n for status, n in ep_status.items() if status not in EPISODE_STATUSES},
+            "cut_short": sum(e.end_reason == "edge_restart" for e in episodes),  # truncated by an edge restart
             "labelled": len(labelled),
             "mean_length": _mean([e.length for e in finished]),
             "mean_return": _mean([e.ret for e in finished]),
@@ -339,6 +340,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"{report['batches']:,} batches; {_size(size['segments'])} of segment files "
         f"({_size(size['segments_allocated'])} allocated), index {_size(size['index'])}",
         "episodes: " + ", ".join(f"{eps[s]:,} {s}" for s in EPISODE_STATUSES)
+        + (f" ({eps['cut_short']:,} cut short by an edge restart)" if eps["cut_short"] else "")
         + f"; success {_rate(report['success_rate'])} over {eps['labelled']:,} labelled; "
         f"{report['interventions']:,} intervention steps",
     ]

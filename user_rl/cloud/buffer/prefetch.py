@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 class Prefetcher:
-    def __init__(self, store: PersistentReplay, samples_per_swap: int = 4, seed: int = 0) -> None:
+    def __init__(self, store: PersistentReplay, samples_per_swap: int = 16, seed: int = 0) -> None:
         self.store = store
         self.samples_per_swap = samples_per_swap
         self.rng = np.random.default_rng(seed)

@@ -91,7 +91,7 @@ class PersistentReplay:
             return self.streams[key]
         for other in self.streams.values():
             if other.record.robot == robot and other.record.epoch < epoch:  # a stale epoch ends nothing
-                self._end_open_episodes(other, "edge_restart")
+                self._end_open_episodes(other, reason="edge_restart")
         record = StreamRecord(self._next_stream_id(), robot, epoch, task)
         state = StreamState(record, self.robots.setdefault(robot, len(self.robots)),
                             self.tasks.setdefault(task, len(self.tasks)))
@@ -101,11 +101,11 @@ class PersistentReplay:
     def _next_stream_id(self) -> int:
         return 1 + max((s.record.id for s in self.streams.values()), default=0)
 
-    def _end_open_episodes(self, stream: StreamState, status: str) -> None:
-        """An edge restarted mid-episode: that episode is over, cut short (truncated)."""
+    def _end_open_episodes(self, stream: StreamState, reason: str) -> None:
+        """An edge restarted mid-episode: that episode is over, cut short (truncated, with the reason)."""
         for ep in stream.episodes.values():
             if ep.status == "open":
-                ep.status = status
+                ep.status, ep.end_reason = "truncated", reason
         stream.dropped += int(stream.pending is not None)  # its last record never gets a successor
         stream.pending, stream.pending_at = None, None
         self.index.update_episodes(list(stream.episodes.values()))
