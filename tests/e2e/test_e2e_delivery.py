@@ -126,7 +126,7 @@ def test_sigkilled_learner_loses_and_duplicates_nothing(tmp_path: Path) -> None:
                 time.sleep(1.0)
                 assert sum(e.steps for e in fleet.edges) > steps_while_down  # robots act on while it is down
                 proc = start_learner(config, run_dir, log)
-                resumed.append((None, learner_status(run_dir)["resumed_from"]))
+                resumed.append(learner_status(run_dir)["resumed_from"])
             time.sleep(5.0)
             fleet.stop_and_drain()
         finally:
@@ -139,11 +139,11 @@ def test_sigkilled_learner_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     assert set(keys) == produced, f"lost {len(produced - set(keys))}, extra {len(set(keys) - produced)}"
     assert records == sum(e.steps for e in fleet.edges)  # every step stored exactly once
     # Training continued from the checkpoints: each restart resumed recent updates and versions.
-    assert all(r is not None and r["updates"] > 0 for _, r in resumed[1:]), resumed
-    resumed_updates = [r["updates"] for _, r in resumed if r]
+    assert all(r is not None and r["updates"] > 0 for r in resumed[1:]), resumed
+    resumed_updates = [r["updates"] for r in resumed if r]
     assert resumed_updates == sorted(resumed_updates), "a restart went back to an older checkpoint"
-    assert final["updates"] > max(r["updates"] for _, r in resumed if r)
-    assert final["policy_version"] > max(r["policy_version"] for _, r in resumed if r)
+    assert final["updates"] > max(resumed_updates)
+    assert final["policy_version"] > max(r["policy_version"] for r in resumed if r)
     assert inspect_buffer(run_dir / "buffer")["corrupt"] == []
 
 
@@ -222,8 +222,8 @@ def test_capped_uplink_carries_four_two_camera_robots_without_backlog(tmp_path: 
     assert status["rejected"] == {}
     learner.ingest.close()
     keys, records = stored(tmp_path / "run")
-    assert set(keys) == fleet.produced()
-    assert records == sum(steps) or records >= sum(steps)
+    assert set(keys) == fleet.produced() and len(keys) == len(set(keys))
+    assert records == sum(e.steps for e in fleet.edges)
 
 
 # -- an edge killed mid-episode ----------------------------------------------------------------------

@@ -72,3 +72,27 @@ def test_gym_env_id_fleet_balances_inverted_pendulum(tmp_path: Path) -> None:
     assert_fleet_ran_as_processes(summary, robots=4)
     fresh = evaluate(summary["checkpoint"], episodes=5, seed=3)
     assert fresh["mean_return"] >= 950, (fresh, summary["evaluations"])
+
+
+@pytest.mark.timeout(900)
+def test_train_resume_continues_the_run_directory(tmp_path: Path) -> None:
+    small = ("fleet.num_robots=2", "algo.learning_starts=400", "algo.batch_size=64", "stop.eval_every_s=1000",
+             "stop.eval_episodes=2")
+    first = train("configs/reach.yaml", tmp_path, *small, "stop.max_env_steps=1200")
+    run_dir = Path(first["run_dir"])
+    done = first["learner"]
+    assert done["updates"] > 0 and done["resumed_from"] is None
+
+    second = train("configs/reach.yaml", tmp_path, *small, "stop.max_env_steps=2400", f"resume={run_dir}")
+    assert second["run_dir"] == str(run_dir)  # the same directory, not a new run
+    resumed = second["learner"]["resumed_from"]
+    # Networks, optimisers and counters came back from the first run's final checkpoint ...
+    assert resumed["updates"] == done["updates"] and resumed["policy_version"] == done["policy_version"]
+    assert resumed["buffer_transitions"] > 0
+    # ... and training went on from there, over the first run's data plus the new steps.
+    assert second["learner"]["updates"] > done["updates"]
+    assert second["learner"]["policy_version"] > done["policy_version"]
+    assert second["learner"]["env_steps"] >= 2400 > done["env_steps"]
+
+    missing = run_cli("train", "configs/reach.yaml", f"resume={tmp_path / 'nowhere'}", timeout=120)
+    assert missing.returncode != 0 and "holds no checkpoint.pt" in missing.stderr
