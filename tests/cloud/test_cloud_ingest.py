@@ -316,17 +316,29 @@ def test_malformed_hello_is_rejected_not_crashing(context: zmq.Context, ingest: 
 
 
 def test_heartbeat_is_answered(context: zmq.Context, ingest: Ingest) -> None:
-    link = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-h"),
-                    OBS_SPACE, ACTION_SPACE, epoch=3)
+    peer = RawPeer(context, ingest.endpoint)
+    link = None
     try:
-        # Before hello: refused (sent until the connection is up: the link never queues into none).
-        wait_until(lambda: link.rejects["no_hello"] >= 1, pump=lambda: (link.heartbeat(env_steps=5), link.socket.poll(20)) and link.poll(0))
+        # A heartbeat from a robot that never said hello is refused with a reason.
+        peer.send(encode(envelope("edge-h", heartbeat=pb.Heartbeat(env_steps=5))))
+        peer.expect_reject("no_hello")
+        # A real link holds its heartbeats until it is welcomed: a hello sent while TCP still
+        # connects is dropped, and a heartbeat overtaking its retry must not be rejected.
+        link = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-h"),
+                        OBS_SPACE, ACTION_SPACE, epoch=3)
+        for _ in range(20):  # connected, not yet introduced
+            link.heartbeat(env_steps=5)
+            link.socket.poll(10)
+        assert ingest.rejected["no_hello"] == 1 and not link.rejects
         link.hello()
         wait_until(lambda: link.welcomed, pump=lambda: link.poll(20))
         link.heartbeat(env_steps=123, steps_per_second=50.0)
         wait_until(lambda: ingest.robots["edge-h"].heartbeat.get("env_steps") == 123)
+        assert ingest.rejected["no_hello"] == 1 and link.rejects["no_hello"] == 0
     finally:
-        link.close()
+        if link is not None:
+            link.close()
+        peer.close()
 
 
 def test_restarted_edge_starts_a_new_stream(context: zmq.Context, ingest: Ingest) -> None:

@@ -101,9 +101,10 @@ class DataLink:
         return len(self.spool)
 
     def hello(self, policy_version: int = -1) -> None:
+        """Introduce this robot; until the learner answers, `pump` repeats it (at once if not yet connected)."""
         self._hello.policy_version = policy_version
-        self._hello_at = time.monotonic()
-        self._send(encode(envelope(self.robot_id, hello=self._hello)))
+        if self._send(encode(envelope(self.robot_id, hello=self._hello))):
+            self._hello_at = time.monotonic()
 
     def send_batch(self, count: int, columns: dict[str, np.ndarray]) -> int | None:
         """Spool a batch and send it when the window allows; None if the spool is full (dropped)."""
@@ -141,6 +142,9 @@ class DataLink:
                 cursor.sent += 1
 
     def heartbeat(self, **stats: float) -> None:
+        """Report backlog and rates; only once welcomed (before, the learner would reject it as no_hello)."""
+        if not self.welcomed:
+            return
         hb = pb.Heartbeat(time=time.time(), unacked_batches=self.unacked, backlog_bytes=self.spool.bytes_used,
                           dropped_transitions=self.dropped_transitions, **stats)
         self._send(encode(envelope(self.robot_id, heartbeat=hb)))
