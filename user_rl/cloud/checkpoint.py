@@ -7,6 +7,7 @@ During training they are snapshotted in memory and written by a background threa
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import threading
 from pathlib import Path
@@ -17,6 +18,8 @@ import torch
 
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.spaces import box_from_proto, box_to_proto, dict_space_from_proto, dict_space_to_proto
+
+log = logging.getLogger(__name__)
 
 
 def spaces_to_text(obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> dict[str, str]:
@@ -92,6 +95,7 @@ class BackgroundCheckpointer:
                 self.written += 1
             except OSError as exc:  # a full disk must not stop training; it is reported in status
                 self.last_error = str(exc)
+                log.error("checkpoint write to %s failed (training goes on): %s", self.path, exc)
 
     def close(self) -> None:
         """Finish the pending write, then stop."""

@@ -221,6 +221,7 @@ class Learner:
             "out_of_order": self.ingest.out_of_order,
             "buffer_stats": self.ingest.buffer.stats() if self.ingest.buffer else {},
             "checkpoints_written": self.checkpoints.written,
+            "checkpoint_error": self.checkpoints.last_error,
             "resumed_from": self.resumed_from,
             "robots": robots,
             "metrics": dict(self.last_metrics),

@@ -1,0 +1,94 @@
+"""Background checkpoints: the learner hands over a snapshot and goes on while a thread writes
+it; each write atomically replaces the last, so a crash mid-write leaves the previous one."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from user_rl.cloud.checkpoint import BackgroundCheckpointer, load_checkpoint, save_checkpoint, snapshot
+
+BIG = 64 * 2**20  # float32 elements: 256 MiB, long enough a write to catch in progress
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.001)
+
+
+def test_writes_run_in_the_background_and_the_newest_snapshot_wins(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.pt"
+    writer = BackgroundCheckpointer(path)
+    try:
+        writer.submit({"n": 1, "weights": torch.ones(BIG)})
+        tmp = path.with_suffix(".pt.tmp")
+        wait_until(tmp.exists, 30, "the background write to start")
+        assert not path.exists()  # the caller is free while the file is still being written
+        writer.submit({"n": 2, "weights": torch.zeros(4)})  # superseded before it is written
+        writer.submit({"n": 3, "weights": torch.full((4,), 3.0)})
+    finally:
+        writer.close()
+    state = load_checkpoint(path)
+    assert state["n"] == 3 and torch.equal(state["weights"], torch.full((4,), 3.0))
+    assert writer.written == 2 and writer.last_error is None
+    assert not path.with_suffix(".pt.tmp").exists()
+
+
+def test_snapshot_is_independent_of_later_updates() -> None:
+    net = torch.nn.Linear(3, 2)
+    state = snapshot({"net": net.state_dict(), "step": [1, 2]})
+    with torch.no_grad():
+        net.weight.add_(1.0)
+    assert not torch.equal(state["net"]["weight"], net.weight)
+
+
+KILLED_WRITER = """
+import sys, time, torch
+from pathlib import Path
+from user_rl.cloud.checkpoint import BackgroundCheckpointer, save_checkpoint
+path = Path(sys.argv[1])
+save_checkpoint(path, {"n": 1, "weights": torch.ones(4)})
+writer = BackgroundCheckpointer(path)
+writer.submit({"n": 2, "weights": torch.zeros(%d)})
+print("submitted", flush=True)
+time.sleep(600)
+""" % BIG
+
+
+def test_a_crash_mid_write_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.pt"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "submitted"
+        wait_until(path.with_suffix(".pt.tmp").exists, 30, "the second write to start")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    state = load_checkpoint(path)
+    assert state["n"] == 1 and torch.equal(state["weights"], torch.ones(4))
+    # The next writer replaces the torn temporary file.
+    save_checkpoint(path, {"n": 3})
+    assert load_checkpoint(path)["n"] == 3
+
+
+def test_a_failed_write_is_reported_and_does_not_stop_the_writer(tmp_path: Path, caplog) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the run directory should be")
+    writer = BackgroundCheckpointer(blocker / "checkpoint.pt")
+    try:
+        writer.submit({"n": 1})
+        wait_until(lambda: writer.last_error is not None, 30, "the write to fail")
+        assert "not-a-directory" in writer.last_error and writer.written == 0
+        assert "training goes on" in caplog.text
+        blocker.unlink()  # the disk problem is fixed: the next snapshot is written
+        writer.submit({"n": 2})
+    finally:
+        writer.close()
+    assert load_checkpoint(blocker / "checkpoint.pt")["n"] == 2 and writer.written == 1
