@@ -135,6 +135,9 @@ def test_sigkilled_learner_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     final = learner_status(run_dir)
     keys, records = stored(run_dir)
     produced = fleet.produced()
+    print(f"chaos: {len(produced)} batches produced, {len(keys)} stored ({len(set(keys))} distinct), "
+          f"{records} records for {sum(e.steps for e in fleet.edges)} steps; resumed from {resumed}; "
+          f"final updates {final['updates']}, version {final['policy_version']}")
     assert len(keys) == len(set(keys)), "a batch was stored twice"
     assert set(keys) == produced, f"lost {len(produced - set(keys))}, extra {len(set(keys) - produced)}"
     assert records == sum(e.steps for e in fleet.edges)  # every step stored exactly once
@@ -177,6 +180,7 @@ def test_twenty_second_link_drop_spools_and_catches_up(tmp_path: Path, learner_f
         time.sleep(20.0)
         acted = sum(e.steps for e in fleet.edges) - during
         backlog = sum(e.link.unacked for e in fleet.edges)
+        print(f"link drop: {acted} steps taken and {backlog} batches spooled during the 20 s outage")
         assert acted >= 0.8 * 20 * 40 * 2, "the control loops stalled while the link was down"
         assert backlog >= 40, "the edges did not spool while the link was down"
         wait_until(lambda: sum(e.link.unacked for e in fleet.edges) < 4, 60, "the edges to catch up")

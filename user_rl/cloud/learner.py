@@ -84,6 +84,8 @@ class Learner:
         self.version = int(state["policy_version"])
         self.rng.bit_generator.state = state["rng"]["numpy"]
         torch.set_rng_state(state["rng"]["torch"])
+        if self.device.type == "cuda" and "cuda" in state["rng"]:  # SAC's action noise is drawn on the GPU
+            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
         self.resumed_from = {"updates": self.algo.updates, "policy_version": self.version,
                              "buffer_transitions": len(self.ingest.buffer)}
         self._publish(new_version=False)
@@ -240,7 +242,8 @@ class Learner:
             "actor": snapshot(self.algo.actor.state_dict()),
             "algo": snapshot(self.algo.state_dict()),
             "env_steps": self.env_steps,
-            "rng": {"numpy": snapshot(self.rng.bit_generator.state), "torch": torch.get_rng_state()},
+            "rng": {"numpy": snapshot(self.rng.bit_generator.state), "torch": torch.get_rng_state(),
+                    **({"cuda": torch.cuda.get_rng_state(self.device)} if self.device.type == "cuda" else {})},
         }
 
     def save(self, path: Path | None = None) -> Path | None:
