@@ -11,15 +11,23 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _backlog(status: dict) -> str:
+    """Batches the robots hold unacknowledged (from their heartbeats): a slow or broken uplink shows here."""
+    waiting = sum(r.get("backlog_batches", 0) for r in status.get("robots", {}).values())
+    return f" | backlog {waiting:,} batches" if waiting else ""
+
+
 class ProgressPrinter:
     def __init__(self, metrics_path: Path, out: Callable[[str], None], every_s: float = 5.0) -> None:
         self.metrics = metrics_path.open("a")
         self.out = out
         self.every_s = every_s
         self._last_print = -1e9
-        self._last = (0.0, 0, 0)
+        self._last: tuple[float, int, int] | None = None
 
     def progress(self, elapsed: float, status: dict) -> None:
+        if self._last is None:  # a resumed learner starts with the earlier run's steps and updates
+            self._last = (0.0, status.get("steps_at_start", 0), (status.get("resumed_from") or {}).get("updates", 0))
         t0, steps0, updates0 = self._last
         dt = max(elapsed - t0, 1e-9)
         steps_rate = (status["env_steps"] - steps0) / dt
@@ -36,7 +44,7 @@ class ProgressPrinter:
                 f"[{elapsed:6.0f}s] env {status['env_steps']:>8,} ({steps_rate:6.0f}/s) | "
                 f"updates {status['updates']:>8,} ({update_rate:5.0f}/s) | policy v{status['policy_version']} | "
                 f"success {_fmt(status.get('recent_success'))} | return {_fmt(status.get('recent_return'), '.1f')} | "
-                f"robots {len(status.get('robots', {}))}"
+                f"robots {len(status.get('robots', {}))}{_backlog(status)}"
             )
 
     def evaluation(self, record: dict) -> None:

@@ -6,21 +6,14 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from user_rl.cloud.checkpoint import BackgroundCheckpointer, load_checkpoint, save_checkpoint, snapshot
+from user_rl.testing.wait import wait_until
 
 BIG = 64 * 2**20  # float32 elements: 256 MiB, long enough a write to catch in progress
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.001)
 
 
 def test_writes_run_in_the_background_and_the_newest_snapshot_wins(tmp_path: Path) -> None:
@@ -29,7 +22,7 @@ def test_writes_run_in_the_background_and_the_newest_snapshot_wins(tmp_path: Pat
     try:
         writer.submit({"n": 1, "weights": torch.ones(BIG)})
         tmp = path.with_suffix(".pt.tmp")
-        wait_until(tmp.exists, 30, "the background write to start")
+        wait_until(tmp.exists, 30, "the background write to start", poll_s=0.001)
         assert not path.exists()  # the caller is free while the file is still being written
         writer.submit({"n": 2, "weights": torch.zeros(4)})  # superseded before it is written
         writer.submit({"n": 3, "weights": torch.full((4,), 3.0)})
@@ -67,7 +60,7 @@ def test_a_crash_mid_write_leaves_the_previous_checkpoint(tmp_path: Path) -> Non
     proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "submitted"
-        wait_until(path.with_suffix(".pt.tmp").exists, 30, "the second write to start")
+        wait_until(path.with_suffix(".pt.tmp").exists, 30, "the second write to start", poll_s=0.001)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)

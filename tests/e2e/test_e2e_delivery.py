@@ -5,7 +5,6 @@ real files; the buffer's own index is the judge of what arrived."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -24,6 +23,7 @@ from user_rl.cloud.learner import Learner
 from user_rl.config import build_config
 from user_rl.edge.factory import make_edge
 from user_rl.testing.fault_proxy import FaultProxy
+from user_rl.testing.wait import wait_until
 
 BASE = {
     "robot": {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 50}},
@@ -34,13 +34,6 @@ BASE = {
     "learner": {"publish_every_updates": 20, "checkpoint_every_s": 1.0, "torch_threads": 1},
     "buffer": {"segment_mb": 0.01},
 }
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def free_port() -> int:
@@ -148,6 +141,10 @@ def test_sigkilled_learner_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     assert final["updates"] > max(resumed_updates)
     assert final["policy_version"] > max(r["policy_version"] for r in resumed if r)
     assert inspect_buffer(run_dir / "buffer")["corrupt"] == []
+    # Its log tells the operator what happened: each restart resumed, and progress went on.
+    log_text = (tmp_path / "learner.log").read_text()
+    assert log_text.count("resumed from {") == 3 and log_text.count("fresh run") == 1
+    assert " updates " in log_text.splitlines()[-2] and "learner stopped" in log_text.splitlines()[-1]
 
 
 # -- in-process learner helpers --------------------------------------------------------------------

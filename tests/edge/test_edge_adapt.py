@@ -5,7 +5,6 @@ settings once the link recovers. The robot never slows down for the link."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 from user_rl.cloud.learner import Learner
@@ -14,6 +13,7 @@ from user_rl.edge.adapt import MIN_JPEG_QUALITY, BacklogAdapter
 from user_rl.edge.factory import make_edge
 from user_rl.testing.fault_proxy import FaultProxy
 from user_rl.wire.images import ImageCompression
+from user_rl.testing.wait import wait_until
 
 JPEG = ImageCompression("jpeg", 90)
 PNG = ImageCompression("png")
@@ -31,13 +31,6 @@ def test_adapter_steps_up_with_the_backlog_and_back_down_when_it_drains() -> Non
     assert adapter.update(2)[0] == 64  # between the marks: hold, no flapping
     assert adapter.update(1)[0] == 32
     assert adapter.update(0) == (16, {"wrist": JPEG, "depth": PNG})
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_slow_uplink_makes_the_edge_batch_and_compress_harder_then_recover(tmp_path: Path) -> None:

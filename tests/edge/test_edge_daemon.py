@@ -16,13 +16,7 @@ from user_rl.edge.daemon import EdgeDaemon, EdgeSettings
 from user_rl.edge.factory import make_edge
 from user_rl.hal.registry import make_robot
 from user_rl.policies import make_actor
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+from user_rl.testing.wait import wait_until
 
 
 @pytest.fixture

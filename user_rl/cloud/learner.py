@@ -213,6 +213,7 @@ class Learner:
         return {
             "time": time.monotonic() - self._started,
             "env_steps": self.env_steps,
+            "steps_at_start": self.steps_at_start,
             "updates": self.updates,
             "policy_version": self.version,
             "buffer": len(self.ingest.buffer) if self.ingest.buffer else 0,

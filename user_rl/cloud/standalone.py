@@ -18,6 +18,7 @@ from typing import Callable
 
 from user_rl.cloud.learner import Learner
 from user_rl.config import Config, dump_config
+from user_rl.progress import ProgressPrinter
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -26,7 +27,11 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def serve_learner(cfg: Config, run_dir: str | Path, out: Callable[[str], None] = print) -> dict:
+def _print_now(line: str) -> None:
+    print(line, flush=True)  # a service's log is a file: each line must be there even if it is killed
+
+
+def serve_learner(cfg: Config, run_dir: str | Path, out: Callable[[str], None] = _print_now) -> dict:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not (run_dir / "config.yaml").exists():
@@ -41,9 +46,13 @@ def serve_learner(cfg: Config, run_dir: str | Path, out: Callable[[str], None] =
         signal.signal(sig, lambda *_: stop.set())
     loop = threading.Thread(target=learner.run, name="learner", daemon=True)
     loop.start()
+    printer = ProgressPrinter(run_dir / "metrics.jsonl", out)
+    started = time.monotonic()
     while not stop.is_set() and loop.is_alive():
-        _write_json(run_dir / "learner_status.json",
-                    {"resumed_from": learner.resumed_from, **learner.status(), "pid": os.getpid()})
+        status = learner.status()
+        _write_json(run_dir / "learner_status.json", {"resumed_from": learner.resumed_from, **status, "pid": os.getpid()})
+        if status:  # the loop's first snapshot comes within half a second
+            printer.progress(time.monotonic() - started, status)
         stop.wait(1.0)
     learner.stop()
     loop.join(timeout=60)
