@@ -109,10 +109,11 @@ def test_sigkilled_learner_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     with open(tmp_path / "learner.log", "ab") as log:
         proc = start_learner(config, run_dir, log)
         fleet = EdgeThreads(cfg, f"tcp://127.0.0.1:{data_port}", f"tcp://127.0.0.1:{weights_port}", tmp_path / "spool")
-        resumed = []
+        resumed, before_kill = [], []
         try:
             for _ in range(3):
                 time.sleep(float(rng.uniform(5.0, 8.0)))
+                before_kill.append(learner_status(run_dir))
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(30)
                 steps_while_down = sum(e.steps for e in fleet.edges)
@@ -141,6 +142,8 @@ def test_sigkilled_learner_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     assert final["updates"] > max(resumed_updates)
     assert final["policy_version"] > max(r["policy_version"] for r in resumed if r)
     assert inspect_buffer(run_dir / "buffer")["corrupt"] == []
+    # Reconnecting edges say hello before anything else: no learner rejected a single message.
+    assert [s["rejected"] for s in [*before_kill, final]] == [{}] * 4
     # Its log tells the operator what happened: each restart resumed, and progress went on.
     log_text = (tmp_path / "learner.log").read_text()
     assert log_text.count("resumed from {") == 3 and log_text.count("fresh run") == 1

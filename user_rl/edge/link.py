@@ -7,6 +7,10 @@ the control loop never blocks. With no ack progress for `resend_after_s` (a lost
 dropped connection, a restarted learner), the link sends again from the first unacked batch;
 the learner drops duplicates. Batches spooled by an earlier run of this daemon (another
 epoch) are sent too, before the current ones.
+
+When the TCP connection drops (a restarted learner, a broken uplink), the link stops sending
+batches and introduces itself again as soon as it reconnects, so a new learner hears a hello
+first instead of rejecting a window of batches from a robot it does not know yet.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from user_rl.edge.spool import Spool
 from user_rl.hal.descriptor import DeviceDescriptor
@@ -69,6 +74,7 @@ class DataLink:
         self.socket.setsockopt(zmq.IMMEDIATE, 1)  # no queueing into a dead connection: the spool holds it
         self.socket.setsockopt(zmq.ROUTING_ID, f"{self.robot_id}:{self.epoch}".encode())
         self.socket.setsockopt(zmq.SNDHWM, 4 * s.max_in_flight)
+        self._connection_events = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.socket.connect(address)
         self._hello = pb.Hello(
             descriptor=descriptor_to_proto(descriptor),
@@ -158,6 +164,7 @@ class DataLink:
 
     def poll(self, timeout_ms: int = 0) -> int:
         """Handle replies from the learner (acks, credit, rejects, commands), then send what is due."""
+        self._check_connection()
         handled = 0
         while self.socket.poll(timeout_ms if handled == 0 else 0):
             handled += 1
@@ -175,6 +182,19 @@ class DataLink:
                 self.stop_requested = True
         self.pump()
         return handled
+
+    def _check_connection(self) -> None:
+        """After a disconnect, hold batches until the learner (perhaps a new one) welcomes us again."""
+        while self._connection_events.poll(0):
+            if recv_monitor_message(self._connection_events)["event"] == zmq.EVENT_DISCONNECTED:
+                self._reintroduce()
+
+    def _reintroduce(self) -> None:
+        """Say hello again; everything not yet acknowledged is sent again once welcomed."""
+        self.welcomed = False
+        self._hello_at = 0.0  # `pump` repeats the hello until the connection is back
+        for cursor in self.cursors.values():
+            cursor.sent = cursor.acked
 
     def _on_ack(self, ack: pb.Ack) -> None:
         cursor = self.cursors.get(ack.stream_epoch)
@@ -198,10 +218,8 @@ class DataLink:
         key = reason.split(":")[0]
         self.rejects[key] += 1
         if key == "no_hello":  # the learner restarted and does not know us: introduce ourselves again
-            self.welcomed = False
+            self._reintroduce()
             self.hello(self._hello.policy_version)
-            for cursor in self.cursors.values():
-                cursor.sent = cursor.acked
             return
         if key in ("spaces_mismatch", "bad_hello"):  # retrying cannot help: say so and stop asking
             if self.refused is None:
@@ -220,4 +238,6 @@ class DataLink:
         log.warning("%s: learner rejected a message: %s", self.robot_id, reason)
 
     def close(self) -> None:
+        self.socket.disable_monitor()
+        self._connection_events.close(0)
         self.socket.close(0)
