@@ -7,6 +7,7 @@ import json
 import sys
 
 from user_rl.config import ConfigError, load_config
+from user_rl.hal.resources import NODE_LABEL, PlacementError
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -48,6 +49,31 @@ def _buffer_inspect(args: argparse.Namespace) -> int:
     return 0 if report["ok"] else 1
 
 
+def _optional_config(args: argparse.Namespace):
+    return load_config(args.config, args.overrides) if args.config else None
+
+
+def _hal_discover(args: argparse.Namespace) -> int:
+    from user_rl.nodes import print_discovery
+
+    return print_discovery(_optional_config(args), args.json, args.sim_slots, probe=not args.no_probe)
+
+
+def _node_start(args: argparse.Namespace) -> int:
+    from user_rl.nodes import start_node
+
+    labels = dict(_key_value(item) for item in args.label)
+    return start_node(_optional_config(args), args.head, args.address, args.name, labels, args.sim_slots,
+                      args.port, args.num_cpus, args.block, args.dry_run)
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--label takes KEY=VALUE, got {text!r}")
+    return key, value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="user-rl", description="Online policy learning on robot fleets.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -79,14 +105,44 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect.add_argument("--no-verify", action="store_true", help="skip the checksums (headers and sizes are still checked)")
     inspect.set_defaults(func=_buffer_inspect)
+
+    hal = sub.add_parser("hal", help="the devices of this node")
+    hal_actions = hal.add_subparsers(dest="action", required=True)
+    discover = hal_actions.add_parser("discover", help="list robots (probed), sim slots, GPUs, serial ports and "
+                                      "cameras of this node (exit 1 if a configured robot does not answer)")
+    _config_args(discover)
+    discover.add_argument("--json", action="store_true", help="print devices and Ray resources as JSON")
+    discover.add_argument("--no-probe", action="store_true", help="do not connect to configured robots")
+    discover.set_defaults(func=_hal_discover)
+
+    node = sub.add_parser("node", help="Ray nodes that advertise their devices")
+    node_actions = node.add_subparsers(dest="action", required=True)
+    start = node_actions.add_parser("start", help="start a Ray node whose custom resources are this node's devices")
+    _config_args(start)
+    role = start.add_mutually_exclusive_group(required=True)
+    role.add_argument("--head", action="store_true", help="start a new cluster's head node")
+    role.add_argument("--address", help="join the cluster whose head is at ADDR (HOST:PORT)")
+    start.add_argument("--name", help=f"the node's name (label {NODE_LABEL}; default: the host name)")
+    start.add_argument("--label", action="append", default=[], help="KEY=VALUE node label (repeatable)")
+    start.add_argument("--port", type=int, help="head node port (default: Ray's 6379)")
+    start.add_argument("--num-cpus", type=int, help="CPUs to advertise (default: all)")
+    start.add_argument("--block", action="store_true", help="stay in the foreground until stopped")
+    start.add_argument("--dry-run", action="store_true", help="print the ray start command and exit")
+    start.set_defaults(func=_node_start)
     return parser
+
+
+def _config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", help="config whose robots this node drives (optional)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides")
+    parser.add_argument("--sim-slots", type=int, help="simulator slots to offer (default: the CPU count)")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError) as exc:
+    except (ConfigError, PlacementError, FileNotFoundError) as exc:
         print(f"user-rl: {exc}", file=sys.stderr)
         return 2
 

@@ -54,6 +54,7 @@ class FleetConfig(Section):
     resend_after_s: float = Field(2.0, gt=0, description="no ack progress this long: send again from the last ack")
     compression: dict[str, "CompressionConfig"] = Field(default_factory=dict, description="per camera key")
     adapt: bool = Field(True, description="grow batches and compress harder while the backlog grows")
+    labels: dict[str, str] = Field(default_factory=dict, description="Ray node labels every edge's node must have")
 
 
 class PolicyConfig(Section):
@@ -106,6 +107,8 @@ class LearnerConfig(Section):
     data_port: int = Field(0, ge=0, le=65535, description="0 picks a free port; fix it so edges survive a learner restart")
     weights_port: int = Field(0, ge=0, le=65535)
     checkpoint_every_s: float = Field(60.0, gt=0, description="background checkpoints, written without pausing")
+    resources: dict[str, float] = Field(default_factory=dict, description="Ray resources the learner's node must have")
+    labels: dict[str, str] = Field(default_factory=dict, description="Ray node labels the learner's node must have")
 
 
 class StopConfig(Section):

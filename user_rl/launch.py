@@ -15,12 +15,13 @@ import time
 import warnings
 from datetime import datetime
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import zmq
 
 from user_rl.config import Config, ConfigError, dump_config
 from user_rl.evaluation import EvalResult, evaluate
+from user_rl.placement import actor_options, check_cluster, edge_demands, learner_demand, local_resources, node_names
 from user_rl.progress import ProgressPrinter
 
 Printer = Callable[[str], None]
@@ -67,48 +68,78 @@ class Evaluator:
 
 
 def _start_ray(cfg: Config, address: str | None, out: Printer) -> None:
+    """Join the cluster at `address`, or start a local instance that owns the config's devices."""
     import ray
 
     cores = os.cpu_count() or 1
-    if cfg.fleet.num_robots + 1 > cores:
+    if address is None and cfg.fleet.num_robots + 1 > cores:
         out(f"note: {cfg.fleet.num_robots} sims and a learner share {cores} cores; "
             "sims are paced to the learner, so this slows wall time, not learning")
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    if address is not None:
+        os.environ.setdefault("RAY_AUTH_MODE", "token")  # as `user-rl node start` runs every node
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ray.init(
             address=address,
-            include_dashboard=False,
+            resources=local_resources(cfg) if address is None else None,
+            include_dashboard=False if address is None else None,
             logging_level=logging.WARNING,
             log_to_driver=True,
             runtime_env={"env_vars": {"MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"), "OMP_NUM_THREADS": "1"}},
         )
 
 
-def train(cfg: Config, out: Printer = print, ray_address: str | None = None) -> dict:
-    """Run one training to its stop condition; return the summary (also in summary.json)."""
+def _place(cfg: Config, run_dir: Path) -> tuple[Any, list[Any], dict[str, str]]:
+    """Start the learner and one edge per robot, each on a node that has what it holds."""
     import ray
 
     from user_rl.services import EdgeService, LearnerService
 
-    run_dir = make_run_dir(cfg)
-    out(f"run directory: {run_dir}")
+    learner = ray.remote(LearnerService).options(**actor_options(learner_demand(cfg))).remote(
+        cfg.model_dump(), str(run_dir.resolve()))
+    addresses = ray.get(learner.addresses.remote())
+    spool_root = str((run_dir / "spool").resolve())
+    edges = [ray.remote(EdgeService).options(**actor_options(demand)).remote(cfg.model_dump(), i, addresses, spool_root)
+             for i, demand in enumerate(edge_demands(cfg))]
+    ray.get([e.status.remote() for e in edges])
+    return learner, edges, addresses
+
+
+def _placement_report(learner: Any, edges: list[Any], cfg: Config) -> dict[str, str]:
+    """Which node each process runs on, as Ray itself tells each actor (no dashboard needed)."""
+    import ray
+
+    def node_of(actor: Any) -> Any:
+        return actor.__ray_call__.remote(lambda _self: ray.get_runtime_context().get_node_id())
+
+    names = node_names(ray.nodes())
+    actors = {"learner": learner, **{f"edge:{cfg.robot_options(i)['robot_id']}": e for i, e in enumerate(edges)}}
+    node_ids = ray.get([node_of(a) for a in actors.values()])
+    return {name: names.get(node_id, node_id) for name, node_id in zip(actors, node_ids)}
+
+
+def train(cfg: Config, out: Printer = print, ray_address: str | None = None) -> dict:
+    """Run one training to its stop condition; return the summary (also in summary.json)."""
+    import ray
+
     _start_ray(cfg, ray_address, out)
     started = time.monotonic()
     evaluator = None
     try:
-        learner = ray.remote(num_cpus=0)(LearnerService).remote(cfg.model_dump(), str(run_dir.resolve()))
-        addresses = ray.get(learner.addresses.remote())
-        spool_root = str((run_dir / "spool").resolve())
-        edges = [ray.remote(num_cpus=0)(EdgeService).remote(cfg.model_dump(), i, addresses, spool_root)
-                 for i in range(cfg.fleet.num_robots)]
-        ray.get([e.status.remote() for e in edges])
+        check_cluster(cfg, ray.nodes())  # before anything is created: a launch that cannot fit fails now
+        run_dir = make_run_dir(cfg)
+        out(f"run directory: {run_dir}")
+        learner, edges, addresses = _place(cfg, run_dir)
+        placement = _placement_report(learner, edges, cfg)
         out(f"learner at {addresses['data']} (weights {addresses['weights']}); {len(edges)} edge daemons started")
+        out("placement: " + ", ".join(f"{name} on {node}" for name, node in sorted(placement.items())))
         evaluator = Evaluator(cfg, addresses["weights"])
         summary = _watch(cfg, learner, edges, evaluator, run_dir, started, out)
         summary["learner"] = final = ray.get(learner.finish.remote())
         summary["checkpoint"] = final["checkpoint"]
         summary["edges"] = ray.get([e.finish.remote() for e in edges])
+        summary["placement"] = placement
     finally:
         if evaluator is not None:
             evaluator.close()

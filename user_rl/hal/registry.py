@@ -54,3 +54,8 @@ def robot_option_names(name: str) -> list[str]:
 
 def make_robot(name: str, **options: Any) -> Robot:
     return robot_factory(name)(**options)
+
+
+def driver_kind(name: str) -> str:
+    """"robot" or "sim": how the scheduler counts a driver's devices (read from the class)."""
+    return getattr(robot_factory(name), "device_kind", "robot")

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
 
-from user_rl.hal.descriptor import DeviceDescriptor
+from user_rl.hal.descriptor import DeviceDescriptor, DeviceKind
 
 Observation = dict[str, np.ndarray]
 
@@ -52,6 +52,7 @@ class Robot(abc.ABC):
     thread that made it: camera and GL contexts are bound to their thread.
     """
 
+    device_kind: ClassVar[DeviceKind] = "robot"  # "sim" for simulators: what a scheduler counts it as
     descriptor: DeviceDescriptor
     observation_space: gym.spaces.Dict
     action_space: gym.spaces.Box

@@ -69,6 +69,8 @@ def _scalar_info(info: dict[str, Any]) -> dict[str, Any]:
 class GymRobot(Robot):
     """A gymnasium env as a sim robot: dict observations, float32 Box actions, clipped and echoed."""
 
+    device_kind = "sim"
+
     def __init__(
         self,
         *,

@@ -69,6 +69,8 @@ def _make_renderer(model: mujoco.MjModel, size: int) -> mujoco.Renderer:
 class ReachRobot(Robot):
     """Fingertip-to-target reaching with a 3-joint arm, state or state+image observations."""
 
+    device_kind = "sim"
+
     def __init__(
         self,
         *,

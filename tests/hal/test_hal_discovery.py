@@ -1,0 +1,141 @@
+"""`user-rl hal discover`: simulator slots from the CPU count, configured robots probed, and a
+driver that a separately installed package registers through an entry point is found, probed
+and launched without touching this repository."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+TOY_PYPROJECT = """
+[build-system]
+requires = ["setuptools>=68"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "toy-arm-driver"
+version = "0.1.0"
+
+[project.entry-points."user_rl.robots"]
+toy_arm = "toy_arm:ToyArm"
+"""
+
+TOY_MODULE = '''
+"""A two-joint toy arm on a "serial port" (any file): it reads the port to connect, like a real driver."""
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+
+from user_rl.hal import DeviceDescriptor, Robot, StepResult
+
+
+class ToyArm(Robot):
+    device_kind = "robot"
+
+    def __init__(self, *, port: str, robot_id: str = "toy-0", seed: int | None = None, episode_steps: int = 20):
+        self.port = Path(port)
+        self.firmware = self.port.read_text().strip()  # a missing port raises: the probe reports it
+        self.descriptor = DeviceDescriptor(kind="robot", model="toy_arm", id=robot_id, control_hz=50.0,
+                                           instruction="hold the joints at zero", extra={"firmware": self.firmware})
+        self.observation_space = gym.spaces.Dict({"joints": gym.spaces.Box(-3.0, 3.0, (2,), np.float32)})
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.rng = np.random.default_rng(seed)
+        self.episode_steps = episode_steps
+        self.joints = np.zeros(2, np.float32)
+        self.t = 0
+
+    def reset(self, seed=None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.joints = self.rng.uniform(-1, 1, 2).astype(np.float32)
+        self.t = 0
+        return {"joints": self.joints.copy()}
+
+    def step(self, action):
+        applied = np.clip(action, -1, 1).astype(np.float32)
+        self.joints = np.clip(self.joints + 0.1 * applied, -3, 3).astype(np.float32)
+        self.t += 1
+        return StepResult({"joints": self.joints.copy()}, -float(np.abs(self.joints).sum()), False,
+                          self.t >= self.episode_steps, applied)
+'''
+
+
+@pytest.fixture(scope="module")
+def toy_driver(tmp_path_factory) -> dict[str, str]:
+    """Install the toy driver package (not this repository) into its own directory on PYTHONPATH."""
+    root = tmp_path_factory.mktemp("toy")
+    src, site = root / "src", root / "site"
+    src.mkdir()
+    (src / "pyproject.toml").write_text(TOY_PYPROJECT)
+    (src / "toy_arm.py").write_text(textwrap.dedent(TOY_MODULE))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--target", str(site), str(src)], check=True, capture_output=True, timeout=300)
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "MUJOCO_GL": "egl"}
+
+
+def cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "user_rl.cli", *args], cwd=REPO, env=env or dict(os.environ),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_discover_lists_sim_slots_per_core_as_a_table_and_json() -> None:
+    table = cli("hal", "discover", "--sim-slots", "3")
+    assert table.returncode == 0, table.stderr
+    assert "mujoco_reach slots  mujoco_reach  sim:mujoco_reach  3" in table.stdout
+    report = json.loads(cli("hal", "discover", "--json").stdout)
+    slots = {d["resource"]: d["count"] for d in report["devices"] if d["kind"] == "sim"}
+    assert slots == {"sim:mujoco_reach": os.cpu_count(), "sim:gym": os.cpu_count()}
+    assert report["resources"] == {k: float(v) for k, v in slots.items()}
+    assert not [d for d in report["devices"] if d["kind"] == "gpu"]  # this machine has none; torch says so
+
+
+def toy_config(tmp_path: Path, port: Path, robots: int = 2) -> Path:
+    config = tmp_path / "toy.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "toy", "robot": {"type": "toy_arm", "options": {"port": str(port)}},
+        "fleet": {"num_robots": robots, "pace_to_learner": True, "batch_transitions": 16},
+        "policy": {"hidden": [32]}, "algo": {"learning_starts": 100, "batch_size": 32},
+        "stop": {"max_env_steps": 400, "max_wall_s": 120, "eval_every_s": 1000, "eval_episodes": 2}}))
+    return config
+
+
+def test_entry_point_driver_is_discovered_and_probed(tmp_path: Path, toy_driver: dict) -> None:
+    port = tmp_path / "ttyTOY0"
+    port.write_text("toy-fw 1.2\n")
+    report = json.loads(cli("hal", "discover", str(toy_config(tmp_path, port)), "--json", env=toy_driver).stdout)
+    robots = [d for d in report["devices"] if d["kind"] == "robot"]
+    assert [(d["name"], d["model"], d["resource"], d["status"]) for d in robots] == [
+        ("toy_arm-0", "toy_arm", "robot:toy_arm-0", "ok"), ("toy_arm-1", "toy_arm", "robot:toy_arm-1", "ok")]
+    assert "50 Hz" in robots[0]["detail"]
+    assert report["resources"]["robot:toy_arm-0"] == 1.0
+
+    port.unlink()  # the robot is unplugged: reported, exit 1, and left out of the node's resources
+    gone = cli("hal", "discover", str(toy_config(tmp_path, port)), "--json", env=toy_driver)
+    assert gone.returncode == 1
+    report = json.loads(gone.stdout)
+    assert all(d["status"].startswith("unreachable: FileNotFoundError") for d in report["devices"] if d["kind"] == "robot")
+    assert not any(k.startswith("robot:") for k in report["resources"])
+
+
+def test_entry_point_driver_is_launched(tmp_path: Path, toy_driver: dict) -> None:
+    port = tmp_path / "ttyTOY0"
+    port.write_text("toy-fw 1.2\n")
+    done = cli("train", str(toy_config(tmp_path, port)), f"run_root={tmp_path / 'runs'}", env=toy_driver, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (summary_path,) = (tmp_path / "runs").glob("*/summary.json")
+    summary = json.loads(summary_path.read_text())
+    assert summary["stop_reason"] == "max_env_steps"
+    assert set(summary["learner"]["robots"]) == {"toy_arm-0", "toy_arm-1"}
+    assert all(r["transitions"] > 0 for r in summary["learner"]["robots"].values())
+    assert sorted(summary["placement"]) == ["edge:toy_arm-0", "edge:toy_arm-1", "learner"]

@@ -1,0 +1,68 @@
+"""Where each process of a launch runs: the learner on a node with what it asks for, one edge
+daemon per robot on a node that owns that robot (or has a free simulator slot).
+
+Every process holds its device as a Ray resource, so Ray never puts two edges on one robot.
+Before anything starts, the whole launch is checked against the cluster's live nodes: a
+resource no node has fails at once with a message naming it and the nodes that exist, rather
+than Ray waiting for a node that will never come.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from user_rl.config import Config
+from user_rl.hal.registry import driver_kind
+from user_rl.hal.resources import Demand, NodeView, check_placement, device_resource, sim_resource
+
+
+def learner_demand(cfg: Config) -> Demand:
+    resources = dict(cfg.learner.resources)
+    if cfg.learner.device == "cuda":
+        resources["GPU"] = max(resources.get("GPU", 0.0), 1.0)
+    return Demand("learner", resources, dict(cfg.learner.labels))
+
+
+def edge_demands(cfg: Config) -> list[Demand]:
+    kind = driver_kind(cfg.robot.type)
+    demands = []
+    for i in range(cfg.fleet.num_robots):
+        robot_id = cfg.robot_options(i)["robot_id"]
+        resource = device_resource(cfg.robot.type, kind, robot_id)
+        demands.append(Demand(f"edge {robot_id}", {resource: 1.0}, dict(cfg.fleet.labels)))
+    return demands
+
+
+def local_resources(cfg: Config) -> dict[str, float]:
+    """A one-machine instance owns the config's robots and a simulator slot per core (at least one per sim)."""
+    resources: dict[str, float] = {}
+    for demand in edge_demands(cfg):
+        for name in demand.resources:
+            resources[name] = resources.get(name, 0.0) + 1.0
+    if driver_kind(cfg.robot.type) == "sim":
+        slots = sim_resource(cfg.robot.type)
+        resources[slots] = max(resources[slots], float(os.cpu_count() or 1))
+    return resources
+
+
+def check_cluster(cfg: Config, nodes: list[dict[str, Any]]) -> None:
+    """Raise PlacementError if the learner and every edge cannot all be placed on these nodes."""
+    alive = [n for n in nodes if n.get("Alive", True)]
+    check_placement([learner_demand(cfg), *edge_demands(cfg)], alive)
+
+
+def actor_options(demand: Demand) -> dict[str, Any]:
+    """`ray.remote(...).options(...)` for a demand: its resources (GPUs as num_gpus) and node labels."""
+    resources = {k: v for k, v in demand.resources.items() if k != "GPU"}
+    options: dict[str, Any] = {"num_cpus": 0, "resources": resources}
+    if "GPU" in demand.resources:
+        options["num_gpus"] = demand.resources["GPU"]
+    if demand.labels:
+        options["label_selector"] = dict(demand.labels)
+    return options
+
+
+def node_names(nodes: list[dict[str, Any]]) -> dict[str, str]:
+    """Ray node id -> the name it is shown by (its user-rl/node label, else address/id)."""
+    return {n["NodeID"]: NodeView.from_ray(n).name for n in nodes}
