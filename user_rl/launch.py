@@ -81,7 +81,7 @@ def _start_ray(cfg: Config, address: str | None, out: Printer) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ray.init(
-            address=address,
+            address=address or "local",  # "local": a fresh instance, never a cluster left running on this machine
             resources=local_resources(cfg) if address is None else None,
             include_dashboard=False if address is None else None,
             logging_level=logging.WARNING,

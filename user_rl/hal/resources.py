@@ -87,7 +87,7 @@ def check_placement(demands: Iterable[Demand], nodes: Iterable[dict[str, Any] | 
         for r, q in demand.resources.items():
             free[node.name][r] -= q
     if problems:
-        nodes_text = "; ".join(n.summary() for n in views) or "none"
+        nodes_text = "; ".join(n.summary() for n in sorted(views, key=lambda n: n.name))
         raise PlacementError("cannot place " + "; ".join(problems) + f". Nodes: {nodes_text}")
 
 

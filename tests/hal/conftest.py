@@ -1,0 +1,78 @@
+"""The toy driver package that HAL tests install: a robot driver that lives outside this
+repository and registers through the `user_rl.robots` entry point."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+TOY_PYPROJECT = """
+[build-system]
+requires = ["setuptools>=68"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "toy-arm-driver"
+version = "0.1.0"
+
+[project.entry-points."user_rl.robots"]
+toy_arm = "toy_arm:ToyArm"
+"""
+
+TOY_MODULE = '''
+"""A two-joint toy arm on a "serial port" (any file): it reads the port to connect, like a real driver."""
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+
+from user_rl.hal import DeviceDescriptor, Robot, StepResult
+
+
+class ToyArm(Robot):
+    device_kind = "robot"
+
+    def __init__(self, *, port: str, robot_id: str = "toy-0", seed: int | None = None, episode_steps: int = 20):
+        self.port = Path(port)
+        self.firmware = self.port.read_text().strip()  # a missing port raises: the probe reports it
+        self.descriptor = DeviceDescriptor(kind="robot", model="toy_arm", id=robot_id, control_hz=50.0,
+                                           instruction="hold the joints at zero", extra={"firmware": self.firmware})
+        self.observation_space = gym.spaces.Dict({"joints": gym.spaces.Box(-3.0, 3.0, (2,), np.float32)})
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.rng = np.random.default_rng(seed)
+        self.episode_steps = episode_steps
+        self.joints = np.zeros(2, np.float32)
+        self.t = 0
+
+    def reset(self, seed=None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.joints = self.rng.uniform(-1, 1, 2).astype(np.float32)
+        self.t = 0
+        return {"joints": self.joints.copy()}
+
+    def step(self, action):
+        applied = np.clip(action, -1, 1).astype(np.float32)
+        self.joints = np.clip(self.joints + 0.1 * applied, -3, 3).astype(np.float32)
+        self.t += 1
+        return StepResult({"joints": self.joints.copy()}, -float(np.abs(self.joints).sum()), False,
+                          self.t >= self.episode_steps, applied)
+'''
+
+
+@pytest.fixture(scope="session")
+def toy_driver(tmp_path_factory) -> dict[str, str]:
+    """Install the toy driver package (not this repository) into its own directory on PYTHONPATH."""
+    root = tmp_path_factory.mktemp("toy")
+    src, site = root / "src", root / "site"
+    src.mkdir()
+    (src / "pyproject.toml").write_text(TOY_PYPROJECT)
+    (src / "toy_arm.py").write_text(textwrap.dedent(TOY_MODULE))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--target", str(site), str(src)], check=True, capture_output=True, timeout=300)
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "MUJOCO_GL": "egl"}
