@@ -55,6 +55,7 @@ class FleetConfig(Section):
     compression: dict[str, "CompressionConfig"] = Field(default_factory=dict, description="per camera key")
     adapt: bool = Field(True, description="grow batches and compress harder while the backlog grows")
     labels: dict[str, str] = Field(default_factory=dict, description="Ray node labels every edge's node must have")
+    max_restarts: int = Field(3, ge=0, description="restarts of a dead or unhealthy edge before its robot is failed")
 
 
 class PolicyConfig(Section):

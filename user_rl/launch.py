@@ -21,6 +21,7 @@ import zmq
 
 from user_rl.config import Config, ConfigError, dump_config
 from user_rl.evaluation import EvalResult, evaluate
+from user_rl.fleet_health import FleetHealth
 from user_rl.placement import actor_options, check_cluster, edge_demands, learner_demand, local_resources, node_names
 from user_rl.progress import ProgressPrinter
 
@@ -90,7 +91,7 @@ def _start_ray(cfg: Config, address: str | None, out: Printer) -> None:
         )
 
 
-def _place(cfg: Config, run_dir: Path) -> tuple[Any, list[Any], dict[str, str]]:
+def _place(cfg: Config, run_dir: Path, out: Printer) -> tuple[Any, FleetHealth, dict[str, str]]:
     """Start the learner and one edge per robot, each on a node that has what it holds."""
     import ray
 
@@ -100,13 +101,19 @@ def _place(cfg: Config, run_dir: Path) -> tuple[Any, list[Any], dict[str, str]]:
         cfg.model_dump(), str(run_dir.resolve()))
     addresses = ray.get(learner.addresses.remote())
     spool_root = str((run_dir / "spool").resolve())
-    edges = [ray.remote(EdgeService).options(**actor_options(demand)).remote(cfg.model_dump(), i, addresses, spool_root)
-             for i, demand in enumerate(edge_demands(cfg))]
-    ray.get([e.status.remote() for e in edges])
-    return learner, edges, addresses
+    demands = edge_demands(cfg)
+
+    def spawn(index: int) -> Any:  # the same robot, spool and address every time it is (re)started
+        return ray.remote(EdgeService).options(**actor_options(demands[index])).remote(
+            cfg.model_dump(), index, addresses, spool_root)
+
+    fleet = FleetHealth(spawn, [cfg.robot_options(i)["robot_id"] for i in range(len(demands))],
+                        cfg.fleet.max_restarts, out)
+    fleet.wait_started()
+    return learner, fleet, addresses
 
 
-def _placement_report(learner: Any, edges: list[Any], cfg: Config) -> dict[str, str]:
+def _placement_report(learner: Any, fleet: FleetHealth) -> dict[str, str]:
     """Which node each process runs on, as Ray itself tells each actor (no dashboard needed)."""
     import ray
 
@@ -114,7 +121,7 @@ def _placement_report(learner: Any, edges: list[Any], cfg: Config) -> dict[str, 
         return actor.__ray_call__.remote(lambda _self: ray.get_runtime_context().get_node_id())
 
     names = node_names(ray.nodes())
-    actors = {"learner": learner, **{f"edge:{cfg.robot_options(i)['robot_id']}": e for i, e in enumerate(edges)}}
+    actors = {"learner": learner, **{f"edge:{robot_id}": fleet.edges[robot_id] for robot_id in fleet.active}}
     node_ids = ray.get([node_of(a) for a in actors.values()])
     return {name: names.get(node_id, node_id) for name, node_id in zip(actors, node_ids)}
 
@@ -130,15 +137,15 @@ def train(cfg: Config, out: Printer = print, ray_address: str | None = None) -> 
         check_cluster(cfg, ray.nodes())  # before anything is created: a launch that cannot fit fails now
         run_dir = make_run_dir(cfg)
         out(f"run directory: {run_dir}")
-        learner, edges, addresses = _place(cfg, run_dir)
-        placement = _placement_report(learner, edges, cfg)
-        out(f"learner at {addresses['data']} (weights {addresses['weights']}); {len(edges)} edge daemons started")
+        learner, fleet, addresses = _place(cfg, run_dir, out)
+        placement = _placement_report(learner, fleet)
+        out(f"learner at {addresses['data']} (weights {addresses['weights']}); {len(fleet.active)} edge daemons started")
         out("placement: " + ", ".join(f"{name} on {node}" for name, node in sorted(placement.items())))
         evaluator = Evaluator(cfg, addresses["weights"])
-        summary = _watch(cfg, learner, edges, evaluator, run_dir, started, out)
+        summary = _watch(cfg, learner, fleet, evaluator, run_dir, started, out)
         summary["learner"] = final = ray.get(learner.finish.remote())
         summary["checkpoint"] = final["checkpoint"]
-        summary["edges"] = ray.get([e.finish.remote() for e in edges])
+        summary["edges"] = fleet.finish()
         summary["placement"] = placement
     finally:
         if evaluator is not None:
@@ -151,8 +158,9 @@ def train(cfg: Config, out: Printer = print, ray_address: str | None = None) -> 
     return summary
 
 
-def _watch(cfg, learner, edges, evaluator: Evaluator, run_dir: Path, started: float, out: Printer) -> dict:
-    """Poll progress until a stop condition; evaluate paused snapshots on schedule."""
+def _watch(cfg, learner, fleet: FleetHealth, evaluator: Evaluator, run_dir: Path, started: float,
+           out: Printer) -> dict:
+    """Poll progress until a stop condition; keep the fleet healthy; evaluate paused snapshots on schedule."""
     import ray
 
     stop = cfg.stop
@@ -165,9 +173,12 @@ def _watch(cfg, learner, edges, evaluator: Evaluator, run_dir: Path, started: fl
     while time.monotonic() - started < stop.max_wall_s:
         time.sleep(1.0)
         status = ray.get(learner.status.remote())
-        for edge_status in ray.get([e.status.remote() for e in edges]):
-            if edge_status["error"]:
-                raise RuntimeError(f"edge {edge_status['robot_id']} crashed:\n{edge_status['error']}")
+        fleet.poll()
+        if not fleet.active:
+            raise RuntimeError("every robot of the fleet failed: " + "; ".join(f"{r}: {why}" for r, why in fleet.failed.items()))
+        if len(fleet.active) != status.get("active_robots"):
+            ray.get(learner.set_active_robots.remote(len(fleet.active)))
+        _write_fleet_status(run_dir, status, fleet)
         if status.get("error"):
             raise RuntimeError(f"learner crashed:\n{status['error']}")
         printer.progress(time.monotonic() - started, status)
@@ -188,6 +199,14 @@ def _watch(cfg, learner, edges, evaluator: Evaluator, run_dir: Path, started: fl
     # The learner stays paused: the checkpoint it writes is the version evaluated last.
     return {"stop_reason": reason, "goal_reached_s": goal_reached_s, "evaluations": evals,
             "final_eval": evals[-1] if evals else None}
+
+
+def _write_fleet_status(run_dir: Path, learner_status: dict, fleet: FleetHealth) -> None:
+    """`fleet_status.json`: each robot's edge (pid, steps, restarts, failure) and what the learner has of it."""
+    data = {"edges": fleet.report(), "learner_robots": learner_status.get("robots", {})}
+    tmp = run_dir / "fleet_status.json.tmp"
+    tmp.write_text(json.dumps(data, default=str))
+    os.replace(tmp, run_dir / "fleet_status.json")
 
 
 def _evaluate_snapshot(learner, evaluator: Evaluator, started: float, printer: "ProgressPrinter",

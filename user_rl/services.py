@@ -58,6 +58,9 @@ class LearnerService(_Threaded):
     def pause(self) -> int:
         return self.learner.pause()
 
+    def set_active_robots(self, count: int) -> None:
+        self.learner.active_robots = count
+
     def resume(self) -> None:
         self.learner.resume()
 

@@ -51,6 +51,7 @@ class RobotSession:
     episode_return: float = 0.0
     last_seen: float = field(default_factory=time.monotonic)
     heartbeat: dict = field(default_factory=dict)
+    streams: int = 1  # stream epochs seen: each restart of the robot's edge daemon starts a new one
 
     def summary(self) -> dict:
         return {
@@ -65,6 +66,7 @@ class RobotSession:
             "backlog_bytes": self.heartbeat.get("backlog_bytes", 0),
             "dropped_transitions": self.heartbeat.get("dropped_transitions", 0),
             "seconds_since_seen": round(time.monotonic() - self.last_seen, 2),
+            "edge_restarts": self.streams - 1,
         }
 
 
@@ -170,6 +172,7 @@ class Ingest:
                                    descriptor=descriptor, epoch=hello.stream_epoch, stream=stream)
             if old is not None:  # a restarted edge: counters carry on, its open episode was cut short
                 session.transitions, session.episodes, session.versions = old.transitions, old.episodes, old.versions
+                session.streams = old.streams + 1
             self.robots[robot_id] = session
             log.info("robot %s joined (epoch %d, %d batches already stored)", robot_id, hello.stream_epoch,
                      stream.durable_seq)

@@ -59,6 +59,7 @@ class Learner:
         if self.checkpoint_path.is_file():
             self._resume()
         self.steps_at_start = self.env_steps
+        self.active_robots = cfg.fleet.num_robots  # fewer once a robot has failed: its share of credit moves on
         self.last_metrics: dict[str, float] = {}
         self._stop = threading.Event()
         self._pause_requested = threading.Event()
@@ -109,7 +110,7 @@ class Learner:
         # Credit counts the steps of the edges started with this learner: a resumed run's
         # earlier steps (`steps_at_start`) are already in the buffer.
         allowed = algo.learning_starts + self.updates / algo.utd_ratio - self.steps_at_start
-        n = fleet.num_robots
+        n = max(1, self.active_robots)
         per_robot = math.ceil(max(0.0, allowed) / n) + fleet.batch_transitions
         cap = math.ceil(max(0, self.cfg.stop.max_env_steps - self.steps_at_start) / n)
         self.ingest.step_credit = max(1, min(per_robot, cap))
@@ -121,7 +122,7 @@ class Learner:
         if not self.cfg.fleet.pace_to_learner:
             return True
         # Paced: do not run ahead of the data either (the ratio holds in both directions).
-        lead = self.cfg.fleet.num_robots * self.cfg.fleet.batch_transitions * self.cfg.algo.utd_ratio
+        lead = self.active_robots * self.cfg.fleet.batch_transitions * self.cfg.algo.utd_ratio
         return self.updates < self.cfg.algo.utd_ratio * (self.env_steps - self.cfg.algo.learning_starts) + lead
 
     # -- the loop --------------------------------------------------------------------------
@@ -214,6 +215,7 @@ class Learner:
             "time": time.monotonic() - self._started,
             "env_steps": self.env_steps,
             "steps_at_start": self.steps_at_start,
+            "active_robots": self.active_robots,
             "updates": self.updates,
             "policy_version": self.version,
             "buffer": len(self.ingest.buffer) if self.ingest.buffer else 0,
