@@ -49,6 +49,29 @@ def _buffer_inspect(args: argparse.Namespace) -> int:
     return 0 if report["ok"] else 1
 
 
+def _edge(args: argparse.Namespace) -> int:
+    from user_rl.edge.standalone import serve_edge
+
+    cfg = load_config(args.config, args.overrides)
+    learner, weights = args.learner, args.weights
+    if args.run_dir:  # attach to a run on this machine: its addresses are in the run directory
+        from pathlib import Path
+
+        path = Path(args.run_dir) / "addresses.json"
+        if not path.is_file():
+            raise ConfigError(f"config error: {args.run_dir} holds no addresses.json (is a training running there?)")
+        addresses = json.loads(path.read_text())
+        learner, weights = addresses["data"], addresses["weights"]
+        run_policy = load_config(str(Path(args.run_dir) / "config.yaml"), []).policy
+        if run_policy != cfg.policy:  # the edge could not load the learner's weights
+            raise ConfigError(f"config error: policy: the run trains {run_policy.model_dump()}, "
+                              f"this config says {cfg.policy.model_dump()}")
+    if not learner:
+        raise ConfigError("config error: say where the learner is: --learner tcp://HOST:PORT or --run-dir RUN_DIR")
+    status = serve_edge(cfg, args.robot, learner, weights, args.spool, args.max_steps)
+    return 0 if status["detached"] else 1
+
+
 def _optional_config(args: argparse.Namespace):
     return load_config(args.config, args.overrides) if args.config else None
 
@@ -105,6 +128,22 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect.add_argument("--no-verify", action="store_true", help="skip the checksums (headers and sizes are still checked)")
     inspect.set_defaults(func=_buffer_inspect)
+
+    for name, text in (("edge", "run one robot's edge daemon outside the Ray cluster (e.g. behind NAT)"),
+                       ("attach", "add a robot to a running training; Ctrl-C detaches it cleanly")):
+        edge = sub.add_parser(name, help=text)
+        edge.add_argument("config")
+        if name == "attach":
+            edge.add_argument("robot", help="the robot's id (its options come from the config's robot section)")
+        else:
+            edge.add_argument("--robot", required=True, help="the robot's id")
+        edge.add_argument("overrides", nargs="*", help="key=value overrides")
+        edge.add_argument("--learner", help="the learner's data address, tcp://HOST:PORT")
+        edge.add_argument("--weights", help="the learner's weights address (default: HOST and learner.weights_port)")
+        edge.add_argument("--run-dir", help="a training on this machine to attach to (reads its addresses.json)")
+        edge.add_argument("--spool", help="spool directory (default: ~/.local/state/user-rl/spool)")
+        edge.add_argument("--max-steps", type=int, help="detach after this many steps")
+        edge.set_defaults(func=_edge)
 
     hal = sub.add_parser("hal", help="the devices of this node")
     hal_actions = hal.add_subparsers(dest="action", required=True)

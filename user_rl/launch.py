@@ -138,6 +138,7 @@ def train(cfg: Config, out: Printer = print, ray_address: str | None = None) -> 
         run_dir = make_run_dir(cfg)
         out(f"run directory: {run_dir}")
         learner, fleet, addresses = _place(cfg, run_dir, out)
+        (run_dir / "addresses.json").write_text(json.dumps(addresses))  # `user-rl attach --run-dir` reads it
         placement = _placement_report(learner, fleet)
         out(f"learner at {addresses['data']} (weights {addresses['weights']}); {len(fleet.active)} edge daemons started")
         out("placement: " + ", ".join(f"{name} on {node}" for name, node in sorted(placement.items())))

@@ -52,6 +52,7 @@ class RobotSession:
     last_seen: float = field(default_factory=time.monotonic)
     heartbeat: dict = field(default_factory=dict)
     streams: int = 1  # stream epochs seen: each restart of the robot's edge daemon starts a new one
+    detached: bool = False  # the robot said it is leaving (a clean detach, not a failure)
 
     def summary(self) -> dict:
         return {
@@ -67,6 +68,7 @@ class RobotSession:
             "dropped_transitions": self.heartbeat.get("dropped_transitions", 0),
             "seconds_since_seen": round(time.monotonic() - self.last_seen, 2),
             "edge_restarts": self.streams - 1,
+            "detached": self.detached,
         }
 
 
@@ -140,6 +142,10 @@ class Ingest:
             session.heartbeat = {"env_steps": hb.env_steps, "steps_per_second": hb.steps_per_second,
                                  "policy_version": hb.policy_version, "unacked": hb.unacked_batches,
                                  "backlog_bytes": hb.backlog_bytes, "dropped_transitions": hb.dropped_transitions}
+            if hb.leaving and not session.detached:  # everything it sent is acked: close its episode
+                self.buffer.end_open_episodes(session.stream, reason="detached")
+                session.detached = True
+                log.info("robot %s detached (epoch %d)", session.robot_id, session.epoch)
             self._ack(session, session.stream)
         else:
             raise WireError("unexpected", f"{kind} is not accepted on the data link")

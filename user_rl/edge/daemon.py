@@ -180,9 +180,15 @@ class EdgeDaemon:
             self.link.poll(50)
         return self.link.unacked == 0
 
+    def detach(self, timeout_s: float = 60.0) -> bool:
+        """After `run`: deliver every spooled batch, then tell the learner this robot leaves (its open
+        episode ends there). False if the learner could not be reached in time (the spool keeps the data)."""
+        return self.drain(timeout_s) and self.link.leave()
+
     def status(self) -> dict:
         return {
             "robot_id": self.robot.descriptor.id,
+            "epoch": self.link.epoch,
             "steps": self.steps,
             "episodes": self.episodes,
             "policy_version": self.policy_version,

@@ -15,10 +15,14 @@ from user_rl.policies import make_actor
 
 
 def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
-              spool_root: str | Path | None = None) -> EdgeDaemon:
-    """`spool_root/<robot id>` keeps unacked batches across restarts of this edge (None: a temp dir)."""
+              spool_root: str | Path | None = None, robot_id: str | None = None) -> EdgeDaemon:
+    """`spool_root/<robot id>` keeps unacked batches across restarts of this edge (None: a temp dir).
+
+    The robot is the fleet's `index`-th (id `<type>-<index>`) unless `robot_id` names it."""
     torch.set_num_threads(1)  # an edge runs a small policy; more threads only fight the learner
     options = cfg.robot_options(index)
+    if robot_id is not None:
+        options["robot_id"] = robot_id
     robot = make_robot(cfg.robot.type, **options)
     actor = make_actor(cfg.policy.type, robot.observation_space, robot.action_space, hidden=cfg.policy.hidden)
     settings = EdgeSettings(

@@ -155,6 +155,17 @@ class DataLink:
                           dropped_transitions=self.dropped_transitions, **stats)
         self._send(encode(envelope(self.robot_id, heartbeat=hb)))
 
+    def leave(self, timeout_s: float = 5.0) -> bool:
+        """Tell the learner this robot is detaching; True once it answered (call after everything is acked)."""
+        hb = pb.Heartbeat(time=time.time(), unacked_batches=self.unacked, leaving=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._send(encode(envelope(self.robot_id, heartbeat=hb))):
+                if self.socket.poll(int(1000 * max(0.0, deadline - time.monotonic()))):
+                    return self.poll(0) > 0
+            time.sleep(0.05)
+        return False
+
     def _send(self, frames: list) -> bool:
         try:
             self.socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)

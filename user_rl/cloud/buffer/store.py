@@ -91,7 +91,7 @@ class PersistentReplay:
             return self.streams[key]
         for other in self.streams.values():
             if other.record.robot == robot and other.record.epoch < epoch:  # a stale epoch ends nothing
-                self._end_open_episodes(other, reason="edge_restart")
+                self.end_open_episodes(other, reason="edge_restart")
         record = StreamRecord(self._next_stream_id(), robot, epoch, task)
         state = StreamState(record, self.robots.setdefault(robot, len(self.robots)),
                             self.tasks.setdefault(task, len(self.tasks)))
@@ -101,8 +101,9 @@ class PersistentReplay:
     def _next_stream_id(self) -> int:
         return 1 + max((s.record.id for s in self.streams.values()), default=0)
 
-    def _end_open_episodes(self, stream: StreamState, reason: str) -> None:
-        """An edge restarted mid-episode: that episode is over, cut short (truncated, with the reason)."""
+    def end_open_episodes(self, stream: StreamState, reason: str) -> None:
+        """The robot's edge restarted or detached mid-episode: that episode is over, cut short
+        (truncated, with the reason), and its last step gets no successor."""
         for ep in stream.episodes.values():
             if ep.status == "open":
                 ep.status, ep.end_reason = "truncated", reason
