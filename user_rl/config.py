@@ -56,6 +56,7 @@ class FleetConfig(Section):
     adapt: bool = Field(True, description="grow batches and compress harder while the backlog grows")
     labels: dict[str, str] = Field(default_factory=dict, description="Ray node labels every edge's node must have")
     max_restarts: int = Field(3, ge=0, description="restarts of a dead or unhealthy edge before its robot is failed")
+    stall_s: float = Field(30.0, gt=0, description="a robot call (reset / step) this long means the robot stopped answering")
 
 
 class PolicyConfig(Section):

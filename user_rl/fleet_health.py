@@ -1,7 +1,8 @@
-"""Keeping the fleet running: an edge daemon whose process dies, or whose robot stops answering
-(its loop raised), is placed again by Ray with the same robot and spool, so it rejoins under a
-new stream epoch and re-sends what was not yet acknowledged. After `fleet.max_restarts` the
-robot is reported failed and the rest of the fleet trains on.
+"""Keeping the fleet running: an edge daemon whose process dies, whose loop raised, or whose
+robot stops answering (one reset / step call longer than `fleet.stall_s`) is placed again by
+Ray with the same robot and spool, so it rejoins under a new stream epoch and re-sends what was
+not yet acknowledged. After `fleet.max_restarts` the robot is reported failed and the rest of
+the fleet trains on.
 
     fleet = FleetHealth(spawn, robot_ids, max_restarts=3, out=print)
     while training:
@@ -21,11 +22,13 @@ STATUS_TIMEOUT_S = 30.0  # a fresh edge connects to its robot before it answers
 
 
 class FleetHealth:
-    def __init__(self, spawn: Callable[[int], Any], robot_ids: list[str], max_restarts: int, out: Printer) -> None:
+    def __init__(self, spawn: Callable[[int], Any], robot_ids: list[str], max_restarts: int, out: Printer,
+                 stall_s: float = 30.0) -> None:
         self.spawn = spawn
         self.robot_ids = list(robot_ids)
         self.edges = {robot_id: spawn(i) for i, robot_id in enumerate(robot_ids)}
         self.max_restarts = max_restarts
+        self.stall_s = stall_s
         self.out = out
         self.restarts = {robot_id: 0 for robot_id in robot_ids}
         self.failed: dict[str, str] = {}
@@ -51,6 +54,9 @@ class FleetHealth:
             if status.get("error"):
                 lines = status["error"].strip().splitlines()
                 self._restart(robot_id, f"unhealthy: {lines[-1] if lines else 'error'}")
+                continue
+            if status.get("robot_unanswered_s", 0.0) > self.stall_s:
+                self._restart(robot_id, f"the robot stopped answering ({status['robot_unanswered_s']:.0f} s in one call)")
                 continue
             self.last[robot_id] = status
         return {robot_id: self.last[robot_id] for robot_id in self.active if robot_id in self.last}

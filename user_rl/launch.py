@@ -108,7 +108,7 @@ def _place(cfg: Config, run_dir: Path, out: Printer) -> tuple[Any, FleetHealth, 
             cfg.model_dump(), index, addresses, spool_root)
 
     fleet = FleetHealth(spawn, [cfg.robot_options(i)["robot_id"] for i in range(len(demands))],
-                        cfg.fleet.max_restarts, out)
+                        cfg.fleet.max_restarts, out, cfg.fleet.stall_s)
     fleet.wait_started()
     return learner, fleet, addresses
 

@@ -25,6 +25,7 @@ toy_arm = "toy_arm:ToyArm"
 
 TOY_MODULE = '''
 """A two-joint toy arm on a "serial port" (any file): it reads the port to connect, like a real driver."""
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -36,8 +37,11 @@ from user_rl.hal import DeviceDescriptor, Robot, StepResult
 class ToyArm(Robot):
     device_kind = "robot"
 
-    def __init__(self, *, port: str, robot_id: str = "toy-0", seed: int | None = None, episode_steps: int = 20):
+    def __init__(self, *, port: str, robot_id: str = "toy-0", seed: int | None = None, episode_steps: int = 20,
+                 hang_robot: str = "", hang_after: int = 0):
         self.port = Path(port)
+        self.hangs_at = hang_after if robot_id == hang_robot else None  # a cable pulled mid-run
+        self.steps = 0
         self.firmware = self.port.read_text().strip()  # a missing port raises: the probe reports it
         self.descriptor = DeviceDescriptor(kind="robot", model="toy_arm", id=robot_id, control_hz=50.0,
                                            instruction="hold the joints at zero", extra={"firmware": self.firmware})
@@ -56,6 +60,9 @@ class ToyArm(Robot):
         return {"joints": self.joints.copy()}
 
     def step(self, action):
+        self.steps += 1
+        if self.hangs_at is not None and self.steps > self.hangs_at:
+            time.sleep(3600)  # the robot no longer answers
         applied = np.clip(action, -1, 1).astype(np.float32)
         self.joints = np.clip(self.joints + 0.1 * applied, -3, 3).astype(np.float32)
         self.t += 1

@@ -104,6 +104,7 @@ class Learner:
 
     def _update_ingest_credit(self) -> None:
         fleet, algo = self.cfg.fleet, self.cfg.algo
+        self._credit_robots = self.active_robots
         if not fleet.pace_to_learner:
             self.ingest.step_credit = 0
             return
@@ -130,6 +131,9 @@ class Learner:
         last_status = 0.0
         while not self._stop.is_set():
             busy = self._may_update()
+            if self._credit_robots != self.active_robots:  # a robot failed: its share of steps moves on now
+                self._update_ingest_credit()
+                self.ingest.push_credit()
             self.ingest.poll(0 if busy else 5)
             self.weights.poll(0)
             if busy:

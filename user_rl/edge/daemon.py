@@ -70,6 +70,7 @@ class EdgeDaemon:
         self._rate_window = (time.monotonic(), 0)
         self.steps_per_second = 0.0
         self._stop = threading.Event()
+        self._robot_since: float | None = None  # inside a robot call (reset / step) since then
 
     # -- policy ------------------------------------------------------------------------------
     def _maybe_swap_weights(self) -> None:
@@ -128,11 +129,19 @@ class EdgeDaemon:
             self._service_link(time.monotonic())
             self.link.poll(20)
 
+    def _robot_call(self, call, *args, **kwargs):
+        """Call the robot, noting since when: a robot that stops answering shows in `status()`."""
+        self._robot_since = time.monotonic()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            self._robot_since = None
+
     # -- the loop -----------------------------------------------------------------------------
     def run(self, max_steps: int | None = None) -> dict:
         s = self.settings
         self.link.hello(self.policy_version)
-        obs = self.robot.reset(seed=s.seed)
+        obs = self._robot_call(self.robot.reset, seed=s.seed)
         step_in_episode = 0
         period = 1.0 / s.control_hz if s.control_hz > 0 else 0.0
         next_tick = time.monotonic()
@@ -144,7 +153,7 @@ class EdgeDaemon:
                 break
             self._maybe_swap_weights()
             proposed, actor = self._choose_action(obs)
-            result = self.robot.step(self.safety(proposed))
+            result = self._robot_call(self.robot.step, self.safety(proposed))
             ended = result.terminated or result.truncated
             label = pb.LABEL_NONE
             if ended and "is_success" in result.info:
@@ -163,7 +172,7 @@ class EdgeDaemon:
             if ended:
                 self.episodes += 1
                 step_in_episode = 0
-                obs = self.robot.reset()
+                obs = self._robot_call(self.robot.reset)
             now = time.monotonic()
             self._service_link(now)
             if period:
@@ -199,6 +208,7 @@ class EdgeDaemon:
             "batch_transitions": self.batch.capacity,
             "resends": self.link.resends,
             "safety_violations": dict(self.safety.violations),
+            "robot_unanswered_s": round(time.monotonic() - since, 2) if (since := self._robot_since) else 0.0,
         }
 
     def stop(self) -> None:
