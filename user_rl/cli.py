@@ -101,10 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="user-rl", description="Online policy learning on robot fleets.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    train = sub.add_parser("train", help="train a policy with a learner and a sim fleet")
+    train = sub.add_parser("train", aliases=["launch"], help="train a policy: place the learner and one edge per "
+                           "robot on the nodes that own them (launch is the same command)")
     train.add_argument("config", help="YAML config, e.g. configs/reach.yaml")
     train.add_argument("overrides", nargs="*", help="key=value overrides, e.g. fleet.num_robots=2")
-    train.add_argument("--address", default=None, help="Ray cluster address (default: a local instance)")
+    train.add_argument("--address", default=None, help="Ray cluster address (default: a fresh local instance)")
     train.set_defaults(func=_train)
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint on fresh episodes")

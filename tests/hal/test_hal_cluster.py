@@ -136,7 +136,7 @@ def test_launch_that_cannot_fit_fails_at_once_naming_what_is_missing(cluster: st
         Path(config).write_text(yaml.safe_dump({"robot": {"type": "toy_arm", "options": {"port": "/dev/ttyTOY0"}}}))
         overrides = overrides[1:]
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "user_rl.cli", "train", config, f"run_root={tmp_path}",
+    done = subprocess.run([sys.executable, "-m", "user_rl.cli", "launch", config, f"run_root={tmp_path}",
                            *overrides, "--address", cluster], cwd=REPO, env={**toy_driver, **ENV_EXTRA},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
