@@ -119,6 +119,7 @@ class StopConfig(Section):
     eval_every_s: float = Field(20.0, gt=0.0)
     eval_episodes: int = Field(20, ge=1)
     success_rate: float | None = Field(None, ge=0.0, le=1.0)
+    confirm_evals: int = Field(1, ge=1, description="consecutive evaluations, each on new episodes, that must meet the goal")
     mean_return: float | None = None
 
 

@@ -57,10 +57,12 @@ class Evaluator:
         self.context = zmq.Context()
         self.receiver = WeightReceiver(self.context, weights_address)
 
-    def run(self, version: int) -> EvalResult:
+    def run(self, version: int, round_index: int) -> EvalResult:
+        """Each evaluation round plays new episodes, so stopping never favours one lucky set."""
         _, state = self.receiver.wait_for(version)
         self.actor.load_state_dict(state)
-        return evaluate(self.robot, self.actor, self.cfg.stop.eval_episodes, seed=self.cfg.seed)
+        return evaluate(self.robot, self.actor, self.cfg.stop.eval_episodes,
+                        seed=1000 * self.cfg.seed + 100 + round_index)
 
     def close(self) -> None:
         self.receiver.close()
@@ -171,6 +173,7 @@ def _watch(cfg, learner, fleet: FleetHealth, evaluator: Evaluator, run_dir: Path
     goal_reached_s = None
     last_eval = time.monotonic()
     reason = "max_wall_s"
+    passed = 0  # consecutive evaluations that met the goal
     while time.monotonic() - started < stop.max_wall_s:
         time.sleep(1.0)
         status = ray.get(learner.status.remote())
@@ -190,7 +193,8 @@ def _watch(cfg, learner, fleet: FleetHealth, evaluator: Evaluator, run_dir: Path
         if due and (stop.success_rate is not None or stop.mean_return is not None):
             result = _evaluate_snapshot(learner, evaluator, started, printer, evals)
             last_eval = time.monotonic()
-            if result.meets(stop.success_rate, stop.mean_return):
+            passed = passed + 1 if result.meets(stop.success_rate, stop.mean_return) else 0
+            if passed >= stop.confirm_evals:
                 goal_reached_s = evals[-1]["time_s"]
                 reason = "goal_reached"
                 break
@@ -216,7 +220,7 @@ def _evaluate_snapshot(learner, evaluator: Evaluator, started: float, printer: "
     import ray
 
     version = ray.get(learner.pause.remote())
-    result = evaluator.run(version)
+    result = evaluator.run(version, round_index=len(evals))
     record = {"time_s": round(time.monotonic() - started, 1), "policy_version": version, **result.as_dict()}
     evals.append(record)
     printer.evaluation(record)
