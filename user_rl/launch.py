@@ -23,7 +23,7 @@ from user_rl.config import Config, ConfigError, dump_config
 from user_rl.evaluation import EvalResult, evaluate
 from user_rl.fleet_health import FleetHealth
 from user_rl.placement import actor_options, check_cluster, edge_demands, learner_demand, local_resources, node_names
-from user_rl.progress import ProgressPrinter
+from user_rl.progress import ProgressPrinter, write_status_json
 
 Printer = Callable[[str], None]
 
@@ -208,10 +208,8 @@ def _watch(cfg, learner, fleet: FleetHealth, evaluator: Evaluator, run_dir: Path
 
 def _write_fleet_status(run_dir: Path, learner_status: dict, fleet: FleetHealth) -> None:
     """`fleet_status.json`: each robot's edge (pid, steps, restarts, failure) and what the learner has of it."""
-    data = {"edges": fleet.report(), "learner_robots": learner_status.get("robots", {})}
-    tmp = run_dir / "fleet_status.json.tmp"
-    tmp.write_text(json.dumps(data, default=str))
-    os.replace(tmp, run_dir / "fleet_status.json")
+    write_status_json(run_dir / "fleet_status.json",
+                      {"edges": fleet.report(), "learner_robots": learner_status.get("robots", {})})
 
 
 def _evaluate_snapshot(learner, evaluator: Evaluator, started: float, printer: "ProgressPrinter",

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Callable
 
 
 def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
+
+
+def write_status_json(path: Path, data: dict) -> None:
+    """Replace a status file atomically, so a reader (a script, a test) never sees half of it."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, default=str))
+    os.replace(tmp, path)
 
 
 def _backlog(status: dict) -> str:

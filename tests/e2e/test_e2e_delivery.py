@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,7 +22,7 @@ from user_rl.cloud.learner import Learner
 from user_rl.config import build_config
 from user_rl.edge.factory import make_edge
 from user_rl.testing.fault_proxy import FaultProxy
-from user_rl.testing.wait import wait_until
+from user_rl.testing.wait import free_port, wait_until
 
 BASE = {
     "robot": {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 50}},
@@ -34,12 +33,6 @@ BASE = {
     "learner": {"publish_every_updates": 20, "checkpoint_every_s": 1.0, "torch_threads": 1},
     "buffer": {"segment_mb": 0.01},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class EdgeThreads:

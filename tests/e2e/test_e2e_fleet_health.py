@@ -12,7 +12,7 @@ import sys
 import threading
 from pathlib import Path
 
-from user_rl.testing.wait import wait_until
+from user_rl.testing.wait import wait_for_run_dir, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,8 +35,7 @@ def test_killed_edge_restarts_rejoins_then_fails_alone_when_its_budget_is_spent(
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
     try:
-        wait_until(lambda: any(line.startswith("run directory: ") for line in lines), 120, "the run to start")
-        run_dir = Path(next(line for line in lines if line.startswith("run directory: ")).split(": ", 1)[1].strip())
+        run_dir = wait_for_run_dir(lines, 120)
         first, other = "mujoco_reach-0", "mujoco_reach-1"
 
         def learner_robot(robot_id: str) -> dict:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,16 +17,10 @@ import yaml
 from user_rl.cloud.buffer.index import BufferIndex
 from user_rl.cloud.learner import Learner
 from user_rl.config import build_config
-from user_rl.testing.wait import wait_until
+from user_rl.testing.wait import free_port, wait_for_run_dir, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "MUJOCO_GL": "egl"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_standalone_edge_streams_and_detaches_cleanly_mid_episode(tmp_path: Path) -> None:
@@ -88,8 +81,7 @@ def test_attach_adds_a_robot_to_a_running_training(tmp_path: Path) -> None:
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(iter(train.stdout.readline, "")), daemon=True).start()
     try:
-        wait_until(lambda: any(line.startswith("run directory: ") for line in lines), 120, "the run to start")
-        run_dir = Path(next(line for line in lines if line.startswith("run directory: ")).split(": ", 1)[1].strip())
+        run_dir = wait_for_run_dir(lines, 120)
         wait_until(lambda: (run_dir / "addresses.json").exists(), 60, "the learner's addresses")
         def attach(*overrides: str) -> subprocess.CompletedProcess:
             return subprocess.run([sys.executable, "-m", "user_rl.cli", "attach", "configs/reach.yaml", "arm-extra",

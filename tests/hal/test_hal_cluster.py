@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,15 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from user_rl.testing.wait import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 ENV_EXTRA = {"MUJOCO_GL": "egl", "RAY_AUTH_MODE": "token"}
 ENV = {**os.environ, **ENV_EXTRA}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -4,7 +4,6 @@ and when it hangs again with the budget spent the robot is failed; the other rob
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

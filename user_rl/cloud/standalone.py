@@ -8,7 +8,6 @@ and on SIGTERM / SIGINT stops cleanly: final checkpoint, buffer sealed.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -18,13 +17,7 @@ from typing import Callable
 
 from user_rl.cloud.learner import Learner
 from user_rl.config import Config, dump_config
-from user_rl.progress import ProgressPrinter
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, default=str))
-    os.replace(tmp, path)
+from user_rl.progress import ProgressPrinter, write_status_json
 
 
 def _print_now(line: str) -> None:
@@ -37,7 +30,7 @@ def serve_learner(cfg: Config, run_dir: str | Path, out: Callable[[str], None] =
     if not (run_dir / "config.yaml").exists():
         (run_dir / "config.yaml").write_text(dump_config(cfg))
     learner = Learner(cfg, run_dir)
-    _write_json(run_dir / "addresses.json", learner.addresses)
+    write_status_json(run_dir / "addresses.json", learner.addresses)
     resumed = learner.resumed_from
     out(f"learner at {learner.addresses['data']} (weights {learner.addresses['weights']}); "
         + (f"resumed from {resumed}" if resumed else "fresh run"))
@@ -50,7 +43,7 @@ def serve_learner(cfg: Config, run_dir: str | Path, out: Callable[[str], None] =
     started = time.monotonic()
     while not stop.is_set() and loop.is_alive():
         status = learner.status()
-        _write_json(run_dir / "learner_status.json", {"resumed_from": learner.resumed_from, **status, "pid": os.getpid()})
+        write_status_json(run_dir / "learner_status.json", {"resumed_from": learner.resumed_from, **status, "pid": os.getpid()})
         if status:  # the loop's first snapshot comes within half a second
             printer.progress(time.monotonic() - started, status)
         stop.wait(1.0)
@@ -59,6 +52,6 @@ def serve_learner(cfg: Config, run_dir: str | Path, out: Callable[[str], None] =
     path = learner.save()
     status = learner.status()
     learner.close()
-    _write_json(run_dir / "learner_status.json", {**status, "pid": os.getpid(), "stopped": True})
+    write_status_json(run_dir / "learner_status.json", {**status, "pid": os.getpid(), "stopped": True})
     out(f"learner stopped; checkpoint {path}")
     return status

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import socket
 import time
+from pathlib import Path
 from typing import Callable
 
 
@@ -12,3 +14,17 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, poll_
     while not predicate():
         assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
         time.sleep(poll_s)
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on right now (for a learner that must keep its address)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_run_dir(output_lines: list[str], timeout: float) -> Path:
+    """The run directory that `user-rl train` announces on its output (lines collected by a reader thread)."""
+    prefix = "run directory: "
+    wait_until(lambda: any(line.startswith(prefix) for line in output_lines), timeout, "the run to start")
+    return Path(next(line for line in output_lines if line.startswith(prefix))[len(prefix):].strip())
