@@ -11,10 +11,14 @@ from user_rl.hal.resources import NODE_LABEL, PlacementError
 
 
 def _train(args: argparse.Namespace) -> int:
-    from user_rl.launch import train
+    from user_rl.launch import FleetFailed, train
 
     cfg = load_config(args.config, args.overrides)
-    summary = train(cfg, ray_address=args.address)
+    try:
+        summary = train(cfg, ray_address=args.address)
+    except FleetFailed as exc:  # e.g. every robot refused: a resumed run's policy was made for another arm
+        print(f"user-rl: {exc}", file=sys.stderr)
+        return 1
     return 0 if summary["stop_reason"] in ("goal_reached", "max_env_steps", "max_wall_s") else 1
 
 
@@ -52,17 +56,18 @@ def _buffer_inspect(args: argparse.Namespace) -> int:
 def _edge(args: argparse.Namespace) -> int:
     from user_rl.edge.standalone import serve_edge
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides).embodiment(args.embodiment)
     learner, weights = args.learner, args.weights
     if args.run_dir:  # attach to a run on this machine: its addresses are in the run directory
         from pathlib import Path
 
-        path = Path(args.run_dir) / "addresses.json"
+        run_dir = Path(args.run_dir) / (args.embodiment or "")  # each embodiment has a learner of its own
+        path = run_dir / "addresses.json"
         if not path.is_file():
-            raise ConfigError(f"config error: {args.run_dir} holds no addresses.json (is a training running there?)")
+            raise ConfigError(f"config error: {run_dir} holds no addresses.json (is a training running there?)")
         addresses = json.loads(path.read_text())
         learner, weights = addresses["data"], addresses["weights"]
-        run_policy = load_config(str(Path(args.run_dir) / "config.yaml"), []).policy
+        run_policy = load_config(str(run_dir / "config.yaml"), []).policy
         if run_policy != cfg.policy:  # the edge could not load the learner's weights
             raise ConfigError(f"config error: policy: the run trains {run_policy.model_dump()}, "
                               f"this config says {cfg.policy.model_dump()}")
@@ -142,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         edge.add_argument("--learner", help="the learner's data address, tcp://HOST:PORT")
         edge.add_argument("--weights", help="the learner's weights address (default: HOST and learner.weights_port)")
         edge.add_argument("--run-dir", help="a training on this machine to attach to (reads its addresses.json)")
+        edge.add_argument("--embodiment", help="which of the config's embodiments the robot is (configs with embodiments)")
         edge.add_argument("--spool", help="spool directory (default: ~/.local/state/user-rl/spool)")
         edge.add_argument("--max-steps", type=int, help="detach after this many steps")
         edge.set_defaults(func=_edge)

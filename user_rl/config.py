@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,6 +58,7 @@ class FleetConfig(Section):
     labels: dict[str, str] = Field(default_factory=dict, description="Ray node labels every edge's node must have")
     max_restarts: int = Field(3, ge=0, description="restarts of a dead or unhealthy edge before its robot is failed")
     stall_s: float = Field(30.0, gt=0, description="a robot call (reset / step) this long means the robot stopped answering")
+    robot_id_prefix: str = Field("", description="robot ids are <prefix>-<index>; empty: the robot type")
 
 
 class PolicyConfig(Section):
@@ -123,6 +125,17 @@ class StopConfig(Section):
     mean_return: float | None = None
 
 
+class EmbodimentConfig(Section):
+    """One robot model of a heterogeneous fleet: its robots, trained by a policy of its own."""
+
+    robot: RobotConfig
+    num_robots: int = Field(1, ge=1, le=256)
+    policy: PolicyConfig | None = Field(None, description="default: the run's policy section")
+
+
+EMBODIMENT_NAME = re.compile(r"[a-z0-9][a-z0-9_]*")
+
+
 class Config(Section):
     name: str = "run"
     seed: int = 0
@@ -135,10 +148,63 @@ class Config(Section):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     stop: StopConfig = Field(default_factory=StopConfig)
     buffer: BufferConfig = Field(default_factory=BufferConfig)
+    embodiments: dict[str, EmbodimentConfig] = Field(
+        default_factory=dict, description="robot models with different spaces in one run, each with its own policy")
+
+    @model_validator(mode="after")
+    def _embodiments_own_their_robots(self) -> "Config":
+        if not self.embodiments:
+            return self
+        for name in self.embodiments:
+            if not EMBODIMENT_NAME.fullmatch(name):
+                raise ValueError(f"embodiments: name {name!r} must be lower-case letters, digits and _ "
+                                 "(it names a directory and the robots' ids)")
+        if self.robot != RobotConfig():
+            raise ValueError("robot: a run with embodiments takes each robot from its embodiment; "
+                             "move this section to embodiments.<name>.robot")
+        total = sum(e.num_robots for e in self.embodiments.values())
+        if "num_robots" in self.fleet.model_fields_set and self.fleet.num_robots != total:
+            raise ValueError(f"fleet.num_robots: the embodiments have {total} robots, not {self.fleet.num_robots}; "
+                             "leave fleet.num_robots out and set embodiments.<name>.num_robots")
+        if self.learner.data_port or self.learner.weights_port:
+            raise ValueError("learner.data_port: each embodiment has a learner of its own, so fixed ports would "
+                             "clash; leave learner.data_port and learner.weights_port at 0")
+        self.fleet.num_robots = total
+        return self
 
     def robot_options(self, index: int) -> dict[str, Any]:
         """Options for the index-th robot of the fleet: unique id and seed."""
-        return {**self.robot.options, "robot_id": f"{self.robot.type}-{index}", "seed": self.seed + 1000 * index}
+        prefix = self.fleet.robot_id_prefix or self.robot.type
+        return {**self.robot.options, "robot_id": f"{prefix}-{index}", "seed": self.seed + 1000 * index}
+
+    def embodiment_configs(self) -> dict[str, "Config"]:
+        """Each embodiment as the config of a one-model fleet, in config order. A plain run is its
+        own only embodiment, named "". Robot ids are `<embodiment>-<index>` and seeds stay unique."""
+        if not self.embodiments:
+            return {"": self}
+        configs, robots_before = {}, 0
+        for name, embodiment in self.embodiments.items():
+            data = self.model_dump(exclude={"embodiments", "robot"})
+            data["name"] = f"{self.name}-{name}"
+            data["seed"] = self.seed + 1000 * robots_before
+            data["robot"] = embodiment.robot.model_dump()
+            data["resume"] = str(Path(self.resume) / name) if self.resume else None
+            data["fleet"].update(num_robots=embodiment.num_robots, robot_id_prefix=name)
+            if embodiment.policy is not None:
+                data["policy"] = embodiment.policy.model_dump()
+            configs[name] = Config.model_validate(data)
+            robots_before += embodiment.num_robots
+        return configs
+
+    def embodiment(self, name: str | None) -> "Config":
+        """The one-model config a single edge or attach uses; `name` is required with embodiments."""
+        configs = self.embodiment_configs()
+        if name is None and not self.embodiments:
+            return self
+        if name not in configs or not name:
+            choices = ", ".join(n for n in configs if n) or "none (this config has one robot model)"
+            raise ConfigError(f"config error: embodiment {name!r}: say which with --embodiment; this config has: {choices}")
+        return configs[name]
 
 
 def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
@@ -164,7 +230,8 @@ def _explain(exc: ValidationError) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     got = err.get("input")
     got_text = "" if isinstance(got, dict) else f" (got {got!r})"
-    return f"config error: {key or 'config'}: {msg}{got_text}"
+    where = f"{key}: " if key else ""  # a check across sections names its key in the message
+    return f"config error: {where}{msg}{got_text}"
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:

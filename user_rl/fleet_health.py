@@ -51,6 +51,10 @@ class FleetHealth:
             except (RayActorError, GetTimeoutError) as exc:
                 self._restart(robot_id, f"its edge daemon is gone ({type(exc).__name__})")
                 continue
+            if status.get("refused"):  # restarting cannot change the robot's spaces
+                ray.kill(self.edges[robot_id], no_restart=True)
+                self._fail(robot_id, f"the learner refused it: {status['refused']}")
+                continue
             if status.get("error"):
                 lines = status["error"].strip().splitlines()
                 self._restart(robot_id, f"unhealthy: {lines[-1] if lines else 'error'}")

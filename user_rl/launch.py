@@ -13,13 +13,14 @@ import math
 import os
 import time
 import warnings
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
 import zmq
 
-from user_rl.config import Config, ConfigError, dump_config
+from user_rl.config import Config, ConfigError, StopConfig, dump_config
 from user_rl.evaluation import EvalResult, evaluate
 from user_rl.fleet_health import FleetHealth
 from user_rl.placement import actor_options, check_cluster, edge_demands, learner_demand, local_resources, node_names
@@ -28,17 +29,26 @@ from user_rl.progress import ProgressPrinter, write_status_json
 Printer = Callable[[str], None]
 
 
+class FleetFailed(RuntimeError):
+    """No robot of an embodiment is left to train with; the message says why each one failed."""
+
+
 def make_run_dir(cfg: Config) -> Path:
-    """A fresh run directory, or the one named by `resume` (which must hold a run)."""
+    """A fresh run directory (with a subdirectory per embodiment), or the one named by `resume`."""
     if cfg.resume:
         run_dir = Path(cfg.resume)
-        if not (run_dir / "checkpoint.pt").is_file():
-            raise ConfigError(f"config error: resume: {run_dir} holds no checkpoint.pt to resume from")
+        for one_model in cfg.embodiment_configs().values():
+            if not (Path(one_model.resume) / "checkpoint.pt").is_file():
+                raise ConfigError(f"config error: resume: {one_model.resume} holds no checkpoint.pt to resume from")
         return run_dir
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     run_dir = Path(cfg.run_root) / f"{cfg.name}-{stamp}"
     run_dir.mkdir(parents=True, exist_ok=False)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
+    for name, one_model in cfg.embodiment_configs().items():
+        if name:  # `user-rl eval`, `attach --run-dir` and resume read an embodiment's own directory
+            (run_dir / name).mkdir()
+            (run_dir / name / "config.yaml").write_text(dump_config(one_model))
     return run_dir
 
 
@@ -75,9 +85,10 @@ def _start_ray(cfg: Config, address: str | None, out: Printer) -> None:
     import ray
 
     cores = os.cpu_count() or 1
-    if address is None and cfg.fleet.num_robots + 1 > cores:
-        out(f"note: {cfg.fleet.num_robots} sims and a learner share {cores} cores; "
-            "sims are paced to the learner, so this slows wall time, not learning")
+    learners = len(cfg.embodiment_configs())
+    if address is None and cfg.fleet.num_robots + learners > cores:
+        out(f"note: {cfg.fleet.num_robots} sims and {learners} learner{'s' if learners > 1 else ''} share {cores} cores; "
+            "sims are paced to their learner, so this slows wall time, not learning")
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     if address is not None:
         os.environ.setdefault("RAY_AUTH_MODE", "token")  # as `user-rl node start` runs every node
@@ -93,29 +104,70 @@ def _start_ray(cfg: Config, address: str | None, out: Printer) -> None:
         )
 
 
-def _place(cfg: Config, run_dir: Path, out: Printer) -> tuple[Any, FleetHealth, dict[str, str]]:
-    """Start the learner and one edge per robot, each on a node that has what it holds."""
+@dataclass
+class FleetRun:
+    """One embodiment of a launch: its learner, its edges, its evaluator and where it stands.
+
+    A plain run is one FleetRun named "" in the run directory itself; a heterogeneous run has one
+    per embodiment, each in `<run dir>/<name>/` with a policy, a buffer and a checkpoint of its own."""
+
+    name: str
+    cfg: Config
+    run_dir: Path
+    out: Printer
+    learner: Any = None
+    fleet: FleetHealth | None = None
+    addresses: dict[str, str] = field(default_factory=dict)
+    evaluator: Evaluator | None = None
+    printer: ProgressPrinter | None = None
+    evals: list[dict] = field(default_factory=list)
+    passed: int = 0  # consecutive evaluations that met the goal
+    last_eval: float = 0.0
+    stop_reason: str | None = None  # set when this embodiment is done; its learner then stays paused
+    goal_reached_s: float | None = None
+
+    @property
+    def learner_label(self) -> str:
+        return f"learner:{self.name}" if self.name else "learner"
+
+
+def _fleet_runs(cfg: Config, run_dir: Path, out: Printer) -> list[FleetRun]:
+    runs = []
+    for name, one_model in cfg.embodiment_configs().items():
+        prefixed = (lambda line, tag=name: out(f"{tag}: {line}")) if name else out
+        runs.append(FleetRun(name, one_model, run_dir / name if name else run_dir, prefixed))
+    return runs
+
+
+def _place(run: FleetRun) -> None:
+    """Start an embodiment's learner and one edge per robot, each on a node that has what it holds."""
     import ray
 
     from user_rl.services import EdgeService, LearnerService
 
-    learner = ray.remote(LearnerService).options(**actor_options(learner_demand(cfg))).remote(
-        cfg.model_dump(), str(run_dir.resolve()))
-    addresses = ray.get(learner.addresses.remote())
-    spool_root = str((run_dir / "spool").resolve())
+    cfg = run.cfg
+    run.learner = ray.remote(LearnerService).options(**actor_options(learner_demand(cfg))).remote(
+        cfg.model_dump(), str(run.run_dir.resolve()))
+    run.addresses = addresses = ray.get(run.learner.addresses.remote())
+    (run.run_dir / "addresses.json").write_text(json.dumps(addresses))  # `user-rl attach --run-dir` reads it
+    spool_root = str((run.run_dir / "spool").resolve())
     demands = edge_demands(cfg)
 
     def spawn(index: int) -> Any:  # the same robot, spool and address every time it is (re)started
         return ray.remote(EdgeService).options(**actor_options(demands[index])).remote(
             cfg.model_dump(), index, addresses, spool_root)
 
-    fleet = FleetHealth(spawn, [cfg.robot_options(i)["robot_id"] for i in range(len(demands))],
-                        cfg.fleet.max_restarts, out, cfg.fleet.stall_s)
-    fleet.wait_started()
-    return learner, fleet, addresses
+    run.fleet = FleetHealth(spawn, [cfg.robot_options(i)["robot_id"] for i in range(len(demands))],
+                            cfg.fleet.max_restarts, run.out, cfg.fleet.stall_s)
+    run.fleet.wait_started()
+    run.out(f"learner at {addresses['data']} (weights {addresses['weights']}); "
+            f"{len(run.fleet.active)} edge daemons started")
+    run.evaluator = Evaluator(cfg, addresses["weights"])
+    run.printer = ProgressPrinter(run.run_dir / "metrics.jsonl", run.out)
+    run.last_eval = time.monotonic()  # the first evaluation comes eval_every_s after the fleet started
 
 
-def _placement_report(learner: Any, fleet: FleetHealth) -> dict[str, str]:
+def _placement_report(runs: list[FleetRun]) -> dict[str, str]:
     """Which node each process runs on, as Ray itself tells each actor (no dashboard needed)."""
     import ray
 
@@ -123,7 +175,10 @@ def _placement_report(learner: Any, fleet: FleetHealth) -> dict[str, str]:
         return actor.__ray_call__.remote(lambda _self: ray.get_runtime_context().get_node_id())
 
     names = node_names(ray.nodes())
-    actors = {"learner": learner, **{f"edge:{robot_id}": fleet.edges[robot_id] for robot_id in fleet.active}}
+    actors = {}
+    for run in runs:
+        actors[run.learner_label] = run.learner
+        actors.update({f"edge:{robot_id}": run.fleet.edges[robot_id] for robot_id in run.fleet.active})
     node_ids = ray.get([node_of(a) for a in actors.values()])
     return {name: names.get(node_id, node_id) for name, node_id in zip(actors, node_ids)}
 
@@ -134,76 +189,93 @@ def train(cfg: Config, out: Printer = print, ray_address: str | None = None) -> 
 
     _start_ray(cfg, ray_address, out)
     started = time.monotonic()
-    evaluator = None
+    runs: list[FleetRun] = []
     try:
         check_cluster(cfg, ray.nodes())  # before anything is created: a launch that cannot fit fails now
         run_dir = make_run_dir(cfg)
         out(f"run directory: {run_dir}")
-        learner, fleet, addresses = _place(cfg, run_dir, out)
-        (run_dir / "addresses.json").write_text(json.dumps(addresses))  # `user-rl attach --run-dir` reads it
-        placement = _placement_report(learner, fleet)
-        out(f"learner at {addresses['data']} (weights {addresses['weights']}); {len(fleet.active)} edge daemons started")
+        runs = _fleet_runs(cfg, run_dir, out)
+        for run in runs:
+            _place(run)
+        placement = _placement_report(runs)
         out("placement: " + ", ".join(f"{name} on {node}" for name, node in sorted(placement.items())))
-        evaluator = Evaluator(cfg, addresses["weights"])
-        summary = _watch(cfg, learner, fleet, evaluator, run_dir, started, out)
-        summary["learner"] = final = ray.get(learner.finish.remote())
-        summary["checkpoint"] = final["checkpoint"]
-        summary["edges"] = fleet.finish()
-        summary["placement"] = placement
+        _watch(runs, cfg.stop, started)
+        finals = {run.name: _finish(run) for run in runs}
     finally:
-        if evaluator is not None:
-            evaluator.close()
+        for run in runs:
+            if run.evaluator is not None:
+                run.evaluator.close()
         ray.shutdown()
-    summary["wall_s"] = round(time.monotonic() - started, 1)
-    summary["run_dir"] = str(run_dir)
+    summary = finals[""] if "" in finals else _combine(finals)
+    summary.update(placement=placement, wall_s=round(time.monotonic() - started, 1), run_dir=str(run_dir))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     ProgressPrinter.print_summary(summary, out)
     return summary
 
 
-def _watch(cfg, learner, fleet: FleetHealth, evaluator: Evaluator, run_dir: Path, started: float,
-           out: Printer) -> dict:
-    """Poll progress until a stop condition; keep the fleet healthy; evaluate paused snapshots on schedule."""
+STOP_SEVERITY = ("goal_reached", "max_env_steps", "max_wall_s")  # a run stops for its worst embodiment's reason
+
+
+def _combine(finals: dict[str, dict]) -> dict:
+    """A heterogeneous run's summary: each embodiment's, and the run's stop reason and goal time."""
+    reasons = [f["stop_reason"] for f in finals.values()]
+    reached = all(r == "goal_reached" for r in reasons)
+    return {"stop_reason": max(reasons, key=STOP_SEVERITY.index),
+            "goal_reached_s": max(f["goal_reached_s"] for f in finals.values()) if reached else None,
+            "embodiments": finals}
+
+
+def _finish(run: FleetRun) -> dict:
+    """Stop an embodiment's learner (its final checkpoint is the version evaluated last) and edges."""
     import ray
 
-    stop = cfg.stop
-    step_cap = cfg.fleet.num_robots * math.floor(stop.max_env_steps / cfg.fleet.num_robots)
-    printer = ProgressPrinter(run_dir / "metrics.jsonl", out)
-    evals: list[dict] = []
-    goal_reached_s = None
-    last_eval = time.monotonic()
-    reason = "max_wall_s"
-    passed = 0  # consecutive evaluations that met the goal
-    while time.monotonic() - started < stop.max_wall_s:
+    final = ray.get(run.learner.finish.remote())
+    return {"stop_reason": run.stop_reason, "goal_reached_s": run.goal_reached_s, "evaluations": run.evals,
+            "final_eval": run.evals[-1] if run.evals else None, "learner": final,
+            "checkpoint": final["checkpoint"], "edges": run.fleet.finish()}
+
+
+def _watch(runs: list[FleetRun], stop: StopConfig, started: float) -> None:
+    """Tend every embodiment once a second until each has met its goal or a limit."""
+    while time.monotonic() - started < stop.max_wall_s and not all(run.stop_reason for run in runs):
         time.sleep(1.0)
-        status = ray.get(learner.status.remote())
-        fleet.poll()
-        if not fleet.active:
-            raise RuntimeError("every robot of the fleet failed: " + "; ".join(f"{r}: {why}" for r, why in fleet.failed.items()))
-        if len(fleet.active) != status.get("active_robots"):
-            ray.get(learner.set_active_robots.remote(len(fleet.active)))
-        _write_fleet_status(run_dir, status, fleet)
-        if status.get("error"):
-            raise RuntimeError(f"learner crashed:\n{status['error']}")
-        printer.progress(time.monotonic() - started, status)
-        due = time.monotonic() - last_eval >= stop.eval_every_s and status.get("policy_version", 0) > 0
-        if status["env_steps"] >= step_cap:
-            reason = "max_env_steps"
-            break
-        if due and (stop.success_rate is not None or stop.mean_return is not None):
-            result = _evaluate_snapshot(learner, evaluator, started, printer, evals)
-            last_eval = time.monotonic()
-            passed = passed + 1 if result.meets(stop.success_rate, stop.mean_return) else 0
-            if passed >= stop.confirm_evals:
-                goal_reached_s = evals[-1]["time_s"]
-                reason = "goal_reached"
-                break
-            ray.get(learner.resume.remote())
-    if reason != "goal_reached":
-        _evaluate_snapshot(learner, evaluator, started, printer, evals)
-    # The learner stays paused: the checkpoint it writes is the version evaluated last.
-    return {"stop_reason": reason, "goal_reached_s": goal_reached_s, "evaluations": evals,
-            "final_eval": evals[-1] if evals else None}
+        for run in runs:
+            if run.stop_reason is None:
+                _tend(run, stop, started)
+    for run in runs:
+        if run.stop_reason is None:
+            run.stop_reason = "max_wall_s"
+            _evaluate_snapshot(run, started)
+
+
+def _tend(run: FleetRun, stop: StopConfig, started: float) -> None:
+    """Poll one embodiment's progress; keep its fleet healthy; evaluate paused snapshots on schedule."""
+    import ray
+
+    status = ray.get(run.learner.status.remote())
+    fleet = run.fleet
+    fleet.poll()
+    if not fleet.active:
+        raise FleetFailed("every robot of the fleet failed: " + "; ".join(f"{r}: {why}" for r, why in fleet.failed.items()))
+    if len(fleet.active) != status.get("active_robots"):
+        ray.get(run.learner.set_active_robots.remote(len(fleet.active)))
+    _write_fleet_status(run.run_dir, status, fleet)
+    if status.get("error"):
+        raise RuntimeError(f"{run.learner_label} crashed:\n{status['error']}")
+    run.printer.progress(time.monotonic() - started, status)
+    robots = run.cfg.fleet.num_robots
+    if status["env_steps"] >= robots * math.floor(stop.max_env_steps / robots):
+        run.stop_reason = "max_env_steps"
+        _evaluate_snapshot(run, started)
+        return
+    due = time.monotonic() - run.last_eval >= stop.eval_every_s and status.get("policy_version", 0) > 0
+    if due and (stop.success_rate is not None or stop.mean_return is not None):
+        result = _evaluate_snapshot(run, started)
+        run.passed = run.passed + 1 if result.meets(stop.success_rate, stop.mean_return) else 0
+        if run.passed >= stop.confirm_evals:
+            run.stop_reason, run.goal_reached_s = "goal_reached", run.evals[-1]["time_s"]
+            return  # the learner stays paused: the checkpoint it writes is the version evaluated last
+        ray.get(run.learner.resume.remote())
 
 
 def _write_fleet_status(run_dir: Path, learner_status: dict, fleet: FleetHealth) -> None:
@@ -212,14 +284,14 @@ def _write_fleet_status(run_dir: Path, learner_status: dict, fleet: FleetHealth)
                       {"edges": fleet.report(), "learner_robots": learner_status.get("robots", {})})
 
 
-def _evaluate_snapshot(learner, evaluator: Evaluator, started: float, printer: "ProgressPrinter",
-                       evals: list[dict]) -> EvalResult:
+def _evaluate_snapshot(run: FleetRun, started: float) -> EvalResult:
     """Pause updates and evaluate exactly the version just published (the caller resumes)."""
     import ray
 
-    version = ray.get(learner.pause.remote())
-    result = evaluator.run(version, round_index=len(evals))
-    record = {"time_s": round(time.monotonic() - started, 1), "policy_version": version, **result.as_dict()}
-    evals.append(record)
-    printer.evaluation(record)
+    version = ray.get(run.learner.pause.remote())
+    result = run.evaluator.run(version, round_index=len(run.evals))
+    run.last_eval = time.monotonic()
+    record = {"time_s": round(run.last_eval - started, 1), "policy_version": version, **result.as_dict()}
+    run.evals.append(record)
+    run.printer.evaluation(record)
     return result

@@ -23,10 +23,11 @@ Printer = Callable[[str], None]
 
 def configured_robots(cfg: Config | None) -> list[ConfiguredRobot]:
     """The real robots a config drives (simulators are counted as slots, not probed one by one)."""
-    if cfg is None or driver_kind(cfg.robot.type) != "robot":
+    if cfg is None:
         return []
-    return [ConfiguredRobot(cfg.robot.type, opts.pop("robot_id"), opts)
-            for opts in (cfg.robot_options(i) for i in range(cfg.fleet.num_robots))]
+    return [ConfiguredRobot(one.robot.type, opts.pop("robot_id"), opts)
+            for one in cfg.embodiment_configs().values() if driver_kind(one.robot.type) == "robot"
+            for opts in (one.robot_options(i) for i in range(one.fleet.num_robots))]
 
 
 def discover_node(cfg: Config | None, sim_slots: int | None = None, probe: bool = True) -> list[Device]:

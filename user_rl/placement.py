@@ -18,10 +18,12 @@ from user_rl.hal.resources import Demand, NodeView, check_placement, device_reso
 
 
 def learner_demand(cfg: Config) -> Demand:
+    """What one learner holds; `cfg` is a one-model config (an embodiment's, or a plain run's)."""
     resources = dict(cfg.learner.resources)
     if cfg.learner.device == "cuda":
         resources["GPU"] = max(resources.get("GPU", 0.0), 1.0)
-    return Demand("learner", resources, dict(cfg.learner.labels))
+    name = f"learner {cfg.fleet.robot_id_prefix}" if cfg.fleet.robot_id_prefix else "learner"
+    return Demand(name, resources, dict(cfg.learner.labels))
 
 
 def edge_demands(cfg: Config) -> list[Demand]:
@@ -34,22 +36,31 @@ def edge_demands(cfg: Config) -> list[Demand]:
     return demands
 
 
+def launch_demands(cfg: Config) -> list[Demand]:
+    """Every process of a launch: a learner and its edges per embodiment (one for a plain run)."""
+    demands = []
+    for one_model in cfg.embodiment_configs().values():
+        demands += [learner_demand(one_model), *edge_demands(one_model)]
+    return demands
+
+
 def local_resources(cfg: Config) -> dict[str, float]:
     """A one-machine instance owns the config's robots and a simulator slot per core (at least one per sim)."""
     resources: dict[str, float] = {}
-    for demand in edge_demands(cfg):
-        for name in demand.resources:
-            resources[name] = resources.get(name, 0.0) + 1.0
-    if driver_kind(cfg.robot.type) == "sim":
-        slots = sim_resource(cfg.robot.type)
-        resources[slots] = max(resources[slots], float(os.cpu_count() or 1))
+    for one_model in cfg.embodiment_configs().values():
+        for demand in edge_demands(one_model):
+            for name in demand.resources:
+                resources[name] = resources.get(name, 0.0) + 1.0
+        if driver_kind(one_model.robot.type) == "sim":
+            slots = sim_resource(one_model.robot.type)
+            resources[slots] = max(resources[slots], float(os.cpu_count() or 1))
     return resources
 
 
 def check_cluster(cfg: Config, nodes: list[dict[str, Any]]) -> None:
-    """Raise PlacementError if the learner and every edge cannot all be placed on these nodes."""
+    """Raise PlacementError if every learner and every edge cannot all be placed on these nodes."""
     alive = [n for n in nodes if n.get("Alive", True)]
-    check_placement([learner_demand(cfg), *edge_demands(cfg)], alive)
+    check_placement(launch_demands(cfg), alive)
 
 
 def actor_options(demand: Demand) -> dict[str, Any]:

@@ -66,23 +66,32 @@ class ProgressPrinter:
 
     @staticmethod
     def print_summary(summary: dict, out: Callable[[str], None]) -> None:
-        learner = summary.get("learner", {})
-        final = summary.get("final_eval") or {}
         wall = max(summary.get("wall_s", 0.0), 1e-9)
         out("")
         out(f"run finished ({summary['stop_reason']}) in {summary['wall_s']:.0f}s: {summary['run_dir']}")
-        out(f"  env steps {learner.get('env_steps', 0):,} ({learner.get('env_steps', 0) / wall:.0f}/s), "
-            f"updates {learner.get('updates', 0):,} ({learner.get('updates', 0) / wall:.0f}/s), "
-            f"policy versions {learner.get('policy_version', 0)}")
-        if final:
-            out(f"  final eval (policy v{final['policy_version']}): success {_fmt(final['success_rate'])}, "
-                f"return {final['mean_return']:.1f} over {final['episodes']} episodes")
         if summary.get("goal_reached_s") is not None:
             out(f"  goal reached after {summary['goal_reached_s']:.0f}s")
-        for robot_id, robot in sorted(learner.get("robots", {}).items()):
-            out(f"  {robot_id}: {robot['transitions']:,} transitions, {robot['episodes']} episodes, "
-                f"{robot['policy_versions']} policy versions")
-        rejected = learner.get("rejected") or {}
-        if rejected:
-            out(f"  rejected messages: {rejected}")
-        out(f"  checkpoint: {summary.get('checkpoint')}")
+        embodiments = summary.get("embodiments") or {"": summary}
+        for name, fleet in embodiments.items():
+            if name:
+                out(f"embodiment {name} ({fleet['stop_reason']}):")
+            _print_fleet(fleet, wall, out)
+
+
+def _print_fleet(fleet: dict, wall: float, out: Callable[[str], None]) -> None:
+    """One policy's part of the summary: its learner, final evaluation, robots and checkpoint."""
+    learner = fleet.get("learner", {})
+    final = fleet.get("final_eval") or {}
+    out(f"  env steps {learner.get('env_steps', 0):,} ({learner.get('env_steps', 0) / wall:.0f}/s), "
+        f"updates {learner.get('updates', 0):,} ({learner.get('updates', 0) / wall:.0f}/s), "
+        f"policy versions {learner.get('policy_version', 0)}")
+    if final:
+        out(f"  final eval (policy v{final['policy_version']}): success {_fmt(final['success_rate'])}, "
+            f"return {final['mean_return']:.1f} over {final['episodes']} episodes")
+    for robot_id, robot in sorted(learner.get("robots", {}).items()):
+        out(f"  {robot_id}: {robot['transitions']:,} transitions, {robot['episodes']} episodes, "
+            f"{robot['policy_versions']} policy versions")
+    rejected = learner.get("rejected") or {}
+    if rejected:
+        out(f"  rejected messages: {rejected}")
+    out(f"  checkpoint: {fleet.get('checkpoint')}")

@@ -56,7 +56,7 @@ def test_spaces_joints_and_descriptor(robot):
     assert obs["state"].dtype == np.float32 and obs["state"] in robot.observation_space["state"]
     assert obs["state"].shape == robot.observation_space["state"].shape
     d = robot.descriptor
-    assert (d.kind, d.model, d.id, d.control_hz, d.cameras) == ("sim", "mujoco_reach", "reach-0", 25.0, ())
+    assert (d.kind, d.model, d.id, d.control_hz, d.cameras) == ("sim", "reach_arm_3dof", "reach-0", 25.0, ())
     assert "red target" in d.instruction
     # one control step lasts 1 / control_hz of simulated time
     assert robot.n_substeps * m.opt.timestep == pytest.approx(1 / 25.0)
@@ -67,7 +67,8 @@ def test_target_does_not_collide(robot):
     assert geom.contype == 0 and geom.conaffinity == 0
 
 
-@pytest.mark.parametrize("bad", [{"episode_steps": 0}, {"episode_steps": 101}, {"obs_mode": "depth"}, {"control_hz": 0}])
+@pytest.mark.parametrize("bad", [{"episode_steps": 0}, {"episode_steps": 101}, {"obs_mode": "depth"}, {"control_hz": 0},
+                                 {"arm": "9dof"}])
 def test_bad_options_rejected(bad):
     with pytest.raises(ValueError):
         ReachRobot(**bad)
@@ -154,6 +155,19 @@ def test_scripted_controller_solves_task_and_baselines_do_not():
     assert success_rate(r, jacobian_action, 40) >= 0.95
     assert success_rate(r, lambda _: np.zeros(3, np.float32), 40) < 0.2
     assert success_rate(r, lambda x: x.action_space.sample(), 40) < 0.2
+    r.close()
+
+
+def test_the_4dof_arm_is_a_second_model_with_its_own_spaces_and_is_solvable():
+    r = ReachRobot(arm="4dof", seed=5)
+    assert r.action_space.shape == (4,) and r.observation_space["state"].shape == (3 * 4 + 9,)
+    assert r.descriptor.model == "reach_arm_4dof"
+    for _ in range(100):  # start poses keep the elbow, wrist and fingertip off the floor
+        r.reset()
+        heights = [r.data.xpos[r.model.body(name).id][2] for name in ("forearm", "hand")] + [r.ee_pos[2]]
+        assert min(heights) >= 0.06 and r.distance >= 0.10
+    assert success_rate(r, jacobian_action, 40) >= 0.95
+    assert success_rate(r, lambda _: np.zeros(4, np.float32), 40) < 0.2
     r.close()
 
 

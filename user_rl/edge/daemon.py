@@ -29,6 +29,10 @@ from user_rl.wire import user_rl_pb2 as pb
 log = logging.getLogger(__name__)
 
 
+class RobotRefused(RuntimeError):
+    """The learner will never take this robot's data (e.g. its spaces differ from the run's policy)."""
+
+
 @dataclass
 class EdgeSettings:
     control_hz: float = 0.0          # 0: as fast as the robot steps (sims in training)
@@ -122,12 +126,18 @@ class EdgeDaemon:
         if not self.settings.pace_to_learner:
             return
         while not self._stop.is_set() and not self.link.stop_requested:
+            self._check_refused()
             credit = self.link.step_credit
             if self.link.welcomed and (credit == 0 or self.steps < credit):
                 return
             self._flush()
             self._service_link(time.monotonic())
             self.link.poll(20)
+
+    def _check_refused(self) -> None:
+        """Stop stepping a robot whose data the learner refuses: nothing it does could be used."""
+        if self.link.refused is not None:
+            raise RobotRefused(f"the learner refused robot {self.robot.descriptor.id}: {self.link.refused}")
 
     def _robot_call(self, call, *args, **kwargs):
         """Call the robot, noting since when: a robot that stops answering shows in `status()`."""
@@ -151,6 +161,7 @@ class EdgeDaemon:
             self._wait_for_credit()
             if self._stop.is_set() or self.link.stop_requested:
                 break
+            self._check_refused()
             self._maybe_swap_weights()
             proposed, actor = self._choose_action(obs)
             result = self._robot_call(self.robot.step, self.safety(proposed))
@@ -198,6 +209,7 @@ class EdgeDaemon:
         return {
             "robot_id": self.robot.descriptor.id,
             "epoch": self.link.epoch,
+            "refused": self.link.refused,
             "steps": self.steps,
             "episodes": self.episodes,
             "policy_version": self.policy_version,

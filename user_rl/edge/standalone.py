@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from user_rl.config import Config, ConfigError
+from user_rl.edge.daemon import RobotRefused
 from user_rl.edge.factory import make_edge
 
 Printer = Callable[[str], None]
@@ -53,7 +54,11 @@ def serve_edge(cfg: Config, robot_id: str, learner: str, weights: str | None = N
     progress = threading.Thread(target=_report, args=(edge, stop_progress, out), daemon=True)
     progress.start()
     try:
-        edge.run(max_steps=max_steps)
+        try:
+            edge.run(max_steps=max_steps)
+        except RobotRefused as exc:  # e.g. a robot of another model attached to this run's policy
+            out(f"edge {robot_id}: {exc}")
+            return {**edge.status(), "detached": False}
         stop_progress.set()
         out(f"edge {robot_id}: detaching ({edge.link.unacked} batches to deliver)")
         left = edge.detach(detach_timeout_s)

@@ -1,7 +1,8 @@
-"""A 3-joint MuJoCo arm that must touch a red target: the project's own sim robot.
+"""A MuJoCo arm that must touch a red target: the project's own sim robot, in two arm models.
 
-The arm (assets/reach_arm.xml) has base yaw, shoulder pitch and elbow pitch, 0.25 m links and
-stiff position servos. An action is a vector of joint-position deltas in [-1, 1] (x 0.1 rad),
+`arm="3dof"` (assets/reach_arm.xml) has base yaw, shoulder pitch and elbow pitch, 0.25 m links;
+`arm="4dof"` (assets/reach_arm4.xml) adds a wrist pitch, with 0.2 / 0.2 / 0.1 m links. Both have
+stiff position servos and differ in observation and action spaces (a heterogeneous fleet). An action is a vector of joint-position deltas in [-1, 1] (x 0.1 rad),
 like the relative joint commands a real arm's driver accepts, so a policy trained here talks to
 a real arm the same way. Every episode draws a new start pose and a new target.
 """
@@ -14,6 +15,7 @@ import os
 # chosen before that import. Only a default: a caller's MUJOCO_GL (e.g. osmesa) wins.
 os.environ.setdefault("MUJOCO_GL", "egl")
 
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import gymnasium as gym  # noqa: E402
@@ -23,7 +25,7 @@ import numpy as np  # noqa: E402
 from user_rl.hal.descriptor import DeviceDescriptor  # noqa: E402
 from user_rl.hal.robot import Observation, Robot, StepResult  # noqa: E402
 
-ASSET = Path(__file__).parent / "assets" / "reach_arm.xml"
+ASSETS = Path(__file__).parent / "assets"
 
 ACTION_SCALE = 0.1  # rad of joint motion per unit action per control step
 SUCCESS_DISTANCE = 0.02  # m between fingertip and target centre
@@ -35,10 +37,23 @@ MAX_EPISODE_STEPS = 100
 TARGET_YAW = (-np.pi / 3, np.pi / 3)
 TARGET_RADIUS = (0.15, 0.40)
 TARGET_HEIGHT = (0.05, 0.30)
-# Start poses: (yaw, shoulder, elbow) ranges; poses that put the arm near the floor are redrawn.
-START_LOW = np.array([-np.pi / 2, 0.0, 0.2])
-START_HIGH = np.array([np.pi / 2, 1.0, 1.8])
-MIN_START_HEIGHT = 0.06  # fingertip and elbow height (m) a start pose must keep
+MIN_START_HEIGHT = 0.06  # fingertip and joint height (m) a start pose must keep
+
+
+@dataclass(frozen=True)
+class ArmModel:
+    """One arm: its MJCF file and the joint ranges start poses are drawn from (one per joint)."""
+
+    asset: str
+    start_low: tuple[float, ...]
+    start_high: tuple[float, ...]
+
+
+# Start poses: (yaw, shoulder, elbow[, wrist]) ranges; poses that put the arm near the floor are redrawn.
+ARMS = {
+    "3dof": ArmModel("reach_arm.xml", (-np.pi / 2, 0.0, 0.2), (np.pi / 2, 1.0, 1.8)),
+    "4dof": ArmModel("reach_arm4.xml", (-np.pi / 2, 0.0, 0.2, -1.0), (np.pi / 2, 1.0, 1.8, 1.0)),
+}
 MIN_START_DISTANCE = 0.10  # a start pose this close to the target is redrawn (no free successes)
 
 
@@ -67,7 +82,7 @@ def _make_renderer(model: mujoco.MjModel, size: int) -> mujoco.Renderer:
 
 
 class ReachRobot(Robot):
-    """Fingertip-to-target reaching with a 3-joint arm, state or state+image observations."""
+    """Fingertip-to-target reaching with a 3- or 4-joint arm, state or state+image observations."""
 
     device_kind = "sim"
 
@@ -75,6 +90,7 @@ class ReachRobot(Robot):
         self,
         *,
         robot_id: str = "reach-0",
+        arm: str = "3dof",
         obs_mode: str = "state",
         image_size: int = 64,
         episode_steps: int = 50,
@@ -83,6 +99,8 @@ class ReachRobot(Robot):
         seed: int | None = None,
     ) -> None:
         """`extra_cameras` (e.g. ("top",)) add `image_<name>` observations beside the front `image`."""
+        if arm not in ARMS:
+            raise ValueError(f"unknown arm {arm!r}; allowed: {', '.join(ARMS)}")
         if obs_mode not in ("state", "image"):
             raise ValueError(f"obs_mode must be 'state' or 'image', got {obs_mode!r}")
         if not 1 <= episode_steps <= MAX_EPISODE_STEPS:
@@ -101,14 +119,17 @@ class ReachRobot(Robot):
         self.cameras = {"image": "front", **{f"image_{name}": name for name in extra_cameras}}
         self.episode_steps = episode_steps
 
-        self.model = mujoco.MjModel.from_xml_path(str(ASSET))
+        self.arm = ARMS[arm]
+        self.model = mujoco.MjModel.from_xml_path(str(ASSETS / self.arm.asset))
         self.data = mujoco.MjData(self.model)
         # Physics substeps so that one control step lasts 1 / control_hz of simulated time.
         self.n_substeps = max(1, round(1.0 / (control_hz * self.model.opt.timestep)))
         self._qlow = self.model.jnt_range[:, 0].copy()
         self._qhigh = self.model.jnt_range[:, 1].copy()
         self._ee = self.model.site("ee").id
-        self._elbow = self.model.body("forearm").id
+        # Every moving joint above the shoulder (elbow, wrist) must start clear of the floor.
+        # (the bodies below the upper arm: world is body 0, the base 1, the upper arm 2).
+        self._upper_joints = [b for b in range(self.model.nbody) if self.model.body_parentid[b] > 1]
         self._target_mocap = self.model.body_mocapid[self.model.body("target").id]
         self._rng = np.random.default_rng(seed)
         self._step = -1  # -1: no episode yet
@@ -129,7 +150,7 @@ class ReachRobot(Robot):
         self.action_space = gym.spaces.Box(-1.0, 1.0, (self.model.nu,), np.float32)
         self.descriptor = DeviceDescriptor(
             kind="sim",
-            model="mujoco_reach",
+            model=f"reach_arm_{arm}",
             id=robot_id,
             control_hz=control_hz,
             instruction="move the fingertip to the red target",
@@ -148,11 +169,11 @@ class ReachRobot(Robot):
         target = sample_target(self._rng)
         d.mocap_pos[self._target_mocap] = target
         while True:  # rejection sampling; a handful of tries at most
-            d.qpos[:] = self._rng.uniform(START_LOW, START_HIGH)
+            d.qpos[:] = self._rng.uniform(self.arm.start_low, self.arm.start_high)
             mujoco.mj_kinematics(m, d)
             ee = d.site_xpos[self._ee]
             if (
-                min(ee[2], d.xpos[self._elbow][2]) >= MIN_START_HEIGHT
+                min(ee[2], *d.xpos[self._upper_joints, 2]) >= MIN_START_HEIGHT
                 and np.linalg.norm(ee - target) >= MIN_START_DISTANCE
             ):
                 break

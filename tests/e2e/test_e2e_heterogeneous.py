@@ -1,0 +1,84 @@
+"""A heterogeneous fleet trains one run: a 3-joint and a 4-joint arm (different observation and
+action spaces), each embodiment with a policy, a learner and a buffer of its own, placed and
+stopped together. A robot attached to the wrong embodiment is refused with the reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from user_rl.cloud.checkpoint import load_checkpoint, spaces_from_text
+from user_rl.testing.wait import wait_for_run_dir, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "MUJOCO_GL": "egl"}
+
+
+def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "user_rl.cli", *args], cwd=REPO, env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_a_3dof_and_a_4dof_arm_train_one_run(tmp_path: Path) -> None:
+    train = subprocess.Popen(
+        [sys.executable, "-m", "user_rl.cli", "train", "configs/reach_mixed.yaml", f"run_root={tmp_path}",
+         "stop.success_rate=0.8", "stop.confirm_evals=1", "stop.max_wall_s=600"],
+        cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(train.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        run_dir = wait_for_run_dir(lines, 120)
+        wait_until(lambda: all((run_dir / name / "addresses.json").exists() for name in ("arm3", "arm4")), 120,
+                   "both embodiments' learners")
+        # A 4-joint arm offered to the 3-joint policy: the learner refuses it and the edge says why.
+        stray = cli("attach", "configs/reach.yaml", "stray-0", "robot.options.arm=4dof", "policy.hidden=[128,128]",
+                    "--run-dir", str(run_dir / "arm3"), "--spool", str(tmp_path / "spool"), "--max-steps", "100")
+        assert stray.returncode == 1, stray.stdout + stray.stderr
+        assert "the learner refused robot stray-0: spaces_mismatch" in stray.stdout
+        assert "heterogeneous fleets need per-embodiment policies" in stray.stdout
+        # The same arm attached as what it is joins the 4-joint embodiment.
+        extra = cli("attach", "configs/reach_mixed.yaml", "arm4-extra", "--embodiment", "arm4", "--run-dir",
+                    str(run_dir), "--spool", str(tmp_path / "spool"), "--max-steps", "100")
+        assert extra.returncode == 0 and "edge arm4-extra: detached after 100 steps" in extra.stdout, \
+            extra.stdout + extra.stderr
+        assert train.wait(700) == 0, "".join(lines[-60:])
+    finally:
+        if train.poll() is None:
+            train.kill()
+    reader.join(10)
+    output = "".join(lines)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "goal_reached", output[-4000:]
+    assert set(summary["embodiments"]) == {"arm3", "arm4"}
+    assert summary["placement"].keys() == {"learner:arm3", "learner:arm4", "edge:arm3-0", "edge:arm3-1",
+                                           "edge:arm4-0", "edge:arm4-1"}
+    expected = {"arm3": {"arm3-0", "arm3-1"}, "arm4": {"arm4-0", "arm4-1", "arm4-extra"}}
+    pids = set()
+    for name, fleet in summary["embodiments"].items():
+        learner = fleet["learner"]
+        pids.add(learner["pid"])
+        assert set(learner["robots"]) == expected[name]  # each learner saw only its own arm model
+        for robot_id, robot in learner["robots"].items():
+            assert robot["transitions"] > 0, robot_id
+            if robot_id != "arm4-extra":
+                assert robot["policy_versions"] >= 3, (robot_id, robot)
+        assert fleet["final_eval"]["success_rate"] >= 0.8, (name, fleet["evaluations"])
+        assert (run_dir / name / "buffer" / "index.sqlite").is_file()
+        assert all(e["robot_id"].startswith(name) and e["failed"] is None for e in fleet["edges"])
+    assert len(pids) == 2, "one learner process per embodiment"
+    assert set(summary["embodiments"]["arm3"]["learner"]["rejected"]) == {"spaces_mismatch"}  # the stray's hello
+    assert summary["embodiments"]["arm4"]["learner"]["rejected"] == {}
+    # Two checkpoints, two action spaces; `user-rl eval` rebuilds each arm from its own checkpoint.
+    for name, joints in (("arm3", 3), ("arm4", 4)):
+        checkpoint = run_dir / name / "checkpoint.pt"
+        _, action_space = spaces_from_text(load_checkpoint(checkpoint)["spaces"])
+        assert action_space.shape == (joints,)
+        fresh = cli("eval", str(checkpoint), "--episodes", "50", "--seed", "11", "--json")
+        assert fresh.returncode == 0, fresh.stderr
+        assert json.loads(fresh.stdout.strip().splitlines()[-1])["success_rate"] >= 0.6
+    assert "embodiment arm4 (goal_reached):" in output and "arm3: [" in output
