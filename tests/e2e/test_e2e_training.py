@@ -98,7 +98,8 @@ def test_train_resume_continues_the_run_directory(tmp_path: Path) -> None:
     other_arm = run_cli("train", "configs/reach.yaml", *small, "stop.max_env_steps=4800", f"resume={run_dir}",
                         "robot.options.arm=4dof", timeout=300)
     assert other_arm.returncode == 1, other_arm.stdout[-3000:] + other_arm.stderr[-3000:]
-    assert "every robot of the fleet failed: mujoco_reach-0: the learner refused it: spaces_mismatch" in other_arm.stderr
+    assert "user-rl: every robot of the fleet failed: mujoco_reach-" in other_arm.stderr
+    assert "the learner refused it: spaces_mismatch" in other_arm.stderr
 
     missing = run_cli("train", "configs/reach.yaml", f"resume={tmp_path / 'nowhere'}", timeout=120)
     assert missing.returncode != 0 and "holds no checkpoint.pt" in missing.stderr

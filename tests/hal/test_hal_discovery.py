@@ -48,6 +48,12 @@ def test_entry_point_driver_is_discovered_and_probed(tmp_path: Path, toy_driver:
     assert [(d["name"], d["model"], d["resource"], d["status"]) for d in robots] == [
         ("toy_arm-0", "toy_arm", "robot:toy_arm-0", "ok"), ("toy_arm-1", "toy_arm", "robot:toy_arm-1", "ok")]
     assert "50 Hz" in robots[0]["detail"]
+    described = robots[0]["descriptor"]  # the device model: identity, node, spaces, rate, limits, health
+    assert (described["kind"], described["model"], described["id"], described["control_hz"]) == \
+        ("robot", "toy_arm", "toy_arm-0", 50.0)
+    assert described["node"] == robots[0]["node"] == os.uname().nodename
+    assert described["action_space"].startswith("float32 (") and described["observation_space"]
+    assert described["health"] == {"ok": True, "detail": ""}
     assert report["resources"]["robot:toy_arm-0"] == 1.0
 
     port.unlink()  # the robot is unplugged: reported, exit 1, and left out of the node's resources

@@ -6,6 +6,7 @@ import mujoco
 import numpy as np
 import pytest
 
+from user_rl.hal.descriptor import describe
 from user_rl.sim.reach import (
     ACTION_SCALE,
     SUCCESS_DISTANCE,
@@ -58,6 +59,13 @@ def test_spaces_joints_and_descriptor(robot):
     d = robot.descriptor
     assert (d.kind, d.model, d.id, d.control_hz, d.cameras) == ("sim", "reach_arm_3dof", "reach-0", 25.0, ())
     assert "red target" in d.instruction
+    assert d.joint_limits[2] == pytest.approx((-2.7, 2.7)) and len(d.joint_limits) == 3
+    (x_lo, x_hi), _, (z_lo, z_hi) = d.workspace
+    assert x_lo < -0.5 and x_hi > 0.5 and z_lo <= 0.0 < 0.6 < z_hi  # the whole 0.5 m reach
+    described = describe(robot, "lab-1")
+    assert (described["node"], described["action_space"], described["health"]["ok"]) == \
+        ("lab-1", "float32 (3,) in [-1, 1]", True)
+    assert described["observation_space"] == {"state": "float32 (18,)"}
     # one control step lasts 1 / control_hz of simulated time
     assert robot.n_substeps * m.opt.timestep == pytest.approx(1 / 25.0)
 

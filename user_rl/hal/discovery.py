@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import glob
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
+from user_rl.hal.descriptor import describe
 from user_rl.hal.registry import driver_kind, make_robot, robot_names
 from user_rl.hal.resources import device_resource, sim_resource
 
@@ -29,6 +30,8 @@ class Device:
     count: int = 1
     status: str = "ok"      # ok / unreachable: <why> / candidate
     detail: str = ""
+    node: str = field(default_factory=lambda: os.uname().nodename)
+    descriptor: dict[str, Any] | None = None  # a probed robot's full description (spaces, limits, health)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,11 +75,12 @@ def _configured(robot: ConfiguredRobot, probe: bool) -> Device:
         return device
     try:  # connecting is the probe: the driver opens the device, answers health, and lets go
         with make_robot(robot.driver, **{**robot.options, "robot_id": robot.robot_id}) as connected:
-            health = connected.health()
-            d = connected.descriptor
-            device.detail = f"{d.control_hz:g} Hz, action {connected.action_space.shape}, obs {sorted(connected.observation_space.spaces)}"
-        if not health.ok:
-            device.status = f"unhealthy: {health.detail}"
+            device.descriptor = described = describe(connected, device.node)
+            device.model = described["model"]
+            device.detail = (f"{described['control_hz']:g} Hz, action {described['action_space']}, "
+                             f"obs {sorted(described['observation_space'])}")
+        if not described["health"]["ok"]:
+            device.status = f"unhealthy: {described['health']['detail']}"
     except Exception as exc:  # a probe reports, it never stops discovery
         device.status = f"unreachable: {type(exc).__name__}: {exc}"[:300]
     return device

@@ -37,6 +37,8 @@ MAX_EPISODE_STEPS = 100
 TARGET_YAW = (-np.pi / 3, np.pi / 3)
 TARGET_RADIUS = (0.15, 0.40)
 TARGET_HEIGHT = (0.05, 0.30)
+# Where the fingertip may go: a box around the 0.5 m reach, above the floor.
+WORKSPACE = ((-0.55, 0.55), (-0.55, 0.55), (0.0, 0.65))
 MIN_START_HEIGHT = 0.06  # fingertip and joint height (m) a start pose must keep
 
 
@@ -155,6 +157,8 @@ class ReachRobot(Robot):
             control_hz=control_hz,
             instruction="move the fingertip to the red target",
             cameras=tuple(self.cameras.values()) if obs_mode == "image" else (),
+            joint_limits=tuple((float(lo), float(hi)) for lo, hi in self.model.jnt_range),
+            workspace=WORKSPACE,
         )
 
     # -- episode -------------------------------------------------------------------------

@@ -1,0 +1,106 @@
+"""CurveZMQ keys: `keys generate` makes what is missing and never overwrites; the learner's
+gatekeeper admits enrolled keys only, names each peer by its robot id, and notices a revocation
+without a restart."""
+
+from __future__ import annotations
+
+import stat
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from user_rl.config import ConfigError
+from user_rl.security.curve import ClientKeys, Gatekeeper, curve_enabled, secure_server
+from user_rl.security.keys import KeyPair, enroll, generate, revoke, robot_keys
+
+
+def test_generate_makes_missing_keys_only_and_keeps_secrets_private(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    written = generate(keys, ["arm-0", "arm-1"])
+    names = sorted(p.relative_to(keys).as_posix() for p in written)
+    assert names == ["enrolled/arm-0.key", "enrolled/arm-1.key", "learner.key", "learner.key_secret",
+                     "robots/arm-0.key", "robots/arm-0.key_secret", "robots/arm-1.key", "robots/arm-1.key_secret"]
+    assert stat.S_IMODE((keys / "robots" / "arm-0.key_secret").stat().st_mode) == 0o600
+    before = (keys / "learner.key_secret").read_bytes()
+    again = generate(keys, ["arm-1", "arm-2"])  # adds arm-2, touches nothing else
+    assert sorted(p.name for p in again) == ["arm-2.key", "arm-2.key", "arm-2.key_secret"]
+    assert (keys / "learner.key_secret").read_bytes() == before
+    with pytest.raises(ConfigError, match="cannot name a robot key"):
+        generate(keys, ["../evil"])
+
+
+def test_revoke_and_enroll_move_public_keys(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    generate(keys, ["arm-0"])
+    assert revoke(keys, "arm-0") == keys / "revoked" / "arm-0.key"
+    assert not (keys / "enrolled" / "arm-0.key").exists()
+    with pytest.raises(ConfigError, match="'arm-0' is not enrolled .* enrolled: none"):
+        revoke(keys, "arm-0")
+    enroll(keys, "arm-0", keys / "robots" / "arm-0.key")
+    assert (keys / "enrolled" / "arm-0.key").is_file() and not (keys / "revoked" / "arm-0.key").exists()
+    with pytest.raises(ConfigError, match="no key file at .*arm-9.key_secret; make keys with"):
+        robot_keys(keys, "arm-9")
+
+
+def test_curve_is_on_by_default_unless_everything_is_loopback() -> None:
+    assert not curve_enabled("auto", "127.0.0.1") and not curve_enabled("auto", "tcp://localhost:5555")
+    assert curve_enabled("auto", "0.0.0.0") and curve_enabled("auto", "tcp://10.0.0.5:5555")
+    assert curve_enabled("on", "127.0.0.1") and not curve_enabled("off", "10.0.0.5")
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    keys = tmp_path / "keys"
+    generate(keys, ["arm-0", "arm-1"])
+    context = zmq.Context()
+    gate = Gatekeeper(context, keys)
+    socket = context.socket(zmq.ROUTER)
+    secure_server(socket, gate.keys)
+    port = socket.bind_to_random_port("tcp://127.0.0.1")
+    yield keys, gate, socket, f"tcp://127.0.0.1:{port}", context
+    socket.close(0)
+    gate.close()
+    context.destroy(0)
+
+
+def connect(context: zmq.Context, address: str, keys: ClientKeys) -> tuple[zmq.Socket, zmq.Socket]:
+    socket = context.socket(zmq.DEALER)
+    socket.linger = 0
+    monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+    keys.apply(socket)
+    socket.connect(address)
+    return socket, monitor
+
+
+def handshake(monitor: zmq.Socket) -> int:
+    assert monitor.poll(5000), "no handshake event"
+    return recv_monitor_message(monitor)["event"]
+
+
+def test_enrolled_robot_is_named_by_its_key_and_a_stranger_is_refused(server) -> None:
+    keys, gate, socket, address, context = server
+    robot, monitor = connect(context, address, ClientKeys.for_robot(keys, "arm-0"))
+    assert handshake(monitor) == zmq.EVENT_HANDSHAKE_SUCCEEDED
+    robot.send(b"hello")
+    assert socket.poll(5000)
+    frames = socket.recv_multipart(copy=False)
+    assert frames[1].bytes == b"hello" and frames[0].get("User-Id") == "arm-0"
+
+    public, secret = zmq.curve_keypair()
+    stranger, monitor = connect(context, address, ClientKeys(KeyPair(public, secret), gate.keys.public))
+    assert handshake(monitor) == zmq.EVENT_HANDSHAKE_FAILED_AUTH  # the client learns it was refused
+    stranger.send(b"let me in")
+    assert not socket.poll(500)
+    assert gate.denied[public.decode()] >= 1
+
+
+def test_a_revoked_key_is_refused_without_a_restart(server) -> None:
+    keys, gate, socket, address, context = server
+    revoke(keys, "arm-1")
+    time.sleep(0.3)  # the enrolment list is re-read at most every 0.2 s
+    assert gate.robot_for(robot_keys(keys, "arm-1").public) is None
+    robot, monitor = connect(context, address, ClientKeys.for_robot(keys, "arm-1"))
+    assert handshake(monitor) == zmq.EVENT_HANDSHAKE_FAILED_AUTH

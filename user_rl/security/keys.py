@@ -1,0 +1,152 @@
+"""CurveZMQ keys on disk: the learner's keypair, one per robot, and the learner's enrolment list.
+
+    keys/
+      learner.key, learner.key_secret      the learner's keypair (robots get learner.key)
+      robots/<id>.key, robots/<id>.key_secret   one keypair per robot (install on its controller)
+      enrolled/<id>.key                    public keys the learner accepts
+      revoked/<id>.key                     keys taken back; a revoked robot is refused at once
+
+`user-rl keys generate DIR --robot ID ...` makes what is missing and never overwrites a key;
+`user-rl keys revoke DIR ID` moves a key from enrolled/ to revoked/, which a running learner
+notices within a fraction of a second (no restart).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq.auth
+
+from user_rl.config import ConfigError
+
+LEARNER = "learner"
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    public: bytes  # z85, 40 bytes
+    secret: bytes
+
+
+def _secret_path(directory: Path, name: str) -> Path:
+    return directory / f"{name}.key_secret"
+
+
+def _check_robot_id(robot_id: str) -> None:
+    if not robot_id or "/" in robot_id or robot_id.startswith(".") or robot_id == LEARNER:
+        raise ConfigError(f"keys: {robot_id!r} cannot name a robot key (no '/', no leading '.', not 'learner')")
+
+
+def generate(keys_dir: str | Path, robots: list[str]) -> list[Path]:
+    """Make the learner's keypair and each robot's, enrolling new robots; return the files written."""
+    keys_dir = Path(keys_dir)
+    for robot_id in robots:
+        _check_robot_id(robot_id)
+    written: list[Path] = []
+    keys_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(keys_dir, 0o700)
+    if not _secret_path(keys_dir, LEARNER).exists():
+        written += [Path(p) for p in zmq.auth.create_certificates(keys_dir, LEARNER)]
+    for sub in ("robots", "enrolled", "revoked"):
+        (keys_dir / sub).mkdir(exist_ok=True)
+    for robot_id in robots:
+        if _secret_path(keys_dir / "robots", robot_id).exists():
+            continue
+        public, secret = zmq.auth.create_certificates(keys_dir / "robots", robot_id)
+        written += [Path(public), Path(secret)]
+        shutil.copy(public, keys_dir / "enrolled" / f"{robot_id}.key")
+        written.append(keys_dir / "enrolled" / f"{robot_id}.key")
+    for path in written:
+        if path.name.endswith("_secret"):
+            os.chmod(path, 0o600)
+    return written
+
+
+def revoke(keys_dir: str | Path, robot_id: str) -> Path:
+    """Take a robot's key back: a running learner refuses it from its next message on."""
+    keys_dir = Path(keys_dir)
+    enrolled = keys_dir / "enrolled" / f"{robot_id}.key"
+    if not enrolled.is_file():
+        known = sorted(p.stem for p in (keys_dir / "enrolled").glob("*.key"))
+        raise ConfigError(f"keys: {robot_id!r} is not enrolled in {keys_dir}; enrolled: {', '.join(known) or 'none'}")
+    target = keys_dir / "revoked" / enrolled.name
+    target.parent.mkdir(exist_ok=True)
+    os.replace(enrolled, target)
+    return target
+
+
+def enroll(keys_dir: str | Path, robot_id: str, public_key_file: str | Path) -> Path:
+    """Accept a robot whose keypair was made elsewhere (its public `.key` file)."""
+    _check_robot_id(robot_id)
+    keys_dir = Path(keys_dir)
+    public, _ = _load(Path(public_key_file), need_secret=False)
+    target = keys_dir / "enrolled" / f"{robot_id}.key"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(public_key_file, target)
+    (keys_dir / "revoked" / target.name).unlink(missing_ok=True)
+    return target
+
+
+def _load(path: Path, need_secret: bool) -> tuple[bytes, bytes | None]:
+    if not path.is_file():
+        raise ConfigError(f"keys: no key file at {path}; make keys with `user-rl keys generate DIR --robot ID`")
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"keys: {path} is not a CurveZMQ key file ({exc})") from None
+    if need_secret and not secret:
+        raise ConfigError(f"keys: {path} holds no secret key")
+    return public, secret
+
+
+def learner_keys(keys_dir: str | Path) -> KeyPair:
+    public, secret = _load(_secret_path(Path(keys_dir), LEARNER), need_secret=True)
+    return KeyPair(public, secret)
+
+
+def learner_public_key(keys_dir: str | Path) -> bytes:
+    """What a robot needs to know about the learner: its public key (`learner.key`)."""
+    return _load(Path(keys_dir) / f"{LEARNER}.key", need_secret=False)[0]
+
+
+def robot_keys(keys_dir: str | Path, robot_id: str) -> KeyPair:
+    public, secret = _load(_secret_path(Path(keys_dir) / "robots", robot_id), need_secret=True)
+    return KeyPair(public, secret)
+
+
+class Enrolment:
+    """The robots the learner accepts, by public key; re-read when `enrolled/` changes."""
+
+    def __init__(self, keys_dir: str | Path, recheck_s: float = 0.2) -> None:
+        self.directory = Path(keys_dir) / "enrolled"
+        self.recheck_s = recheck_s
+        self._by_key: dict[bytes, str] = {}
+        self._stamp: tuple[int, int] | None = None
+        self._checked = 0.0
+        self.reload()
+
+    def reload(self) -> None:
+        by_key = {}
+        for path in sorted(self.directory.glob("*.key")):
+            try:
+                public, _ = zmq.auth.load_certificate(path)
+            except (ValueError, OSError):
+                continue  # a half-copied file: picked up on the next change
+            by_key[public] = path.stem
+        self._by_key = by_key
+
+    def robot_for(self, public_key_z85: bytes) -> str | None:
+        """The enrolled robot with this key, or None (unknown or revoked)."""
+        now = time.monotonic()
+        if now - self._checked >= self.recheck_s:
+            self._checked = now
+            stat = self.directory.stat()
+            stamp = (stat.st_mtime_ns, len(os.listdir(self.directory)))
+            if stamp != self._stamp:
+                self._stamp = stamp
+                self.reload()
+        return self._by_key.get(public_key_z85)
