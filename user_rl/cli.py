@@ -95,6 +95,22 @@ def _node_start(args: argparse.Namespace) -> int:
                       args.port, args.num_cpus, args.block, args.dry_run)
 
 
+def _keys(args: argparse.Namespace) -> int:
+    from user_rl.security import keys
+
+    if args.action == "generate":
+        written = keys.generate(args.directory, args.robots)
+        for path in written:
+            print(f"wrote {path}")
+        print(f"{len(written)} files; robots need {args.directory}/learner.key and their robots/<id>.key_secret"
+              if written else "nothing to do: every key exists (keys are never overwritten)")
+    elif args.action == "revoke":
+        print(f"revoked {args.robot}: {keys.revoke(args.directory, args.robot)} (a running learner refuses it now)")
+    elif args.action == "enroll":
+        print(f"enrolled {args.robot}: {keys.enroll(args.directory, args.robot, args.public_key)}")
+    return 0
+
+
 def _key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -151,6 +167,21 @@ def build_parser() -> argparse.ArgumentParser:
         edge.add_argument("--spool", help="spool directory (default: ~/.local/state/user-rl/spool)")
         edge.add_argument("--max-steps", type=int, help="detach after this many steps")
         edge.set_defaults(func=_edge)
+
+    keys = sub.add_parser("keys", help="CurveZMQ keys: the learner's, one per robot, and who is enrolled")
+    key_actions = keys.add_subparsers(dest="action", required=True)
+    generate = key_actions.add_parser("generate", help="make the learner's keypair and one per robot, enrolling "
+                                      "new robots (existing keys are kept)")
+    generate.add_argument("directory", help="the keys directory (security.keys_dir)")
+    generate.add_argument("robots", nargs="*", help="robot ids, e.g. arm-0 arm-1")
+    revoke = key_actions.add_parser("revoke", help="refuse a robot's key from now on (no learner restart)")
+    revoke.add_argument("directory")
+    revoke.add_argument("robot")
+    enroll = key_actions.add_parser("enroll", help="accept a robot whose keypair was made on the robot")
+    enroll.add_argument("directory")
+    enroll.add_argument("robot")
+    enroll.add_argument("public_key", help="the robot's public .key file")
+    keys.set_defaults(func=_keys)
 
     hal = sub.add_parser("hal", help="the devices of this node")
     hal_actions = hal.add_subparsers(dest="action", required=True)

@@ -111,8 +111,16 @@ class LearnerConfig(Section):
     data_port: int = Field(0, ge=0, le=65535, description="0 picks a free port; fix it so edges survive a learner restart")
     weights_port: int = Field(0, ge=0, le=65535)
     checkpoint_every_s: float = Field(60.0, gt=0, description="background checkpoints, written without pausing")
+    max_messages_per_s: float = Field(2000.0, gt=0, description="per robot connection; more are dropped unread")
+    max_message_mb: float = Field(64.0, gt=0, description="a bigger message disconnects its sender")
     resources: dict[str, float] = Field(default_factory=dict, description="Ray resources the learner's node must have")
     labels: dict[str, str] = Field(default_factory=dict, description="Ray node labels the learner's node must have")
+
+
+class SecurityConfig(Section):
+    curve: Literal["auto", "on", "off"] = Field(
+        "auto", description="CurveZMQ on every link; auto: on unless the learner listens on loopback only")
+    keys_dir: str = Field("keys", description="made by `user-rl keys generate`; edges need robots/<id>.key_secret and learner.key")
 
 
 class StopConfig(Section):
@@ -148,6 +156,7 @@ class Config(Section):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     stop: StopConfig = Field(default_factory=StopConfig)
     buffer: BufferConfig = Field(default_factory=BufferConfig)
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
     embodiments: dict[str, EmbodimentConfig] = Field(
         default_factory=dict, description="robot models with different spaces in one run, each with its own policy")
 

@@ -59,13 +59,15 @@ class Evaluator:
         from user_rl.edge.weights import WeightReceiver
         from user_rl.hal.registry import make_robot
         from user_rl.policies import make_actor
+        from user_rl.security.curve import launch_client_keys
 
         self.cfg = cfg
         self.robot = make_robot(cfg.robot.type, **{**cfg.robot_options(0), "robot_id": "eval"})
         self.actor = make_actor(cfg.policy.type, self.robot.observation_space, self.robot.action_space,
                                 hidden=cfg.policy.hidden)
         self.context = zmq.Context()
-        self.receiver = WeightReceiver(self.context, weights_address)
+        self.receiver = WeightReceiver(self.context, weights_address,
+                                       curve=launch_client_keys(cfg.security, weights_address))
 
     def run(self, version: int, round_index: int) -> EvalResult:
         """Each evaluation round plays new episodes, so stopping never favours one lucky set."""
@@ -187,6 +189,11 @@ def train(cfg: Config, out: Printer = print, ray_address: str | None = None) -> 
     """Run one training to its stop condition; return the summary (also in summary.json)."""
     import ray
 
+    from user_rl.security.curve import check_launch_keys
+
+    for one_model in cfg.embodiment_configs().values():  # a missing key fails now, not inside a Ray actor
+        check_launch_keys(one_model.security, one_model.learner.host,
+                          [one_model.robot_options(i)["robot_id"] for i in range(one_model.fleet.num_robots)])
     _start_ray(cfg, ray_address, out)
     started = time.monotonic()
     runs: list[FleetRun] = []

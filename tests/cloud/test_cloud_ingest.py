@@ -17,6 +17,7 @@ from user_rl.cloud.ingest import Ingest
 from user_rl.edge.batching import BatchBuilder
 from user_rl.edge.link import DataLink
 from user_rl.hal.descriptor import DeviceDescriptor
+from user_rl.testing.wait import serving
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import PROTOCOL_VERSION, Message, decode, encode, envelope
 from user_rl.wire.spaces import box_to_proto, dict_space_to_proto
@@ -91,21 +92,8 @@ def context():
 def ingest(context: zmq.Context, tmp_path):
     ing = Ingest(context, "tcp://127.0.0.1:0", tmp_path / "buffer")
     assert ing.endpoint.startswith("tcp://127.0.0.1:") and not ing.endpoint.endswith(":0")
-    stop = threading.Event()
-    crashed: list[BaseException] = []
-
-    def serve() -> None:
-        try:
-            while not stop.is_set():
-                ing.poll(50)
-        except BaseException as exc:  # the test fails if the serving loop ever dies
-            crashed.append(exc)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield ing
-    stop.set()
-    thread.join(TIMEOUT)
+    with serving(lambda: ing.poll(50)) as crashed:  # the test fails if the serving loop ever dies
+        yield ing
     ing.close()
     assert not crashed, crashed
 

@@ -4,7 +4,10 @@ without a restart."""
 
 from __future__ import annotations
 
+import os
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -104,3 +107,20 @@ def test_a_revoked_key_is_refused_without_a_restart(server) -> None:
     assert gate.robot_for(robot_keys(keys, "arm-1").public) is None
     robot, monitor = connect(context, address, ClientKeys.for_robot(keys, "arm-1"))
     assert handshake(monitor) == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+
+
+def test_a_launch_that_would_encrypt_checks_its_keys_before_starting_anything(tmp_path: Path) -> None:
+    def launch(keys: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "user_rl.cli", "train", "configs/reach.yaml", "fleet.num_robots=2",
+                               "learner.host=0.0.0.0", f"security.keys_dir={keys}", f"run_root={tmp_path / 'runs'}"],
+                              cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "MUJOCO_GL": "egl"})
+
+    keys = tmp_path / "keys"
+    missing = launch(keys)  # not loopback, so security.curve=auto encrypts: the learner needs its keypair
+    assert missing.returncode == 2 and f"no key file at {keys}/learner.key_secret" in missing.stderr
+    generate(keys, ["mujoco_reach-0"])
+    one_short = launch(keys)
+    assert one_short.returncode == 2 and "robots/mujoco_reach-1.key_secret" in one_short.stderr
+    assert "user-rl keys generate KEYS_DIR ROBOT_ID" in one_short.stderr
+    assert not (tmp_path / "runs").exists()  # nothing was started or written

@@ -22,12 +22,15 @@ import zmq
 
 from user_rl.cloud.buffer.rows import StreamState
 from user_rl.cloud.buffer.store import PersistentReplay
+from user_rl.cloud.peer_guard import PeerGuard
 from user_rl.config import BufferConfig
 from user_rl.hal.descriptor import DeviceDescriptor
+from user_rl.security.curve import Gatekeeper, secure_server
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import Message, WireError, decode, encode, envelope
 from user_rl.wire.images import decode_columns
-from user_rl.wire.spaces import box_from_proto, descriptor_from_proto, dict_space_from_proto
+from user_rl.wire.spaces import (MAX_NAME_CHARS, MAX_OBSERVATION_KEYS, MAX_TEXT_CHARS, box_from_proto,
+                                 descriptor_from_proto, dict_space_from_proto)
 from user_rl.wire.transitions import validate_batch
 
 log = logging.getLogger(__name__)
@@ -74,10 +77,16 @@ class RobotSession:
 
 class Ingest:
     def __init__(self, context: zmq.Context, endpoint: str, buffer_dir: Path, buffer: BufferConfig | None = None,
-                 gamma: float = 0.99, max_rejects_logged: int = 20) -> None:
+                 gamma: float = 0.99, max_rejects_logged: int = 20, gate: Gatekeeper | None = None,
+                 max_messages_per_s: float = 2000.0, max_message_bytes: int = 64 << 20) -> None:
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)  # a bigger frame: ZeroMQ drops the peer
+        self.guard = PeerGuard(max_messages_per_s)
         self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting edge takes its identity back
+        self.gate = gate
+        if gate is not None:
+            secure_server(self.socket, gate.keys)
         self.socket.bind(endpoint)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.buffer_dir = Path(buffer_dir)
@@ -103,8 +112,12 @@ class Ingest:
             frames = self.socket.recv_multipart(copy=False)
             handled += 1
             identity = frames[0].bytes
+            if not self.guard.admit(identity):  # over its message budget: dropped unread
+                continue
             try:
-                self._handle(identity, decode(frames[1:]))
+                msg = decode(frames[1:])
+                self._check_peer(frames[0].get("User-Id") if self.gate else None, msg)
+                self._handle(identity, msg)
             except WireError as exc:
                 self._reject(identity, exc)
             except Exception as exc:  # a bug must not take the learner down with it
@@ -125,6 +138,15 @@ class Ingest:
             session = self.robots.get(stream.record.robot)
             if session is not None:
                 self._ack(session, stream)
+
+    def _check_peer(self, peer: str | None, msg: Message) -> None:
+        """With CurveZMQ, a message must come from a key enrolled now, speaking for its own robot."""
+        if self.gate is None:
+            return
+        if not self.gate.is_enrolled(peer):
+            raise WireError("not_enrolled", f"the key of {peer!r} is not enrolled (revoked?)")
+        if msg.envelope.robot_id != peer:
+            raise WireError("wrong_robot", f"the key of {peer!r} cannot speak for robot {msg.envelope.robot_id!r}")
 
     def _handle(self, identity: bytes, msg: Message) -> None:
         kind = msg.kind
@@ -153,8 +175,12 @@ class Ingest:
     def _hello(self, identity: bytes, msg: Message) -> None:
         hello = msg.body
         robot_id = msg.envelope.robot_id
-        if not robot_id:
-            raise WireError("bad_hello", "hello without a robot id")
+        if not robot_id or len(robot_id) > MAX_NAME_CHARS or not robot_id.isprintable():
+            raise WireError("bad_hello", f"robot id {robot_id[:MAX_NAME_CHARS]!r} is empty, too long or unprintable")
+        d = hello.descriptor
+        if max(len(d.model), len(d.id), len(d.kind)) > MAX_NAME_CHARS or len(d.instruction) > MAX_TEXT_CHARS \
+                or len(d.cameras) > MAX_OBSERVATION_KEYS:
+            raise WireError("bad_hello", f"{robot_id}: descriptor fields too long")
         try:
             obs_space = dict_space_from_proto(hello.observation_space)
             action_space = box_from_proto(hello.action_space)
@@ -241,9 +267,10 @@ class Ingest:
     def _reject(self, identity: bytes, exc: WireError) -> None:
         self.rejected[exc.reason] += 1
         if self.rejected[exc.reason] <= self._max_logged:
-            log.warning("rejected a message: %s", exc)
-        reject = envelope(reject=pb.Reject(reason=str(exc)[:500]))
-        self.socket.send_multipart([identity, *encode(reject)])
+            log.warning("rejected a message from %r: %s", identity[:64], exc)
+        if self.guard.reject(identity, exc.reason):  # a peer sending garbage is not answered at its rate
+            reject = envelope(reject=pb.Reject(reason=str(exc)[:500]))
+            self.socket.send_multipart([identity, *encode(reject)])
 
     def close(self) -> None:
         """Stop serving; seal and close the buffer (everything acked is on disk already)."""

@@ -25,6 +25,7 @@ from user_rl.cloud.checkpoint import (BackgroundCheckpointer, load_checkpoint, s
 from user_rl.cloud.ingest import Ingest
 from user_rl.cloud.weight_server import WeightServer
 from user_rl.config import Config
+from user_rl.security.curve import learner_gate
 from user_rl.wire.transitions import OBS
 
 log = logging.getLogger(__name__)
@@ -45,10 +46,12 @@ class Learner:
         self.device = pick_device(cfg.learner.device)
         self.context = zmq.Context()
         host, lc = cfg.learner.host, cfg.learner
+        self.gate = learner_gate(self.context, cfg.security, host)  # None: links in the clear (loopback)
         self.ingest = Ingest(self.context, f"tcp://{host}:{lc.data_port}", self.run_dir / "buffer", cfg.buffer,
-                             cfg.algo.gamma)
+                             cfg.algo.gamma, gate=self.gate, max_messages_per_s=lc.max_messages_per_s,
+                             max_message_bytes=int(lc.max_message_mb * 2**20))
         cast = torch.bfloat16 if cfg.learner.weight_dtype == "bfloat16" else None
-        self.weights = WeightServer(self.context, f"tcp://{host}:{lc.weights_port}", cast)
+        self.weights = WeightServer(self.context, f"tcp://{host}:{lc.weights_port}", cast, gate=self.gate)
         self.rng = np.random.default_rng(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.algo: SAC | None = None
@@ -226,6 +229,8 @@ class Learner:
             "recent_success": float(np.mean(successes)) if successes else None,
             "recent_return": float(np.mean(returns)) if returns else None,
             "rejected": dict(self.ingest.rejected),
+            "rejected_by_peer": self.ingest.guard.report(),
+            "keys_refused": dict(self.gate.denied) if self.gate else {},  # handshakes of unknown keys
             "duplicates": self.ingest.duplicates,
             "out_of_order": self.ingest.out_of_order,
             "buffer_stats": self.ingest.buffer.stats() if self.ingest.buffer else {},
@@ -266,4 +271,6 @@ class Learner:
         self.checkpoints.close()
         self.ingest.close()
         self.weights.close()
+        if self.gate is not None:
+            self.gate.close()
         self.context.term()

@@ -17,16 +17,22 @@ import zmq
 
 from user_rl.wire.codec import WireError, decode, encode, envelope
 from user_rl.wire.weights import PackedWeights, pack
+from user_rl.security.curve import Gatekeeper, secure_server
+from user_rl.security.keys import LEARNER
 from user_rl.wire import user_rl_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 
 class WeightServer:
-    def __init__(self, context: zmq.Context, endpoint: str, cast_floats_to: torch.dtype | None = None) -> None:
+    def __init__(self, context: zmq.Context, endpoint: str, cast_floats_to: torch.dtype | None = None,
+                 gate: Gatekeeper | None = None) -> None:
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.SNDHWM, 0)
+        self.gate = gate
+        if gate is not None:
+            secure_server(self.socket, gate.keys)
         self.socket.bind(endpoint)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.cast_floats_to = cast_floats_to
@@ -56,6 +62,9 @@ class WeightServer:
                 msg = decode(frames[1:])
                 if msg.kind != "weights_request":
                     raise WireError("unexpected", f"{msg.kind} is not accepted on the weights link")
+                peer = frames[0].get("User-Id") if self.gate else None
+                if self.gate is not None and peer != LEARNER and not self.gate.is_enrolled(peer):
+                    raise WireError("not_enrolled", f"the key of {peer!r} is not enrolled (revoked?)")
             except WireError as exc:
                 self.rejected[exc.reason] += 1
                 log.warning("weights link rejected a message: %s", exc)

@@ -61,7 +61,7 @@ class EdgeDaemon:
         self.context = context or zmq.Context.instance()
         self.link = DataLink(self.context, data_address, robot.descriptor, robot.observation_space,
                              robot.action_space, settings=s.link)
-        self.weights = WeightReceiver(self.context, weights_address)
+        self.weights = WeightReceiver(self.context, weights_address, curve=s.link.curve)
         self.batch = BatchBuilder(robot.observation_space, robot.action_space, s.batch_transitions)
         self.adapter = BacklogAdapter(s.batch_transitions, s.link.compression or {}, s.link.max_in_flight)
         self.safety = ActionFilter(robot.action_space)

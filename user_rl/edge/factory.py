@@ -12,6 +12,7 @@ from user_rl.edge.link import LinkSettings
 from user_rl.wire.images import ImageCompression
 from user_rl.hal.registry import make_robot
 from user_rl.policies import make_actor
+from user_rl.security.curve import ClientKeys, robot_client_keys
 
 
 def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
@@ -32,13 +33,14 @@ def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
         max_batch_delay_s=cfg.fleet.max_batch_delay_s,
         heartbeat_s=cfg.fleet.heartbeat_s,
         seed=options["seed"],
-        link=link_settings(cfg, Path(spool_root) / options["robot_id"] if spool_root else None),
+        link=link_settings(cfg, Path(spool_root) / options["robot_id"] if spool_root else None,
+                           robot_client_keys(cfg.security, data_address, options["robot_id"])),
         adapt=cfg.fleet.adapt,
     )
     return EdgeDaemon(robot, actor, data_address, weights_address, settings)
 
 
-def link_settings(cfg: Config, spool_dir: Path | None) -> LinkSettings:
+def link_settings(cfg: Config, spool_dir: Path | None, curve: ClientKeys | None = None) -> LinkSettings:
     fleet = cfg.fleet
     return LinkSettings(
         spool_dir=str(spool_dir) if spool_dir else None,
@@ -46,4 +48,5 @@ def link_settings(cfg: Config, spool_dir: Path | None) -> LinkSettings:
         max_in_flight=fleet.max_in_flight,
         resend_after_s=fleet.resend_after_s,
         compression={k: ImageCompression(c.format, c.quality) for k, c in fleet.compression.items()},
+        curve=curve,
     )

@@ -29,12 +29,21 @@ from zmq.utils.monitor import recv_monitor_message
 
 from user_rl.edge.spool import Spool
 from user_rl.hal.descriptor import DeviceDescriptor
+from user_rl.security.curve import ClientKeys
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import WireError, decode, encode, envelope
 from user_rl.wire.images import ImageCompression, compress_columns
 from user_rl.wire.spaces import box_to_proto, descriptor_to_proto, dict_space_to_proto
 
 log = logging.getLogger(__name__)
+
+# Handshakes that fail are a configuration problem, never a transient one: the link stops and says which.
+HANDSHAKE_REFUSALS = {
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "key_refused: the learner does not accept this robot's key (not enrolled, or "
+                                     "revoked): enrol it with `user-rl keys generate` on the learner's keys",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "handshake_failed: the learner and this robot disagree on encryption "
+                                         "(security.curve, or the learner's public key in keys_dir/learner.key)",
+}
 
 
 @dataclass
@@ -44,6 +53,7 @@ class LinkSettings:
     max_in_flight: int = 64
     resend_after_s: float = 2.0
     compression: dict[str, ImageCompression] | None = None
+    curve: ClientKeys | None = None   # CurveZMQ keys; None: the link runs in the clear
 
 
 @dataclass
@@ -74,7 +84,10 @@ class DataLink:
         self.socket.setsockopt(zmq.IMMEDIATE, 1)  # no queueing into a dead connection: the spool holds it
         self.socket.setsockopt(zmq.ROUTING_ID, f"{self.robot_id}:{self.epoch}".encode())
         self.socket.setsockopt(zmq.SNDHWM, 4 * s.max_in_flight)
-        self._connection_events = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._connection_events = self.socket.get_monitor_socket(
+            zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        if s.curve is not None:
+            s.curve.apply(self.socket)
         self.socket.connect(address)
         self._hello = pb.Hello(
             descriptor=descriptor_to_proto(descriptor),
@@ -197,8 +210,12 @@ class DataLink:
     def _check_connection(self) -> None:
         """After a disconnect, hold batches until the learner (perhaps a new one) welcomes us again."""
         while self._connection_events.poll(0):
-            if recv_monitor_message(self._connection_events)["event"] == zmq.EVENT_DISCONNECTED:
+            event = recv_monitor_message(self._connection_events)["event"]
+            if event == zmq.EVENT_DISCONNECTED:
                 self._reintroduce()
+            elif event in HANDSHAKE_REFUSALS and self.refused is None:
+                self.refused = HANDSHAKE_REFUSALS[event]
+                log.error("%s: %s", self.robot_id, self.refused)
 
     def _reintroduce(self) -> None:
         """Say hello again; everything not yet acknowledged is sent again once welcomed."""
@@ -232,7 +249,7 @@ class DataLink:
             self._reintroduce()
             self.hello(self._hello.policy_version)
             return
-        if key in ("spaces_mismatch", "bad_hello"):  # retrying cannot help: say so and stop asking
+        if key in ("spaces_mismatch", "bad_hello", "not_enrolled", "wrong_robot"):  # retrying cannot help
             if self.refused is None:
                 log.error("%s: the learner refused this robot: %s", self.robot_id, reason)
             self.refused = reason

@@ -13,6 +13,7 @@ import time
 import torch
 import zmq
 
+from user_rl.security.curve import ClientKeys
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import WireError, decode, encode, envelope
 from user_rl.wire.weights import WeightsAssembly
@@ -21,8 +22,10 @@ log = logging.getLogger(__name__)
 
 
 class WeightReceiver:
-    def __init__(self, context: zmq.Context, address: str, resend_s: float = 5.0) -> None:
+    def __init__(self, context: zmq.Context, address: str, resend_s: float = 5.0,
+                 curve: ClientKeys | None = None) -> None:
         self.context = context
+        self.curve = curve
         self.address = address
         self.resend_s = resend_s
         self.version = -1  # newest complete version received
@@ -54,6 +57,8 @@ class WeightReceiver:
     def _run(self) -> None:
         socket = self.context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
+        if self.curve is not None:
+            self.curve.apply(socket)
         socket.connect(self.address)
         assembly: WeightsAssembly | None = None
         request_due = 0.0  # when to (re)send the long-poll request

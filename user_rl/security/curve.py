@@ -18,6 +18,7 @@ import zmq
 from zmq.utils import z85
 from zmq.auth.thread import ThreadAuthenticator
 
+from user_rl.config import SecurityConfig
 from user_rl.security.keys import LEARNER, Enrolment, KeyPair, learner_keys, learner_public_key, robot_keys
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class Gatekeeper:
     def __post_init__(self) -> None:
         self.keys = learner_keys(self.keys_dir)
         self.enrolment = Enrolment(self.keys_dir)
+        self.revoked = Enrolment(self.keys_dir, subdirectory="revoked")  # to name refused robots
         self._auth = ThreadAuthenticator(self.context, log=log)
         # The ZAP reply's user id (binary key -> robot id) travels with every message as `User-Id`.
         self._auth.curve_user_id = lambda key: self.robot_for(z85.encode(key)) or ""  # type: ignore[method-assign]
@@ -93,16 +95,52 @@ class Gatekeeper:
             return LEARNER
         return self.enrolment.robot_for(public_key_z85)
 
+    def is_enrolled(self, robot_id: str | None) -> bool:
+        """Whether this robot's key is enrolled now (a message may come after a revocation)."""
+        return robot_id is not None and robot_id in self.enrolment.robots()
+
     def callback(self, domain: str, public_key_z85: bytes) -> bool:
         """Asked by the ZAP thread at every handshake."""
         if self.robot_for(public_key_z85) is not None:
             return True
-        shown = public_key_z85.decode(errors="replace")
+        revoked = self.revoked.robot_for(public_key_z85)
+        shown = f"{revoked} (revoked)" if revoked else public_key_z85.decode(errors="replace")
         if not self.denied[shown]:
-            log.warning("refused a connection: key %s is not enrolled (or was revoked) in %s", shown,
-                        self.enrolment.directory)
+            log.warning("refused a connection: key %s is not enrolled in %s", shown, self.enrolment.directory)
         self.denied[shown] += 1
         return False
 
     def close(self) -> None:
         self._auth.stop()
+
+
+def learner_gate(context: zmq.Context, security: SecurityConfig, host: str) -> Gatekeeper | None:
+    """The learner's gatekeeper, or None when its links run in the clear (all-loopback, or curve=off)."""
+    if not curve_enabled(security.curve, host):
+        return None
+    return Gatekeeper(context, Path(security.keys_dir))
+
+
+def robot_client_keys(security: SecurityConfig, learner_address: str, robot_id: str) -> ClientKeys | None:
+    """An edge's keys for the learner at `learner_address`, or None when that link runs in the clear."""
+    if not curve_enabled(security.curve, learner_address):
+        return None
+    return ClientKeys.for_robot(security.keys_dir, robot_id)
+
+
+def launch_client_keys(security: SecurityConfig, learner_address: str) -> ClientKeys | None:
+    """The launch's own keys (its evaluator fetches weights), or None in the clear."""
+    if not curve_enabled(security.curve, learner_address):
+        return None
+    return ClientKeys.for_learner_host(security.keys_dir)
+
+
+
+def check_launch_keys(security: SecurityConfig, learner_host: str, robot_ids: list[str]) -> None:
+    """Before a launch starts anything: if its links are encrypted, the learner's keypair and every
+    robot's must be there (a ConfigError names the missing file and how to make it)."""
+    if not curve_enabled(security.curve, learner_host):
+        return
+    learner_keys(security.keys_dir)
+    for robot_id in robot_ids:
+        robot_keys(security.keys_dir, robot_id)

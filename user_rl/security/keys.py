@@ -6,7 +6,7 @@
       enrolled/<id>.key                    public keys the learner accepts
       revoked/<id>.key                     keys taken back; a revoked robot is refused at once
 
-`user-rl keys generate DIR --robot ID ...` makes what is missing and never overwrites a key;
+`user-rl keys generate DIR ROBOT_ID ...` makes what is missing and never overwrites a key;
 `user-rl keys revoke DIR ID` moves a key from enrolled/ to revoked/, which a running learner
 notices within a fraction of a second (no restart).
 """
@@ -93,7 +93,7 @@ def enroll(keys_dir: str | Path, robot_id: str, public_key_file: str | Path) -> 
 
 def _load(path: Path, need_secret: bool) -> tuple[bytes, bytes | None]:
     if not path.is_file():
-        raise ConfigError(f"keys: no key file at {path}; make keys with `user-rl keys generate DIR --robot ID`")
+        raise ConfigError(f"keys: no key file at {path}; make keys with `user-rl keys generate KEYS_DIR ROBOT_ID ...`")
     try:
         public, secret = zmq.auth.load_certificate(path)
     except (ValueError, OSError) as exc:
@@ -121,10 +121,11 @@ def robot_keys(keys_dir: str | Path, robot_id: str) -> KeyPair:
 class Enrolment:
     """The robots the learner accepts, by public key; re-read when `enrolled/` changes."""
 
-    def __init__(self, keys_dir: str | Path, recheck_s: float = 0.2) -> None:
-        self.directory = Path(keys_dir) / "enrolled"
+    def __init__(self, keys_dir: str | Path, recheck_s: float = 0.2, subdirectory: str = "enrolled") -> None:
+        self.directory = Path(keys_dir) / subdirectory
         self.recheck_s = recheck_s
         self._by_key: dict[bytes, str] = {}
+        self._robots: set[str] = set()
         self._stamp: tuple[int, int] | None = None
         self._checked = 0.0
         self.reload()
@@ -138,15 +139,27 @@ class Enrolment:
                 continue  # a half-copied file: picked up on the next change
             by_key[public] = path.stem
         self._by_key = by_key
+        self._robots = set(by_key.values())
 
     def robot_for(self, public_key_z85: bytes) -> str | None:
         """The enrolled robot with this key, or None (unknown or revoked)."""
+        self._refresh()
+        return self._by_key.get(public_key_z85)
+
+    def robots(self) -> set[str]:
+        """The robot ids enrolled now."""
+        self._refresh()
+        return self._robots
+
+    def _refresh(self) -> None:
         now = time.monotonic()
         if now - self._checked >= self.recheck_s:
             self._checked = now
+            if not self.directory.is_dir():
+                self._by_key, self._robots, self._stamp = {}, set(), None
+                return
             stat = self.directory.stat()
             stamp = (stat.st_mtime_ns, len(os.listdir(self.directory)))
             if stamp != self._stamp:
                 self._stamp = stamp
                 self.reload()
-        return self._by_key.get(public_key_z85)

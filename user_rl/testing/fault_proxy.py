@@ -130,7 +130,12 @@ class FaultProxy:
         listen_host: str = "127.0.0.1",
         delay_s: float = 0.0,
         bandwidth_bps: float | None = None,
+        record_bytes: int = 0,
     ) -> None:
+        """`record_bytes`: keep up to this many bytes of each direction in `recorded` (what an
+        eavesdropper on the wire would see)."""
+        self.record_bytes = record_bytes
+        self.recorded = {"up": bytearray(), "down": bytearray()}
         self.upstream_host, self.upstream_port = _parse(upstream)
         self.listen_host = listen_host
         self.delay_s = 0.0
@@ -278,6 +283,9 @@ class FaultProxy:
         loop = asyncio.get_running_loop()
         while True:
             data = await reader.read(CHUNK)
+            seen = self.recorded["up" if pipe.upward else "down"]
+            if len(seen) < self.record_bytes:
+                seen += data[: self.record_bytes - len(seen)]
             pipe.push(loop.time() + self.delay_s, data)
             if not data:
                 return

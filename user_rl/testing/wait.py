@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, poll_s: float = 0.05) -> None:
@@ -28,3 +30,25 @@ def wait_for_run_dir(output_lines: list[str], timeout: float) -> Path:
     prefix = "run directory: "
     wait_until(lambda: any(line.startswith(prefix) for line in output_lines), timeout, "the run to start")
     return Path(next(line for line in output_lines if line.startswith(prefix))[len(prefix):].strip())
+
+
+@contextmanager
+def serving(poll: Callable[[], object]) -> Iterator[list[BaseException]]:
+    """Call `poll()` over and over on a daemon thread while the block runs (e.g. a live ingest).
+    Yields the list that receives the exception if the loop ever dies, for the test to assert on."""
+    stop, crashed = threading.Event(), []
+
+    def loop() -> None:
+        try:
+            while not stop.is_set():
+                poll()
+        except BaseException as exc:  # the caller fails its test on this
+            crashed.append(exc)
+
+    thread = threading.Thread(target=loop, name="serving", daemon=True)
+    thread.start()
+    try:
+        yield crashed
+    finally:
+        stop.set()
+        thread.join(10)

@@ -62,6 +62,9 @@ def validate_batch(
             action = _check(name, arrays.get(name), action_space.dtype, (count, *action_space.shape))
             if not np.isfinite(action).all():
                 raise WireError("non_finite", f"{name} holds NaN or inf")
+    # What the robot applied lies in its action space (drivers and the safety filter clip to it).
+    if ((arrays["action"] < action_space.low) | (arrays["action"] > action_space.high)).any():
+        raise WireError("out_of_bounds", "action outside the declared action space")
     if not np.isfinite(arrays["reward"]).all():
         raise WireError("non_finite", "reward holds NaN or inf")
     ended = np.flatnonzero(arrays["terminated"] | arrays["truncated"])

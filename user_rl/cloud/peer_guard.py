@@ -1,0 +1,80 @@
+"""Per-peer limits on the learner's sockets: a message budget (token bucket) per connection, and
+rejection counters per peer, so one flooding or broken robot can neither starve the others nor
+make the learner flood it with replies.
+
+    guard = PeerGuard(rate_per_s=2000)
+    if not guard.admit(identity):            # over budget: dropped unread, counted
+        continue
+    ...
+    if guard.reject(identity, "frame_size"): # counted; True while replies to it are still due
+        send_reject(...)
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, OrderedDict
+
+REPLIES_PER_S = 10.0  # rejection replies to one peer (after a burst of REPLY_BURST); beyond, only counted
+REPLY_BURST = 50.0
+
+
+class _Bucket:
+    __slots__ = ("tokens", "stamp", "replies", "reply_stamp")
+
+    def __init__(self, burst: float, now: float) -> None:
+        self.tokens, self.stamp = burst, now
+        self.replies, self.reply_stamp = REPLY_BURST, now
+
+
+class PeerGuard:
+    def __init__(self, rate_per_s: float, burst_s: float = 1.0, max_peers: int = 4096) -> None:
+        self.rate = rate_per_s
+        self.burst = max(1.0, rate_per_s * burst_s)
+        self.max_peers = max_peers
+        self._peers: OrderedDict[bytes, _Bucket] = OrderedDict()  # least recently heard first
+        self.rejected: dict[str, Counter[str]] = {}
+
+    def admit(self, peer: bytes) -> bool:
+        """Spend one message of this peer's budget; False when it has none left (drop the message)."""
+        now = time.monotonic()
+        bucket = self._bucket(peer, now)
+        bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.stamp) * self.rate)
+        bucket.stamp = now
+        if bucket.tokens < 1.0:
+            self._count(peer, "rate_limited")
+            return False
+        bucket.tokens -= 1.0
+        return True
+
+    def reject(self, peer: bytes, reason: str) -> bool:
+        """Count a rejected message; True if the peer should still be told (10 replies/s after a burst)."""
+        self._count(peer, reason)
+        now = time.monotonic()
+        bucket = self._bucket(peer, now)
+        bucket.replies = min(REPLY_BURST, bucket.replies + (now - bucket.reply_stamp) * REPLIES_PER_S)
+        bucket.reply_stamp = now
+        if bucket.replies < 1.0:
+            return False
+        bucket.replies -= 1.0
+        return True
+
+    def report(self) -> dict[str, dict[str, int]]:
+        """Rejections per peer (its routing id as text) and reason."""
+        return {peer: dict(counts) for peer, counts in self.rejected.items()}
+
+    def _bucket(self, peer: bytes, now: float) -> _Bucket:
+        bucket = self._peers.get(peer)
+        if bucket is None:
+            bucket = self._peers[peer] = _Bucket(self.burst, now)
+            while len(self._peers) > self.max_peers:  # forget the quietest; a new peer starts full
+                self._peers.popitem(last=False)
+        else:
+            self._peers.move_to_end(peer)
+        return bucket
+
+    def _count(self, peer: bytes, reason: str) -> None:
+        name = peer.decode("utf-8", "replace")[:128]
+        if name not in self.rejected and len(self.rejected) >= self.max_peers:
+            name = "(other peers)"
+        self.rejected.setdefault(name, Counter())[reason] += 1
