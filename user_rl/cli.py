@@ -111,6 +111,28 @@ def _keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _estop(args: argparse.Namespace) -> int:
+    """Trip or clear the latched emergency stop of robots whose spool is on this machine."""
+    from pathlib import Path
+
+    from user_rl.edge.standalone import default_spool_root
+    from user_rl.robots.estop import EStopLatch
+
+    root = Path(args.run_dir) / "spool" if args.run_dir else Path(args.spool or default_spool_root())
+    robots = sorted(p.name for p in root.iterdir() if p.is_dir()) if args.all and root.is_dir() else args.robots
+    if not robots:
+        raise ConfigError(f"name the robots, or --all (robots under {root}: "
+                          f"{', '.join(sorted(p.name for p in root.glob('*') if p.is_dir())) or 'none'})")
+    for robot_id in robots:
+        latch = EStopLatch.for_robot(root, robot_id)
+        if args.command == "estop":
+            latch.trip(args.reason)
+            print(f"{robot_id}: EMERGENCY STOP ({args.reason}); holds until `user-rl rearm {robot_id}`")
+        else:
+            print(f"{robot_id}: {'re-armed' if latch.clear() else 'was not stopped'}")
+    return 0
+
+
 def _key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -182,6 +204,17 @@ def build_parser() -> argparse.ArgumentParser:
     enroll.add_argument("robot")
     enroll.add_argument("public_key", help="the robot's public .key file")
     keys.set_defaults(func=_keys)
+
+    for name, text in (("estop", "emergency stop: robots hold and take no step until re-armed (latched, "
+                                 "survives edge restarts)"), ("rearm", "clear an emergency stop")):
+        stop = sub.add_parser(name, help=text)
+        stop.add_argument("robots", nargs="*", help="robot ids")
+        stop.add_argument("--all", action="store_true", help="every robot with a spool under the root")
+        stop.add_argument("--spool", help="the edges' spool root (default: ~/.local/state/user-rl/spool)")
+        stop.add_argument("--run-dir", help="a training on this machine (its spool root is RUN/spool)")
+        if name == "estop":
+            stop.add_argument("--reason", default="operator emergency stop")
+        stop.set_defaults(func=_estop)
 
     hal = sub.add_parser("hal", help="the devices of this node")
     hal_actions = hal.add_subparsers(dest="action", required=True)

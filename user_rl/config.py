@@ -117,6 +117,11 @@ class LearnerConfig(Section):
     labels: dict[str, str] = Field(default_factory=dict, description="Ray node labels the learner's node must have")
 
 
+class SafetyConfig(Section):
+    max_action_delta: float | None = Field(None, gt=0, description="most an action component may change per step")
+    deadline_s: float = Field(1.0, ge=0, description="no action this long: the robot holds (0: no watchdog)")
+
+
 class SecurityConfig(Section):
     curve: Literal["auto", "on", "off"] = Field(
         "auto", description="CurveZMQ on every link; auto: on unless the learner listens on loopback only")
@@ -157,8 +162,17 @@ class Config(Section):
     stop: StopConfig = Field(default_factory=StopConfig)
     buffer: BufferConfig = Field(default_factory=BufferConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)
+    safety: SafetyConfig = Field(default_factory=SafetyConfig)
     embodiments: dict[str, EmbodimentConfig] = Field(
         default_factory=dict, description="robot models with different spaces in one run, each with its own policy")
+
+    @model_validator(mode="after")
+    def _watchdog_outlasts_a_control_period(self) -> "Config":
+        hz, deadline = self.fleet.control_hz, self.safety.deadline_s
+        if hz > 0 and 0 < deadline <= 1.0 / hz:
+            raise ValueError(f"safety.deadline_s: {deadline:g} s is not longer than one control period at "
+                             f"fleet.control_hz={hz:g}; the watchdog would hold every step")
+        return self
 
     @model_validator(mode="after")
     def _embodiments_own_their_robots(self) -> "Config":

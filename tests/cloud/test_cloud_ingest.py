@@ -4,7 +4,6 @@ stored exactly once."""
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Callable
 

@@ -69,6 +69,9 @@ class RobotSession:
             "backlog_batches": self.heartbeat.get("unacked", 0),
             "backlog_bytes": self.heartbeat.get("backlog_bytes", 0),
             "dropped_transitions": self.heartbeat.get("dropped_transitions", 0),
+            "safety_violations": self.heartbeat.get("safety_violations", {}),
+            "watchdog_holds": self.heartbeat.get("watchdog_holds", 0),
+            "estopped": self.heartbeat.get("estopped"),
             "seconds_since_seen": round(time.monotonic() - self.last_seen, 2),
             "edge_restarts": self.streams - 1,
             "detached": self.detached,
@@ -163,7 +166,9 @@ class Ingest:
             hb = msg.body
             session.heartbeat = {"env_steps": hb.env_steps, "steps_per_second": hb.steps_per_second,
                                  "policy_version": hb.policy_version, "unacked": hb.unacked_batches,
-                                 "backlog_bytes": hb.backlog_bytes, "dropped_transitions": hb.dropped_transitions}
+                                 "backlog_bytes": hb.backlog_bytes, "dropped_transitions": hb.dropped_transitions,
+                                 "safety_violations": dict(hb.safety_violations), "watchdog_holds": hb.watchdog_holds,
+                                 "estopped": hb.estopped or None}
             if hb.leaving and not session.detached:  # everything it sent is acked: close its episode
                 self.buffer.end_open_episodes(session.stream, reason="detached")
                 session.detached = True

@@ -23,7 +23,8 @@ from user_rl.edge.batching import BatchBuilder
 from user_rl.edge.link import DataLink, LinkSettings
 from user_rl.edge.weights import WeightReceiver
 from user_rl.hal.robot import Robot
-from user_rl.robots.safety import ActionFilter
+from user_rl.robots.estop import LATCH_NAME, EStopLatch
+from user_rl.robots.safety import ActionFilter, SafetySettings, Watchdog
 from user_rl.wire import user_rl_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class EdgeSettings:
     seed: int = 0
     link: LinkSettings = field(default_factory=LinkSettings)
     adapt: bool = True               # grow batches / compress harder while the backlog grows
+    safety: SafetySettings = field(default_factory=SafetySettings)
 
 
 class EdgeDaemon:
@@ -64,7 +66,10 @@ class EdgeDaemon:
         self.weights = WeightReceiver(self.context, weights_address, curve=s.link.curve)
         self.batch = BatchBuilder(robot.observation_space, robot.action_space, s.batch_transitions)
         self.adapter = BacklogAdapter(s.batch_transitions, s.link.compression or {}, s.link.max_in_flight)
-        self.safety = ActionFilter(robot.action_space)
+        self.safety = ActionFilter(robot.action_space, s.safety, robot)
+        self.watchdog = Watchdog(s.safety.deadline_s, robot.hold, self._on_hold)
+        self.estop = EStopLatch(self.link.spool.directory / LATCH_NAME)  # next to the spool: survives restarts
+        self.estops = 0
         self.rng = np.random.default_rng(s.seed)
         self.policy_version = -1
         self.steps = 0
@@ -111,7 +116,9 @@ class EdgeDaemon:
         if now - self._last_heartbeat > self.settings.heartbeat_s:
             self._update_rate(now)
             self.link.heartbeat(env_steps=self.steps, episodes=self.episodes,
-                                policy_version=self.policy_version, steps_per_second=self.steps_per_second)
+                                policy_version=self.policy_version, steps_per_second=self.steps_per_second,
+                                safety_violations=dict(self.safety.violations), watchdog_holds=self.watchdog.holds,
+                                estopped=self.estop.tripped() or "")
             self._last_heartbeat = now
         self.link.poll(0)
 
@@ -129,7 +136,9 @@ class EdgeDaemon:
             self._check_refused()
             credit = self.link.step_credit
             if self.link.welcomed and (credit == 0 or self.steps < credit):
+                self.watchdog.due()
                 return
+            self.watchdog.pause()  # waiting for the learner on purpose: the robot is not stepping
             self._flush()
             self._service_link(time.monotonic())
             self.link.poll(20)
@@ -162,9 +171,13 @@ class EdgeDaemon:
             if self._stop.is_set() or self.link.stop_requested:
                 break
             self._check_refused()
+            if self.estop.tripped():
+                self._stay_stopped()
+                continue
             self._maybe_swap_weights()
             proposed, actor = self._choose_action(obs)
             result = self._robot_call(self.robot.step, self.safety(proposed))
+            self.watchdog.due()
             ended = result.terminated or result.truncated
             label = pb.LABEL_NONE
             if ended and "is_success" in result.info:
@@ -183,12 +196,15 @@ class EdgeDaemon:
             if ended:
                 self.episodes += 1
                 step_in_episode = 0
+                self.watchdog.pause()  # a reset is not a stall
                 obs = self._robot_call(self.robot.reset)
+                self.watchdog.due()
             now = time.monotonic()
             self._service_link(now)
             if period:
                 next_tick += period
                 time.sleep(max(0.0, next_tick - time.monotonic()))
+        self.watchdog.pause()
         self._flush()
         self.link.poll(100)
         return self.status()
@@ -220,13 +236,35 @@ class EdgeDaemon:
             "batch_transitions": self.batch.capacity,
             "resends": self.link.resends,
             "safety_violations": dict(self.safety.violations),
+            "watchdog_holds": self.watchdog.holds,
+            "estopped": self.estop.tripped(),
+            "estops": self.estops,
             "robot_unanswered_s": round(time.monotonic() - since, 2) if (since := self._robot_since) else 0.0,
         }
 
     def stop(self) -> None:
         self._stop.set()
 
+    def _stay_stopped(self) -> None:
+        """Emergency stop: hold the robot, take no step, keep the link alive, until re-armed."""
+        self.watchdog.pause()
+        self.robot.hold()
+        self.estops += 1
+        log.warning("%s: EMERGENCY STOP (%s): holding until re-armed", self.robot.descriptor.id, self.estop.tripped())
+        while self.estop.tripped() and not self._stop.is_set():
+            self._flush()
+            self._service_link(time.monotonic())
+            self.link.poll(20)
+        if not self._stop.is_set():
+            log.warning("%s: re-armed", self.robot.descriptor.id)
+            self.watchdog.due()
+
+    def _on_hold(self) -> None:
+        log.warning("%s: no action for %.2f s (policy stalled?): holding the robot", self.robot.descriptor.id,
+                    self.settings.safety.deadline_s)
+
     def close(self) -> None:
+        self.watchdog.close()
         self.weights.close()
         self.link.close()
         self.robot.close()

@@ -12,6 +12,7 @@ from user_rl.edge.link import LinkSettings
 from user_rl.wire.images import ImageCompression
 from user_rl.hal.registry import make_robot
 from user_rl.policies import make_actor
+from user_rl.robots.safety import SafetySettings
 from user_rl.security.curve import ClientKeys, robot_client_keys
 
 
@@ -36,6 +37,7 @@ def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
         link=link_settings(cfg, Path(spool_root) / options["robot_id"] if spool_root else None,
                            robot_client_keys(cfg.security, data_address, options["robot_id"])),
         adapt=cfg.fleet.adapt,
+        safety=SafetySettings(cfg.safety.max_action_delta, cfg.safety.deadline_s),
     )
     return EdgeDaemon(robot, actor, data_address, weights_address, settings)
 

@@ -79,6 +79,16 @@ class Robot(abc.ABC):
     def health(self) -> Health:
         return Health(ok=True)
 
+    def predict(self, action: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None] | None:
+        """Where `action` would take the robot from now: (joint targets in rad, end-effector position
+        in m), either may be None; None if the driver cannot tell. The safety filter uses it to keep
+        actions inside the descriptor's joint limits and workspace."""
+        return None
+
+    def hold(self) -> None:
+        """Stop moving and keep the current pose. Called by the watchdog from another thread while
+        the control loop is stalled, so it must be safe to call concurrently with nothing else."""
+
     def __enter__(self) -> "Robot":
         return self
 

@@ -1,31 +1,135 @@
-"""The action filter every action passes on its way to a robot, sims included.
+"""The action filter every action passes on its way to a robot, sims included, and the
+watchdog that holds a robot whose actions stop coming.
 
-It turns a non-finite action into a hold (the middle of the action range) and clips to the
-action space, counting each violation so the heartbeat can report it.
+In order, an action (from the policy or a person) is:
+  1. refused if not finite (NaN / inf): the robot holds instead;
+  2. clipped to the action space;
+  3. rate limited: no component moves more than `max_action_delta` from the last action sent;
+  4. shrunk so that the joint targets it implies stay inside the descriptor's joint limits;
+  5. refused (hold) if the end effector it would reach leaves the descriptor's workspace box.
+Steps 4 and 5 need the driver to say where an action leads (`Robot.predict`); drivers that
+cannot are filtered by 1-3 only. Every intervention is counted by kind for the heartbeat.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
 
 import gymnasium as gym
 import numpy as np
 
+from user_rl.hal.robot import Robot
+
+
+@dataclass(frozen=True)
+class SafetySettings:
+    max_action_delta: float | None = None  # per step and component, in action units; None: no rate limit
+    deadline_s: float = 0.0                # watchdog: no action for this long means hold; 0: off
+
 
 class ActionFilter:
-    def __init__(self, action_space: gym.spaces.Box) -> None:
+    def __init__(self, action_space: gym.spaces.Box, settings: SafetySettings | None = None,
+                 robot: Robot | None = None) -> None:
         self.low = action_space.low.astype(np.float64)
         self.high = action_space.high.astype(np.float64)
         self.hold = ((self.low + self.high) / 2.0).astype(action_space.dtype)
         self.dtype = action_space.dtype
+        self.settings = settings or SafetySettings()
+        self.robot = robot
         self.violations: Counter[str] = Counter()
+        self._last: np.ndarray | None = None
 
     def __call__(self, action: np.ndarray) -> np.ndarray:
         action = np.asarray(action, dtype=np.float64).reshape(self.low.shape)
         if not np.isfinite(action).all():
-            self.violations["non_finite"] += 1
-            return self.hold.copy()
+            return self._refuse("non_finite")
         if (action < self.low).any() or (action > self.high).any():
             self.violations["clipped"] += 1
             action = np.clip(action, self.low, self.high)
+        delta = self.settings.max_action_delta
+        if delta is not None and self._last is not None and (np.abs(action - self._last) > delta).any():
+            self.violations["rate_limited"] += 1
+            action = np.clip(action, self._last - delta, self._last + delta)
+        action = self._within_limits(action)
+        if action is None:
+            return self._refuse("workspace")
+        self._last = action
         return action.astype(self.dtype)
+
+    def _within_limits(self, action: np.ndarray) -> np.ndarray | None:
+        """Shrink the action until its joint targets are inside the limits; None if it leaves the workspace."""
+        if self.robot is None:
+            return action
+        descriptor = self.robot.descriptor
+        prediction = self.robot.predict(action.astype(self.dtype))
+        if prediction is None:
+            return action
+        joints, effector = prediction
+        if descriptor.joint_limits and joints is not None:
+            low, high = np.array(descriptor.joint_limits, np.float64).T
+            if ((joints < low) | (joints > high)).any():
+                self.violations["joint_limit"] += 1
+                now = self.robot.predict(np.zeros_like(action, dtype=self.dtype))[0]
+                # The fraction of each joint's step that stays inside its range (targets move linearly):
+                # per action component for joint-space actions, else one factor for the whole action.
+                step = joints - now
+                room = np.where(step > 0, high - now, np.where(step < 0, low - now, 0.0))
+                scale = np.clip(np.divide(room, step, out=np.ones_like(step), where=step != 0), 0.0, 1.0)
+                action = action * (scale if scale.shape == action.shape else scale.min())
+                joints, effector = self.robot.predict(action.astype(self.dtype))
+        if descriptor.workspace and effector is not None:
+            low, high = np.array(descriptor.workspace, np.float64).T
+            if ((effector < low) | (effector > high)).any():
+                return None
+        return action
+
+    def _refuse(self, kind: str) -> np.ndarray:
+        self.violations[kind] += 1
+        self._last = self.hold.astype(np.float64)
+        return self.hold.copy()
+
+
+class Watchdog:
+    """Holds the robot when no action reached it within `deadline_s` (a stalled policy, an
+    overloaded edge). `due()` whenever the next action is due (after each step or reset), `pause()`
+    while the robot is not meant to step; the hold happens once per stall, from this watchdog's own
+    thread, through `hold` (the driver's `Robot.hold`)."""
+
+    def __init__(self, deadline_s: float, hold: Callable[[], None], on_hold: Callable[[], None]) -> None:
+        self.deadline_s = deadline_s
+        self._hold, self._on_hold = hold, on_hold
+        self._last = time.monotonic()
+        self._armed = False  # armed by the first `due()`: the robot's first reset may take long
+        self._held = False
+        self._stop = threading.Event()
+        self.holds = 0
+        self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
+        if deadline_s > 0:
+            self._thread.start()
+
+    def due(self) -> None:
+        """The next action is due within the deadline from now."""
+        self._last = time.monotonic()
+        self._armed, self._held = True, False
+
+    def pause(self) -> None:
+        """Not stepping on purpose (waiting for credit, stopped): no action is due."""
+        self._armed = False
+
+    def _run(self) -> None:
+        tick = min(0.02, self.deadline_s / 4)
+        while not self._stop.wait(tick):
+            if self._armed and not self._held and time.monotonic() - self._last > self.deadline_s:
+                self._held = True
+                self.holds += 1
+                self._hold()
+                self._on_hold()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(1.0)

@@ -10,6 +10,7 @@ a real arm the same way. Every episode draws a new start pose and a new target.
 from __future__ import annotations
 
 import os
+import time
 
 # MuJoCo picks its OpenGL backend when `mujoco` is first imported, so headless rendering must be
 # chosen before that import. Only a default: a caller's MUJOCO_GL (e.g. osmesa) wins.
@@ -124,6 +125,8 @@ class ReachRobot(Robot):
         self.arm = ARMS[arm]
         self.model = mujoco.MjModel.from_xml_path(str(ASSETS / self.arm.asset))
         self.data = mujoco.MjData(self.model)
+        self._scratch = mujoco.MjData(self.model)  # forward kinematics of predicted poses
+        self.holds: list[float] = []  # when the watchdog held the arm
         # Physics substeps so that one control step lasts 1 / control_hz of simulated time.
         self.n_substeps = max(1, round(1.0 / (control_hz * self.model.opt.timestep)))
         self._qlow = self.model.jnt_range[:, 0].copy()
@@ -208,6 +211,18 @@ class ReachRobot(Robot):
             action_applied=applied,
             info={"distance": distance, "is_success": distance < SUCCESS_DISTANCE},
         )
+
+    def predict(self, action: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Joint targets of `action` (before the servos' own range clip) and the fingertip there."""
+        targets = self.data.qpos + ACTION_SCALE * np.asarray(action, np.float64).reshape(self.model.nu)
+        self._scratch.qpos[:] = targets
+        mujoco.mj_kinematics(self.model, self._scratch)
+        return targets, self._scratch.site_xpos[self._ee].copy()
+
+    def hold(self) -> None:
+        """The servos keep the current pose (what a stalled policy gets from the watchdog)."""
+        self.data.ctrl[:] = self.data.qpos
+        self.holds.append(time.monotonic())
 
     def close(self) -> None:
         """Free the renderer's GL context; safe to call twice."""

@@ -1,0 +1,208 @@
+"""The safety layer between a policy and a robot: a hostile policy (NaN, huge, jerky, pushing at
+joint limits and out of the workspace) never reaches the sim arm unfiltered, every intervention
+is counted and reported in the heartbeat, and a stalled policy gets the arm held in time."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import zmq
+
+from user_rl.cloud.learner import Learner
+from user_rl.config import build_config
+from user_rl.edge.daemon import EdgeDaemon, EdgeSettings
+from user_rl.edge.link import LinkSettings
+from user_rl.policies import make_actor
+from user_rl.robots.safety import ActionFilter, SafetySettings
+from user_rl.sim.reach import ReachRobot
+from user_rl.testing.wait import wait_until
+
+
+class RecordingArm(ReachRobot):
+    """The reach arm, noting every action that reaches it and when."""
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        self.received: list[np.ndarray] = []
+        self.step_times: list[float] = []
+
+    def step(self, action: np.ndarray):
+        self.received.append(np.array(action, copy=True))
+        self.step_times.append(time.monotonic())
+        return super().step(action)
+
+
+class HostileActor(torch.nn.Module):
+    """Wraps a real actor (so published weights load into it) and replaces its actions by a script."""
+
+    def __init__(self, inner: torch.nn.Module, script) -> None:
+        super().__init__()
+        self.inner = inner
+        self.script = script
+        self.calls = 0
+
+    def load_state_dict(self, state, strict: bool = True):  # weights from the learner go to the real actor
+        return self.inner.load_state_dict(state, strict)
+
+    def act(self, batch, deterministic: bool = False) -> torch.Tensor:
+        self.calls += 1
+        return torch.as_tensor(self.script(self.calls), dtype=torch.float32).unsqueeze(0)
+
+
+def offline_edge(robot: ReachRobot, script, safety: SafetySettings, context: zmq.Context) -> EdgeDaemon:
+    """An unpaced edge with no learner (it keeps its batches), acting with `script` from the first step."""
+    inner = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
+    edge = EdgeDaemon(robot, HostileActor(inner, script), "tcp://127.0.0.1:1", "tcp://127.0.0.1:1",
+                      EdgeSettings(pace_to_learner=False, batch_transitions=50, safety=safety), context)
+    edge.policy_version = 0  # act with the (hostile) policy at once, not random warm-up actions
+    return edge
+
+
+def test_nan_huge_and_jerky_actions_never_reach_the_arm(tmp_path: Path) -> None:
+    garbage = [np.full(3, np.nan), np.array([np.inf, 0, 0]), np.full(3, 1e9), np.full(3, -1e30),
+               np.array([1.0, -1.0, 1.0]), np.array([-1.0, 1.0, -1.0])]
+    context = zmq.Context()
+    robot = RecordingArm(robot_id="hostile", seed=0)
+    edge = offline_edge(robot, lambda n: garbage[n % len(garbage)], SafetySettings(max_action_delta=0.25), context)
+    status = edge.run(max_steps=300)
+    edge.close()
+    context.term()
+    received = np.array(robot.received)
+    assert len(received) == 300 and np.isfinite(received).all()
+    assert (np.abs(received) <= 1.0).all()
+    assert (np.abs(np.diff(received, axis=0)) <= 0.25 + 1e-6).all()  # no jerks, even across the holds
+    counts = status["safety_violations"]
+    assert counts["non_finite"] == 100 and counts["clipped"] == 100 and counts["rate_limited"] > 0
+
+
+def test_joint_limits_and_workspace_from_the_descriptor_are_kept() -> None:
+    import mujoco
+
+    robot = ReachRobot(seed=3, episode_steps=100)
+    robot.reset(seed=3)
+    robot.data.qpos[:] = robot.data.ctrl[:] = [0.0, 0.3, 0.8]  # upright-ish, elbow inside its limits
+    mujoco.mj_forward(robot.model, robot.data)
+    # Tighter limits than the servos' own: an elbow kept within (0.3, 1.2) rad, a fingertip kept above 12 cm.
+    limits = list(robot.descriptor.joint_limits)
+    limits[2] = (0.3, 1.2)
+    robot.descriptor = dataclasses.replace(robot.descriptor, joint_limits=tuple(limits),
+                                           workspace=((-0.6, 0.6), (-0.6, 0.6), (0.12, 0.7)))
+    safety = ActionFilter(robot.action_space, SafetySettings(), robot)
+
+    def outside(elbow: float) -> float:
+        return max(0.3 - elbow, elbow - 1.2, 0.0)
+
+    lowest = np.inf
+    for direction in ([0.0, 0.0, 1.0], [0.0, 0.0, -1.0], [0.0, 1.0, 1.0]):
+        for _ in range(30):  # push the elbow one way, then the other, then fold the arm towards the floor
+            action = safety(np.array(direction))
+            target = robot.predict(action)[0][2]
+            # No command takes the elbow out of its range, or further out than the servo already settled.
+            assert outside(target) <= outside(robot.data.qpos[2]) + 1e-6  # (float32 actions)
+            robot.step(action)
+            assert outside(robot.data.qpos[2]) < 2e-3  # (servo settling at the limit: under 0.1 degree)
+            lowest = min(lowest, robot.ee_pos[2])
+    assert safety.violations["joint_limit"] > 0 and safety.violations["workspace"] > 0
+    assert lowest >= 0.12 - 0.01  # held at the box's floor (servo settling: 1 cm)
+
+
+def test_a_stalled_policy_gets_the_arm_held_within_the_deadline() -> None:
+    context = zmq.Context()
+    robot = RecordingArm(robot_id="stall", seed=0)
+
+    def script(n: int) -> np.ndarray:
+        if n == 40:
+            time.sleep(1.0)  # inference hangs (a GPU hiccup, a swapped-out model)
+        return np.zeros(3)
+
+    edge = offline_edge(robot, script, SafetySettings(deadline_s=0.2), context)
+    status = edge.run(max_steps=80)
+    edge.close()
+    context.term()
+    assert status["watchdog_holds"] == 1 and len(robot.holds) == 1
+    before = max(t for t in robot.step_times if t < robot.holds[0])
+    assert 0.2 <= robot.holds[0] - before <= 0.2 + 0.15  # held within the deadline (+ the watchdog's tick)
+    assert all(b - a < 0.2 for a, b in zip(robot.step_times, robot.step_times[1:]) if b < robot.holds[0] or a > robot.holds[0])
+
+
+def test_violations_and_holds_reach_the_learner_in_the_heartbeat(tmp_path: Path) -> None:
+    cfg = build_config({"robot": {"type": "mujoco_reach"}, "fleet": {"num_robots": 1, "pace_to_learner": False,
+                        "heartbeat_s": 0.2}, "policy": {"hidden": [16]}, "learner": {"torch_threads": 1}})
+    learner = Learner(cfg, tmp_path / "run")
+    serving = threading.Thread(target=learner.run, daemon=True)
+    serving.start()
+    context = zmq.Context()
+    robot = RecordingArm(robot_id="reported", seed=0)
+    inner = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
+    edge = EdgeDaemon(robot, HostileActor(inner, lambda n: np.full(3, np.nan if n % 2 else 5.0)),
+                      learner.addresses["data"], learner.addresses["weights"],
+                      EdgeSettings(pace_to_learner=False, control_hz=100, heartbeat_s=0.2), context)
+    edge.policy_version = 0
+    runner = threading.Thread(target=edge.run, daemon=True)
+    runner.start()
+    try:
+        def reported() -> dict:
+            return learner.status().get("robots", {}).get("reported", {}).get("safety_violations", {})
+
+        wait_until(lambda: reported().get("non_finite", 0) >= 50 and reported().get("clipped", 0) >= 50, 60,
+                   "the learner to hear of the filtered actions")
+        assert learner.status()["robots"]["reported"]["watchdog_holds"] == 0
+    finally:
+        edge.stop()
+        runner.join(30)
+        edge.close()
+        context.term()
+        learner.stop()
+        serving.join(30)
+        learner.close()
+
+
+def test_estop_holds_until_rearmed_even_across_an_edge_restart(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    spool_root = tmp_path / "spool"
+
+    def cli(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "user_rl.cli", *args, "--spool", str(spool_root)],
+                              cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def start() -> tuple[EdgeDaemon, RecordingArm, threading.Thread]:
+        robot = RecordingArm(robot_id="arm-e", seed=0)
+        inner = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
+        edge = EdgeDaemon(robot, inner, "tcp://127.0.0.1:1", "tcp://127.0.0.1:1",
+                          EdgeSettings(pace_to_learner=False, control_hz=100,
+                                       link=LinkSettings(spool_dir=str(spool_root / "arm-e"))), context)
+        runner = threading.Thread(target=edge.run, daemon=True)
+        runner.start()
+        return edge, robot, runner
+
+    context = zmq.Context()
+    edge, robot, runner = start()
+    wait_until(lambda: edge.steps > 20, 30, "the arm to move")
+    assert "arm-e: EMERGENCY STOP (gripper jammed)" in cli("estop", "arm-e", "--reason", "gripper jammed")
+    wait_until(lambda: robot.holds, 2, "the arm to be held")
+    stopped_at = len(robot.received)
+    time.sleep(1.0)
+    assert len(robot.received) == stopped_at and edge.status()["estopped"] == "gripper jammed"
+
+    edge.stop()  # the edge restarts while stopped: it comes back stopped
+    runner.join(10)
+    edge.close()
+    edge, robot, runner = start()
+    time.sleep(1.0)
+    assert robot.received == [] and edge.status()["estopped"] == "gripper jammed"
+
+    assert "arm-e: re-armed" in cli("rearm", "arm-e")
+    wait_until(lambda: len(robot.received) > 20, 10, "the arm to move again after re-arming")
+    edge.stop()
+    runner.join(10)
+    edge.close()
+    context.term()
