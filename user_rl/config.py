@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -126,6 +126,12 @@ class SecurityConfig(Section):
     curve: Literal["auto", "on", "off"] = Field(
         "auto", description="CurveZMQ on every link; auto: on unless the learner listens on loopback only")
     keys_dir: str = Field("keys", description="made by `user-rl keys generate`; edges need robots/<id>.key_secret and learner.key")
+
+    @field_validator("curve", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: Any) -> Any:
+        """YAML reads a bare on / off as true / false."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
 
 class StopConfig(Section):

@@ -15,7 +15,7 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from user_rl.config import ConfigError
+from user_rl.config import ConfigError, build_config
 from user_rl.security.curve import ClientKeys, Gatekeeper, curve_enabled, secure_server
 from user_rl.security.keys import KeyPair, enroll, generate, revoke, robot_keys
 
@@ -52,6 +52,8 @@ def test_curve_is_on_by_default_unless_everything_is_loopback() -> None:
     assert not curve_enabled("auto", "127.0.0.1") and not curve_enabled("auto", "tcp://localhost:5555")
     assert curve_enabled("auto", "0.0.0.0") and curve_enabled("auto", "tcp://10.0.0.5:5555")
     assert curve_enabled("on", "127.0.0.1") and not curve_enabled("off", "10.0.0.5")
+    # YAML reads a bare on / off as a boolean; the config takes either.
+    assert [build_config({}, [f"security.curve={v}"]).security.curve for v in ("on", "off", "auto")] == ["on", "off", "auto"]
 
 
 @pytest.fixture

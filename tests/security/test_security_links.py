@@ -48,9 +48,9 @@ def secure_learner(tmp_path: Path):
     learner.close()
 
 
-def edge(config: Path, robot: str, learner: str, weights: str, spool: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "user_rl.cli", "edge", str(config), "--robot", robot,
-                             "--learner", learner, "--weights", weights, "--spool", str(spool), *extra],
+def edge(config: Path, robot: str, learner: str, weights: str, spool: Path, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "user_rl.cli", "edge", str(config), *overrides, "--robot", robot,
+                             "--learner", learner, "--weights", weights, "--spool", str(spool)],
                             cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -107,6 +107,20 @@ def test_strangers_and_revoked_robots_are_refused_on_both_sides(secure_learner, 
     no_key = edge(config, "arm-9", data, weights, tmp_path / "spool")  # never given a key
     output, _ = no_key.communicate(timeout=60)
     assert no_key.returncode == 2 and "no key file at" in output and "robots/arm-9.key_secret" in output, output
+
+    # A robot with the wrong learner key, or none at all (its link in the clear): told what disagrees.
+    (tmp_path / "stale").mkdir()
+    generate(tmp_path / "stale", [])
+    good = (keys / "learner.key").read_bytes()
+    os.replace(tmp_path / "stale" / "learner.key", keys / "learner.key")  # what the robot was given
+    wrong = edge(config, "arm-0", data, weights, tmp_path / "spool")
+    output, _ = wrong.communicate(timeout=60)
+    (keys / "learner.key").write_bytes(good)
+    assert wrong.returncode == 1 and "handshake_failed: the learner and this robot disagree on encryption" in output
+    clear = edge(config, "arm-0", data, weights, tmp_path / "spool", "security.curve=off")
+    output, _ = clear.communicate(timeout=60)
+    assert clear.returncode == 1 and "handshake_failed" in output, output
+    assert "arm-0" not in learner.status().get("robots", {})
 
     revoke(keys, "arm-1")  # a key taken back before the robot ever connects
     refused = edge(config, "arm-1", data, weights, tmp_path / "spool")

@@ -37,13 +37,15 @@ from user_rl.wire.spaces import box_to_proto, descriptor_to_proto, dict_space_to
 
 log = logging.getLogger(__name__)
 
-# Handshakes that fail are a configuration problem, never a transient one: the link stops and says which.
-HANDSHAKE_REFUSALS = {
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "key_refused: the learner does not accept this robot's key (not enrolled, or "
-                                     "revoked): enrol it with `user-rl keys generate` on the learner's keys",
-    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "handshake_failed: the learner and this robot disagree on encryption "
-                                         "(security.curve, or the learner's public key in keys_dir/learner.key)",
-}
+# A handshake the learner's gatekeeper denied is final: the link stops and says why.
+KEY_REFUSED = ("key_refused: the learner does not accept this robot's key (not enrolled, or revoked): enrol it "
+               "with `user-rl keys generate` or `user-rl keys enroll` on the learner's keys")
+# Other failed handshakes may be a network hiccup; this many in a row, never a success between, are not.
+HANDSHAKE_STRIKES = 3
+HANDSHAKE_FAILED = ("handshake_failed: the learner and this robot disagree on encryption: security.curve on both "
+                    "sides, and the learner's public key in keys_dir/learner.key")
+HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 
 @dataclass
@@ -84,8 +86,8 @@ class DataLink:
         self.socket.setsockopt(zmq.IMMEDIATE, 1)  # no queueing into a dead connection: the spool holds it
         self.socket.setsockopt(zmq.ROUTING_ID, f"{self.robot_id}:{self.epoch}".encode())
         self.socket.setsockopt(zmq.SNDHWM, 4 * s.max_in_flight)
-        self._connection_events = self.socket.get_monitor_socket(
-            zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        self._connection_events = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | HANDSHAKE_EVENTS)
+        self._failed_handshakes = 0
         if s.curve is not None:
             s.curve.apply(self.socket)
         self.socket.connect(address)
@@ -213,9 +215,13 @@ class DataLink:
             event = recv_monitor_message(self._connection_events)["event"]
             if event == zmq.EVENT_DISCONNECTED:
                 self._reintroduce()
-            elif event in HANDSHAKE_REFUSALS and self.refused is None:
-                self.refused = HANDSHAKE_REFUSALS[event]
-                log.error("%s: %s", self.robot_id, self.refused)
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._failed_handshakes = 0
+            elif event & HANDSHAKE_EVENTS and self.refused is None:
+                self._failed_handshakes += 1
+                if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH or self._failed_handshakes >= HANDSHAKE_STRIKES:
+                    self.refused = KEY_REFUSED if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH else HANDSHAKE_FAILED
+                    log.error("%s: %s", self.robot_id, self.refused)
 
     def _reintroduce(self) -> None:
         """Say hello again; everything not yet acknowledged is sent again once welcomed."""
