@@ -191,6 +191,7 @@ def train(cfg: Config, out: Printer = print, ray_address: str | None = None) -> 
 
     from user_rl.security.curve import check_launch_keys
 
+    cfg.security.keys_dir = str(Path(cfg.security.keys_dir).resolve())  # actors run in other directories
     for one_model in cfg.embodiment_configs().values():  # a missing key fails now, not inside a Ray actor
         check_launch_keys(one_model.security, one_model.learner.host,
                           [one_model.robot_options(i)["robot_id"] for i in range(one_model.fleet.num_robots)])
