@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from user_rl.config import Config, ConfigError, build_config, load_config
-from user_rl.placement import launch_demands, local_resources
+from user_rl.launch.placement import launch_demands, local_resources
 
 MIXED = {
     "name": "mixed",

@@ -7,7 +7,7 @@ import pytest
 
 from user_rl.config import build_config
 from user_rl.hal.resources import Demand, PlacementError, check_placement, device_resource, ray_start_command
-from user_rl.placement import actor_options, check_cluster, edge_demands, learner_demand, local_resources
+from user_rl.launch.placement import actor_options, check_cluster, edge_demands, learner_demand, local_resources
 
 
 def node(name: str, resources: dict[str, float], **labels: str) -> dict:

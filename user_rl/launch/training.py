@@ -22,8 +22,8 @@ import zmq
 
 from user_rl.config import Config, ConfigError, StopConfig, dump_config
 from user_rl.evaluation import EvalResult, evaluate
-from user_rl.fleet_health import FleetHealth
-from user_rl.placement import actor_options, check_cluster, edge_demands, learner_demand, local_resources, node_names
+from user_rl.launch.fleet_health import FleetHealth
+from user_rl.launch.placement import actor_options, check_cluster, edge_demands, learner_demand, local_resources, node_names
 from user_rl.progress import ProgressPrinter, write_status_json
 
 Printer = Callable[[str], None]
