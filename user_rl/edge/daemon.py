@@ -226,6 +226,7 @@ class EdgeDaemon:
             "robot_id": self.robot.descriptor.id,
             "epoch": self.link.epoch,
             "refused": self.link.refused,
+            "link_error": self.link.handshake_error,
             "steps": self.steps,
             "episodes": self.episodes,
             "policy_version": self.policy_version,

@@ -40,10 +40,12 @@ log = logging.getLogger(__name__)
 # A handshake the learner's gatekeeper denied is final: the link stops and says why.
 KEY_REFUSED = ("key_refused: the learner does not accept this robot's key (not enrolled, or revoked): enrol it "
                "with `user-rl keys generate` or `user-rl keys enroll` on the learner's keys")
-# Other failed handshakes may be a network hiccup; this many in a row, never a success between, are not.
+# Other failed handshakes look the same as a link that resets mid-handshake, so the link keeps
+# trying; after this many in a row, never a success between, it reports the likely cause.
 HANDSHAKE_STRIKES = 3
 HANDSHAKE_FAILED = ("handshake_failed: the learner and this robot disagree on encryption: security.curve on both "
-                    "sides, and the learner's public key in keys_dir/learner.key")
+                    "sides, and the learner's public key in keys_dir/learner.key (or the network resets "
+                    "connections; the link keeps trying)")
 HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
@@ -88,6 +90,7 @@ class DataLink:
         self.socket.setsockopt(zmq.SNDHWM, 4 * s.max_in_flight)
         self._connection_events = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | HANDSHAKE_EVENTS)
         self._failed_handshakes = 0
+        self.handshake_error: str | None = None  # set while handshakes keep failing (not a refusal)
         if s.curve is not None:
             s.curve.apply(self.socket)
         self.socket.connect(address)
@@ -216,12 +219,16 @@ class DataLink:
             if event == zmq.EVENT_DISCONNECTED:
                 self._reintroduce()
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._failed_handshakes = 0
-            elif event & HANDSHAKE_EVENTS and self.refused is None:
+                self._failed_handshakes, self.handshake_error = 0, None
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH and self.refused is None:
+                self.refused = KEY_REFUSED
+                log.error("%s: %s", self.robot_id, self.refused)
+            elif event & HANDSHAKE_EVENTS:
                 self._failed_handshakes += 1
-                if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH or self._failed_handshakes >= HANDSHAKE_STRIKES:
-                    self.refused = KEY_REFUSED if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH else HANDSHAKE_FAILED
-                    log.error("%s: %s", self.robot_id, self.refused)
+                # A protocol error (one side in the clear) is not retried by ZeroMQ: say so at once.
+                if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL or self._failed_handshakes == HANDSHAKE_STRIKES:
+                    self.handshake_error = HANDSHAKE_FAILED
+                    log.error("%s: %s", self.robot_id, self.handshake_error)
 
     def _reintroduce(self) -> None:
         """Say hello again; everything not yet acknowledged is sent again once welcomed."""

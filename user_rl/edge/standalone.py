@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -42,7 +44,7 @@ def weights_address_for(cfg: Config, learner: str, weights: str | None) -> str:
 
 def serve_edge(cfg: Config, robot_id: str, learner: str, weights: str | None = None,
                spool_root: str | Path | None = None, max_steps: int | None = None, detach_timeout_s: float = 60.0,
-               out: Printer = print) -> dict:
+               out: Printer = partial(print, flush=True)) -> dict:
     """Run one robot until stopped (signal or `max_steps`), then detach; return the final status."""
     weights_address = weights_address_for(cfg, learner, weights)
     spool_root = Path(spool_root) if spool_root else default_spool_root()
@@ -72,7 +74,15 @@ def serve_edge(cfg: Config, robot_id: str, learner: str, weights: str | None = N
 
 
 def _report(edge, stop: threading.Event, out: Printer, every_s: float = 5.0) -> None:
-    while not stop.wait(every_s):
+    """Progress every `every_s`; a link problem as soon as it shows (and again when it clears)."""
+    last_print, shown_error = time.monotonic(), None
+    while not stop.wait(0.5):
         s = edge.status()
-        out(f"edge {s['robot_id']}: {s['steps']:,} steps ({s['steps_per_second']:.0f}/s), policy v{s['policy_version']}, "
-            f"backlog {s['unacked_batches']} batches")
+        if s["link_error"] != shown_error:
+            shown_error = s["link_error"]
+            out(f"edge {s['robot_id']}: cannot reach the learner: {shown_error}" if shown_error
+                else f"edge {s['robot_id']}: link to the learner is back")
+        if time.monotonic() - last_print >= every_s:
+            last_print = time.monotonic()
+            out(f"edge {s['robot_id']}: {s['steps']:,} steps ({s['steps_per_second']:.0f}/s), "
+                f"policy v{s['policy_version']}, backlog {s['unacked_batches']} batches")
