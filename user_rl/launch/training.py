@@ -1,5 +1,5 @@
-"""`user-rl train`: place the learner and a sim fleet as separate processes on Ray, watch
-progress, evaluate, stop, and leave a run directory behind.
+"""`user-rl train`: place a learner per embodiment and one edge per robot as separate processes
+on Ray, watch progress, evaluate, stop, and leave a run directory behind.
 
 Ray only places processes and carries control calls (status, pause, finish); every
 transition and every weight travels over the components' own ZeroMQ sockets.
