@@ -65,7 +65,7 @@ def absurd_hellos(draw) -> list[bytes]:
     action = pb.BoxSpace(dtype=draw(dtypes), shape=draw(shapes), low=draw(bounds), high=draw(bounds))
     body = pb.Hello(descriptor=pb.Descriptor(kind=draw(st.text(max_size=50)), id=robot_id,
                                              instruction=draw(st.text(max_size=5000))),
-                    observation_space=obs, action_space=action, stream_epoch=draw(st.integers(0, 2**63 - 1)))
+                    observation_space=obs, action_space=action, stream_epoch=draw(st.integers(0, 2**64 - 1)))
     env = envelope(robot_id, hello=body)
     env.protocol_version = draw(st.sampled_from([PROTOCOL_VERSION, PROTOCOL_VERSION, 0, 2, 2**31 - 1]))
     return [env.SerializeToString()]
@@ -113,7 +113,7 @@ def mutated_batches(draw) -> list[bytes]:
         elif how == "nan" and env.arrays and len(frames) == len(env.arrays) + 1:  # NaN / inf, valid envelope
             names = [a.name for a in env.arrays]
             i = draw(st.integers(0, len(names) - 1))
-            if env.arrays[i].dtype == "float32":
+            if env.arrays[i].dtype == "float32" and len(frames[i + 1]) % 4 == 0:
                 values = np.frombuffer(frames[i + 1], np.float32).copy()
                 if values.size:
                     values[draw(st.integers(0, values.size - 1))] = draw(st.sampled_from([np.nan, np.inf, -np.inf]))
@@ -130,7 +130,27 @@ def mutated_batches(draw) -> list[bytes]:
     return frames or [b""]
 
 
-fuzz_messages = st.one_of(raw_frames, absurd_hellos(), mutated_batches())
+@st.composite
+def poisoned_batches(draw) -> list[bytes]:
+    """A batch the ingest expects next, valid but for one NaN / inf / 1e30, or a huge episode number."""
+    count, columns = decode_batch(batch("fuzz-0", 1, NEXT_SEQ["fuzz-0"], rows=draw(st.integers(1, 12))))
+    name = draw(st.sampled_from(["obs/state", "reward", "action", "episode"]))
+    column = columns[name]
+    row = draw(st.integers(0, count - 1))
+    if name == "episode":
+        column[row] = draw(st.integers(2**63, 2**64 - 1))
+    else:
+        column.reshape(count, -1)[row, 0] = draw(st.sampled_from([np.nan, np.inf, -np.inf, 1e30]))
+    body = pb.TransitionBatch(stream_epoch=1, seq=NEXT_SEQ["fuzz-0"], count=count)
+    return [bytes(f) for f in encode(envelope("fuzz-0", batch=body), columns)]
+
+
+def decode_batch(frames: list[bytes]) -> tuple[int, dict[str, np.ndarray]]:
+    msg = decode(frames)
+    return msg.body.count, {name: array.copy() for name, array in msg.arrays.items()}
+
+
+fuzz_messages = st.one_of(raw_frames, absurd_hellos(), mutated_batches(), poisoned_batches())
 
 
 # -- the live ingest -----------------------------------------------------------------------------
@@ -182,7 +202,8 @@ def test_after_the_fuzz_the_ingest_serves_an_honest_robot_and_stored_only_valid_
     assert not live["crashed"], live["crashed"]
     assert sum(ingest.rejected.values()) >= 1000, dict(ingest.rejected)
     # Every kind of damage was met and named.
-    for reason in ("undecodable", "wrong_version", "frame_count", "frame_size", "bad_hello", "non_finite"):
+    for reason in ("undecodable", "wrong_version", "frame_count", "frame_size", "bad_hello", "non_finite",
+                   "bad_episode"):
         assert ingest.rejected[reason] > 0, (reason, dict(ingest.rejected))
 
     honest.send_multipart(hello("good-0", 7))

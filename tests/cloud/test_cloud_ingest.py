@@ -355,3 +355,24 @@ def test_restarted_edge_starts_a_new_stream(context: zmq.Context, ingest: Ingest
         assert session.epoch == 2 and session.transitions == 30 and session.index == 0
     finally:
         new.close()
+
+
+def test_ids_too_big_for_the_index_are_rejected_and_commits_go_on(context: zmq.Context, ingest: Ingest) -> None:
+    """Found by the fuzz test: a stream epoch or an episode number of 2**63 or more (both uint64 on
+    the wire) would reach the SQLite index at the next commit and crash the ingest there."""
+    peer = RawPeer(context, ingest.endpoint)
+    try:
+        peer.send(encode(hello_envelope("big-0", epoch=2**64 - 1)))
+        assert "above 2**63 - 1" in peer.expect_reject("bad_hello")
+        peer.send(encode(hello_envelope("big-0", epoch=5)))
+        assert peer.reply().kind == "ack"
+        count, cols = Episodes(50).batch(8)
+        huge = {k: v.copy() for k, v in cols.items()}
+        huge["episode"][:] = 2**63
+        peer.send(encode(envelope("big-0", batch=pb.TransitionBatch(stream_epoch=5, seq=1, count=count)), huge))
+        peer.expect_reject("bad_episode")
+        peer.send(encode(envelope("big-0", batch=pb.TransitionBatch(stream_epoch=5, seq=1, count=count)), cols))
+        ack = peer.reply()
+        assert ack.kind == "ack" and ack.body.seq == 1  # committed: the index took everything it was given
+    finally:
+        peer.close()

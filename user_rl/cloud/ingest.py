@@ -31,7 +31,7 @@ from user_rl.wire.codec import Message, WireError, decode, encode, envelope
 from user_rl.wire.images import decode_columns
 from user_rl.wire.spaces import (MAX_NAME_CHARS, MAX_OBSERVATION_KEYS, MAX_TEXT_CHARS, box_from_proto,
                                  descriptor_from_proto, dict_space_from_proto)
-from user_rl.wire.transitions import validate_batch
+from user_rl.wire.transitions import MAX_INDEX_INT, validate_batch
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +182,8 @@ class Ingest:
         robot_id = msg.envelope.robot_id
         if not robot_id or len(robot_id) > MAX_NAME_CHARS or not robot_id.isprintable():
             raise WireError("bad_hello", f"robot id {robot_id[:MAX_NAME_CHARS]!r} is empty, too long or unprintable")
+        if hello.stream_epoch > MAX_INDEX_INT:  # epochs are indexed in SQLite (signed 64-bit)
+            raise WireError("bad_hello", f"{robot_id}: stream epoch {hello.stream_epoch} is above 2**63 - 1")
         d = hello.descriptor
         if max(len(d.model), len(d.id), len(d.kind)) > MAX_NAME_CHARS or len(d.instruction) > MAX_TEXT_CHARS \
                 or len(d.cameras) > MAX_OBSERVATION_KEYS:

@@ -19,6 +19,7 @@ FINAL_ROW = "final_row"
 POLICY_ACTION = "policy_action"
 
 # Per-row scalar columns and their dtypes.
+MAX_INDEX_INT = 2**63 - 1  # the largest id the buffer's SQLite index can hold
 SCALAR_COLUMNS: dict[str, np.dtype] = {
     "reward": np.dtype(np.float32),
     "terminated": np.dtype(np.bool_),
@@ -57,6 +58,8 @@ def validate_batch(
         raise WireError("unknown_column", unknown[0])
     for name, dtype in SCALAR_COLUMNS.items():
         _check(name, arrays.get(name), dtype, (count,))
+    if (arrays["episode"] > MAX_INDEX_INT).any():  # episodes are indexed in SQLite (signed 64-bit)
+        raise WireError("bad_episode", "episode numbers must be below 2**63")
     for name in ("action", POLICY_ACTION):
         if name == "action" or name in arrays:
             action = _check(name, arrays.get(name), action_space.dtype, (count, *action_space.shape))
