@@ -46,11 +46,13 @@ class CompressionConfig(Section):
 class FleetConfig(Section):
     num_robots: int = Field(4, ge=1, le=256)
     control_hz: float = Field(0.0, ge=0.0, description="0 runs sims unthrottled")
-    pace_to_learner: bool = True
+    pace_to_learner: bool = Field(True, description="sims only: wait for the learner's step credit; a real robot never waits")
     batch_transitions: int = Field(64, ge=1, le=65536)
     max_batch_delay_s: float = Field(0.1, gt=0.0)
     heartbeat_s: float = Field(1.0, gt=0.0)
     spool_max_mb: float = Field(2048.0, gt=0, description="disk for batches the learner has not acked yet")
+    spool_fsync: bool | None = Field(None, description="fsync every spooled batch; None: on for real robots, off for sims")
+    ack_timeout_s: float = Field(10.0, gt=0, description="batches waiting and no reply from the learner this long: reconnect")
     max_in_flight: int = Field(64, ge=1, description="batches sent and not yet acked before the edge waits")
     resend_after_s: float = Field(2.0, gt=0, description="no ack progress this long: send again from the last ack")
     compression: dict[str, "CompressionConfig"] = Field(default_factory=dict, description="per camera key")
@@ -100,6 +102,7 @@ class BufferConfig(Section):
     mix: dict[str, float] | None = Field(None, description='e.g. {online: 0.5, demo: 0.5} (RLPD)')
     n_step: int = Field(1, ge=1, le=20)
     attach: list[AttachConfig] = Field(default_factory=list)
+    scrub: bool = Field(True, description="verify sealed segments' checksums in the background after start-up")
 
 
 class LearnerConfig(Section):
@@ -113,6 +116,9 @@ class LearnerConfig(Section):
     checkpoint_every_s: float = Field(60.0, gt=0, description="background checkpoints, written without pausing")
     max_messages_per_s: float = Field(2000.0, gt=0, description="per robot connection; more are dropped unread")
     max_message_mb: float = Field(64.0, gt=0, description="a bigger message disconnects its sender")
+    prefetch_batches: int = Field(4, ge=1, le=64, description="sampled batches kept ready for the update thread")
+    max_robots: int = Field(1024, ge=1, description="robots the learner keeps state for; idle ones age out first")
+    forget_idle_s: float = Field(600.0, gt=0, description="a robot not heard from this long leaves memory and the status")
     resources: dict[str, float] = Field(default_factory=dict, description="Ray resources the learner's node must have")
     labels: dict[str, str] = Field(default_factory=dict, description="Ray node labels the learner's node must have")
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1auser_rl/wire/user_rl.proto\x12\x0cuser_rl.wire\"7\n\tArraySpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"C\n\x08\x42oxSpace\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0b\n\x03low\x18\x03 \x03(\x01\x12\x0c\n\x04high\x18\x04 \x03(\x01\"o\n\nDescriptor\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\n\n\x02id\x18\x03 \x01(\t\x12\x12\n\ncontrol_hz\x18\x04 \x01(\x01\x12\x13\n\x0binstruction\x18\x05 \x01(\t\x12\x0f\n\x07\x63\x61meras\x18\x06 \x03(\t\"\xa8\x02\n\x05Hello\x12,\n\ndescriptor\x18\x01 \x01(\x0b\x32\x18.user_rl.wire.Descriptor\x12\x44\n\x11observation_space\x18\x02 \x03(\x0b\x32).user_rl.wire.Hello.ObservationSpaceEntry\x12,\n\x0c\x61\x63tion_space\x18\x03 \x01(\x0b\x32\x16.user_rl.wire.BoxSpace\x12\x14\n\x0cstream_epoch\x18\x04 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x1aO\n\x15ObservationSpaceEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.user_rl.wire.BoxSpace:\x02\x38\x01\"\xfb\x02\n\tHeartbeat\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x11\n\tenv_steps\x18\x02 \x01(\x03\x12\x10\n\x08\x65pisodes\x18\x03 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x17\n\x0funacked_batches\x18\x05 \x01(\x03\x12\x18\n\x10steps_per_second\x18\x06 \x01(\x01\x12\x15\n\rbacklog_bytes\x18\x07 \x01(\x03\x12\x1b\n\x13\x64ropped_transitions\x18\x08 \x01(\x03\x12\x0f\n\x07leaving\x18\t \x01(\x08\x12H\n\x11safety_violations\x18\n \x03(\x0b\x32-.user_rl.wire.Heartbeat.SafetyViolationsEntry\x12\x16\n\x0ewatchdog_holds\x18\x0b \x01(\x03\x12\x10\n\x08\x65stopped\x18\x0c \x01(\t\x1a\x37\n\x15SafetyViolationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"V\n\x0fTransitionBatch\x12\x14\n\x0cstream_epoch\x18\x01 \x01(\x04\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12\x11\n\tsend_time\x18\x04 \x01(\x01\"g\n\x03\x41\x63k\x12\x14\n\x0cstream_epoch\x18\x01 \x01(\x04\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x13\n\x0bstep_credit\x18\x03 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x10\n\x08next_seq\x18\x05 \x01(\x04\"%\n\x06Reject\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"&\n\x0eWeightsRequest\x12\x14\n\x0chave_version\x18\x01 \x01(\x03\"\xa0\x01\n\x0fWeightsAnnounce\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.user_rl.wire.ArraySpec\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\x12\x12\n\nnum_chunks\x18\x04 \x01(\r\x12\x13\n\x0b\x63hunk_bytes\x18\x05 \x01(\r\x12\x14\n\x0c\x63reated_time\x18\x06 \x01(\x01\".\n\x0cWeightsChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05index\x18\x02 \x01(\r\"\x91\x01\n\x07\x43ommand\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.user_rl.wire.Command.Kind\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\"L\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\r\n\tKIND_STOP\x10\x01\x12\x0e\n\nKIND_PAUSE\x10\x02\x12\x0f\n\x0bKIND_RESUME\x10\x03\"\x88\x04\n\x08\x45nvelope\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x10\n\x08robot_id\x18\x02 \x01(\t\x12\'\n\x06\x61rrays\x18\x03 \x03(\x0b\x32\x17.user_rl.wire.ArraySpec\x12$\n\x05hello\x18\n \x01(\x0b\x32\x13.user_rl.wire.HelloH\x00\x12,\n\theartbeat\x18\x0b \x01(\x0b\x32\x17.user_rl.wire.HeartbeatH\x00\x12.\n\x05\x62\x61tch\x18\x0c \x01(\x0b\x32\x1d.user_rl.wire.TransitionBatchH\x00\x12 \n\x03\x61\x63k\x18\r \x01(\x0b\x32\x11.user_rl.wire.AckH\x00\x12&\n\x06reject\x18\x0e \x01(\x0b\x32\x14.user_rl.wire.RejectH\x00\x12\x37\n\x0fweights_request\x18\x0f \x01(\x0b\x32\x1c.user_rl.wire.WeightsRequestH\x00\x12\x39\n\x10weights_announce\x18\x10 \x01(\x0b\x32\x1d.user_rl.wire.WeightsAnnounceH\x00\x12\x33\n\rweights_chunk\x18\x11 \x01(\x0b\x32\x1a.user_rl.wire.WeightsChunkH\x00\x12(\n\x07\x63ommand\x18\x12 \x01(\x0b\x32\x15.user_rl.wire.CommandH\x00\x42\x06\n\x04\x62ody*>\n\x05\x41\x63tor\x12\x10\n\x0c\x41\x43TOR_POLICY\x10\x00\x12\x0f\n\x0b\x41\x43TOR_HUMAN\x10\x01\x12\x12\n\x0e\x41\x43TOR_SCRIPTED\x10\x02*=\n\x05Label\x12\x0e\n\nLABEL_NONE\x10\x00\x12\x11\n\rLABEL_SUCCESS\x10\x01\x12\x11\n\rLABEL_FAILURE\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1auser_rl/wire/user_rl.proto\x12\x0cuser_rl.wire\"7\n\tArraySpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"C\n\x08\x42oxSpace\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0b\n\x03low\x18\x03 \x03(\x01\x12\x0c\n\x04high\x18\x04 \x03(\x01\"o\n\nDescriptor\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\n\n\x02id\x18\x03 \x01(\t\x12\x12\n\ncontrol_hz\x18\x04 \x01(\x01\x12\x13\n\x0binstruction\x18\x05 \x01(\t\x12\x0f\n\x07\x63\x61meras\x18\x06 \x03(\t\"\xc0\x02\n\x05Hello\x12,\n\ndescriptor\x18\x01 \x01(\x0b\x32\x18.user_rl.wire.Descriptor\x12\x44\n\x11observation_space\x18\x02 \x03(\x0b\x32).user_rl.wire.Hello.ObservationSpaceEntry\x12,\n\x0c\x61\x63tion_space\x18\x03 \x01(\x0b\x32\x16.user_rl.wire.BoxSpace\x12\x14\n\x0cstream_epoch\x18\x04 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x16\n\x0espooled_epochs\x18\x06 \x03(\x04\x1aO\n\x15ObservationSpaceEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.user_rl.wire.BoxSpace:\x02\x38\x01\"\xfb\x02\n\tHeartbeat\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x11\n\tenv_steps\x18\x02 \x01(\x03\x12\x10\n\x08\x65pisodes\x18\x03 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x17\n\x0funacked_batches\x18\x05 \x01(\x03\x12\x18\n\x10steps_per_second\x18\x06 \x01(\x01\x12\x15\n\rbacklog_bytes\x18\x07 \x01(\x03\x12\x1b\n\x13\x64ropped_transitions\x18\x08 \x01(\x03\x12\x0f\n\x07leaving\x18\t \x01(\x08\x12H\n\x11safety_violations\x18\n \x03(\x0b\x32-.user_rl.wire.Heartbeat.SafetyViolationsEntry\x12\x16\n\x0ewatchdog_holds\x18\x0b \x01(\x03\x12\x10\n\x08\x65stopped\x18\x0c \x01(\t\x1a\x37\n\x15SafetyViolationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"d\n\x0fTransitionBatch\x12\x14\n\x0cstream_epoch\x18\x01 \x01(\x04\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12\x11\n\tsend_time\x18\x04 \x01(\x01\x12\x0c\n\x04lost\x18\x05 \x01(\x08\"g\n\x03\x41\x63k\x12\x14\n\x0cstream_epoch\x18\x01 \x01(\x04\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x13\n\x0bstep_credit\x18\x03 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x10\n\x08next_seq\x18\x05 \x01(\x04\"%\n\x06Reject\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"&\n\x0eWeightsRequest\x12\x14\n\x0chave_version\x18\x01 \x01(\x03\"\xa0\x01\n\x0fWeightsAnnounce\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.user_rl.wire.ArraySpec\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\x12\x12\n\nnum_chunks\x18\x04 \x01(\r\x12\x13\n\x0b\x63hunk_bytes\x18\x05 \x01(\r\x12\x14\n\x0c\x63reated_time\x18\x06 \x01(\x01\".\n\x0cWeightsChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05index\x18\x02 \x01(\r\"\x91\x01\n\x07\x43ommand\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.user_rl.wire.Command.Kind\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\"L\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\r\n\tKIND_STOP\x10\x01\x12\x0e\n\nKIND_PAUSE\x10\x02\x12\x0f\n\x0bKIND_RESUME\x10\x03\"\x88\x04\n\x08\x45nvelope\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x10\n\x08robot_id\x18\x02 \x01(\t\x12\'\n\x06\x61rrays\x18\x03 \x03(\x0b\x32\x17.user_rl.wire.ArraySpec\x12$\n\x05hello\x18\n \x01(\x0b\x32\x13.user_rl.wire.HelloH\x00\x12,\n\theartbeat\x18\x0b \x01(\x0b\x32\x17.user_rl.wire.HeartbeatH\x00\x12.\n\x05\x62\x61tch\x18\x0c \x01(\x0b\x32\x1d.user_rl.wire.TransitionBatchH\x00\x12 \n\x03\x61\x63k\x18\r \x01(\x0b\x32\x11.user_rl.wire.AckH\x00\x12&\n\x06reject\x18\x0e \x01(\x0b\x32\x14.user_rl.wire.RejectH\x00\x12\x37\n\x0fweights_request\x18\x0f \x01(\x0b\x32\x1c.user_rl.wire.WeightsRequestH\x00\x12\x39\n\x10weights_announce\x18\x10 \x01(\x0b\x32\x1d.user_rl.wire.WeightsAnnounceH\x00\x12\x33\n\rweights_chunk\x18\x11 \x01(\x0b\x32\x1a.user_rl.wire.WeightsChunkH\x00\x12(\n\x07\x63ommand\x18\x12 \x01(\x0b\x32\x15.user_rl.wire.CommandH\x00\x42\x06\n\x04\x62ody*>\n\x05\x41\x63tor\x12\x10\n\x0c\x41\x43TOR_POLICY\x10\x00\x12\x0f\n\x0b\x41\x43TOR_HUMAN\x10\x01\x12\x12\n\x0e\x41\x43TOR_SCRIPTED\x10\x02*=\n\x05Label\x12\x0e\n\nLABEL_NONE\x10\x00\x12\x11\n\rLABEL_SUCCESS\x10\x01\x12\x11\n\rLABEL_FAILURE\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HELLO_OBSERVATIONSPACEENTRY']._serialized_options = b'8\001'
   _globals['_HEARTBEAT_SAFETYVIOLATIONSENTRY']._loaded_options = None
   _globals['_HEARTBEAT_SAFETYVIOLATIONSENTRY']._serialized_options = b'8\001'
-  _globals['_ACTOR']._serialized_start=2118
-  _globals['_ACTOR']._serialized_end=2180
-  _globals['_LABEL']._serialized_start=2182
-  _globals['_LABEL']._serialized_end=2243
+  _globals['_ACTOR']._serialized_start=2156
+  _globals['_ACTOR']._serialized_end=2218
+  _globals['_LABEL']._serialized_start=2220
+  _globals['_LABEL']._serialized_end=2281
   _globals['_ARRAYSPEC']._serialized_start=44
   _globals['_ARRAYSPEC']._serialized_end=99
   _globals['_BOXSPACE']._serialized_start=101
@@ -46,29 +46,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESCRIPTOR']._serialized_start=170
   _globals['_DESCRIPTOR']._serialized_end=281
   _globals['_HELLO']._serialized_start=284
-  _globals['_HELLO']._serialized_end=580
-  _globals['_HELLO_OBSERVATIONSPACEENTRY']._serialized_start=501
-  _globals['_HELLO_OBSERVATIONSPACEENTRY']._serialized_end=580
-  _globals['_HEARTBEAT']._serialized_start=583
-  _globals['_HEARTBEAT']._serialized_end=962
-  _globals['_HEARTBEAT_SAFETYVIOLATIONSENTRY']._serialized_start=907
-  _globals['_HEARTBEAT_SAFETYVIOLATIONSENTRY']._serialized_end=962
-  _globals['_TRANSITIONBATCH']._serialized_start=964
-  _globals['_TRANSITIONBATCH']._serialized_end=1050
-  _globals['_ACK']._serialized_start=1052
-  _globals['_ACK']._serialized_end=1155
-  _globals['_REJECT']._serialized_start=1157
-  _globals['_REJECT']._serialized_end=1194
-  _globals['_WEIGHTSREQUEST']._serialized_start=1196
-  _globals['_WEIGHTSREQUEST']._serialized_end=1234
-  _globals['_WEIGHTSANNOUNCE']._serialized_start=1237
-  _globals['_WEIGHTSANNOUNCE']._serialized_end=1397
-  _globals['_WEIGHTSCHUNK']._serialized_start=1399
-  _globals['_WEIGHTSCHUNK']._serialized_end=1445
-  _globals['_COMMAND']._serialized_start=1448
-  _globals['_COMMAND']._serialized_end=1593
-  _globals['_COMMAND_KIND']._serialized_start=1517
-  _globals['_COMMAND_KIND']._serialized_end=1593
-  _globals['_ENVELOPE']._serialized_start=1596
-  _globals['_ENVELOPE']._serialized_end=2116
+  _globals['_HELLO']._serialized_end=604
+  _globals['_HELLO_OBSERVATIONSPACEENTRY']._serialized_start=525
+  _globals['_HELLO_OBSERVATIONSPACEENTRY']._serialized_end=604
+  _globals['_HEARTBEAT']._serialized_start=607
+  _globals['_HEARTBEAT']._serialized_end=986
+  _globals['_HEARTBEAT_SAFETYVIOLATIONSENTRY']._serialized_start=931
+  _globals['_HEARTBEAT_SAFETYVIOLATIONSENTRY']._serialized_end=986
+  _globals['_TRANSITIONBATCH']._serialized_start=988
+  _globals['_TRANSITIONBATCH']._serialized_end=1088
+  _globals['_ACK']._serialized_start=1090
+  _globals['_ACK']._serialized_end=1193
+  _globals['_REJECT']._serialized_start=1195
+  _globals['_REJECT']._serialized_end=1232
+  _globals['_WEIGHTSREQUEST']._serialized_start=1234
+  _globals['_WEIGHTSREQUEST']._serialized_end=1272
+  _globals['_WEIGHTSANNOUNCE']._serialized_start=1275
+  _globals['_WEIGHTSANNOUNCE']._serialized_end=1435
+  _globals['_WEIGHTSCHUNK']._serialized_start=1437
+  _globals['_WEIGHTSCHUNK']._serialized_end=1483
+  _globals['_COMMAND']._serialized_start=1486
+  _globals['_COMMAND']._serialized_end=1631
+  _globals['_COMMAND_KIND']._serialized_start=1555
+  _globals['_COMMAND_KIND']._serialized_end=1631
+  _globals['_ENVELOPE']._serialized_start=1634
+  _globals['_ENVELOPE']._serialized_end=2154
 # @@protoc_insertion_point(module_scope)
