@@ -258,6 +258,20 @@ class Ingest:
             start = row + 1
         session.episode_return += float(cols["reward"][start:].sum())
 
+    # -- reporting -------------------------------------------------------------------------
+    def report(self) -> dict:
+        """What the learner's status shows of the ingest (call from the ingest thread: it owns this state)."""
+        return {
+            "robots": {rid: s.summary() for rid, s in self.robots.items()},
+            "rejected": dict(self.rejected),
+            "rejected_by_peer": self.guard.report(),
+            "keys_refused": dict(self.gate.denied) if self.gate else {},  # handshakes of unknown keys
+            "duplicates": self.duplicates,
+            "out_of_order": self.out_of_order,
+            "buffer_stats": self.buffer.stats() if self.buffer else {},
+            "step_credit": self.step_credit,
+        }
+
     # -- replying --------------------------------------------------------------------------
     def _ack(self, session: RobotSession, stream: StreamState, gap: bool = False) -> None:
         """Cumulative ack of the stream's durable batches; after a gap, also where to resume."""

@@ -215,7 +215,8 @@ class Learner:
         return dict(self._status)
 
     def _snapshot(self) -> dict:
-        robots = {rid: s.summary() for rid, s in self.ingest.robots.items()}
+        ingest = self.ingest.report()
+        robots = ingest["robots"]
         successes = [r["recent_success"] for r in robots.values() if r["recent_success"] is not None]
         returns = [r["recent_return"] for r in robots.values() if r["recent_return"] is not None]
         return {
@@ -228,18 +229,11 @@ class Learner:
             "buffer": len(self.ingest.buffer) if self.ingest.buffer else 0,
             "recent_success": float(np.mean(successes)) if successes else None,
             "recent_return": float(np.mean(returns)) if returns else None,
-            "rejected": dict(self.ingest.rejected),
-            "rejected_by_peer": self.ingest.guard.report(),
-            "keys_refused": dict(self.gate.denied) if self.gate else {},  # handshakes of unknown keys
-            "duplicates": self.ingest.duplicates,
-            "out_of_order": self.ingest.out_of_order,
-            "buffer_stats": self.ingest.buffer.stats() if self.ingest.buffer else {},
+            **ingest,
             "checkpoints_written": self.checkpoints.written,
             "checkpoint_error": self.checkpoints.last_error,
             "resumed_from": self.resumed_from,
-            "robots": robots,
             "metrics": dict(self.last_metrics),
-            "step_credit": self.ingest.step_credit,
         }
 
     # -- persistence -----------------------------------------------------------------------
