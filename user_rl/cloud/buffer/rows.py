@@ -11,7 +11,7 @@ only when the same stream continues the same episode at the next step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import gymnasium as gym
 import numpy as np
@@ -55,6 +55,15 @@ class StreamState:
     episodes: dict[int, EpisodeRecord] = field(default_factory=dict)
     dropped: int = 0                           # records that could not be paired (gaps)
     durable_seq: int = 0                       # highest seq that a commit made durable
+    records: int = 0                           # step records stored for this stream (kept across restarts)
+
+    def snapshot(self) -> tuple:
+        """What `layout` changes, so a failed append can be undone (`restore`)."""
+        return (self.pending, self.pending_at, self.dropped, self.records,
+                {n: replace(ep) for n, ep in self.episodes.items()})
+
+    def restore(self, saved: tuple) -> None:
+        self.pending, self.pending_at, self.dropped, self.records, self.episodes = saved
 
     def episode(self, number: int) -> EpisodeRecord:
         ep = self.episodes.get(number)
