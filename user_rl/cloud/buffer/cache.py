@@ -125,6 +125,10 @@ class SlotCache:
     def catalog(self) -> dict[str, np.ndarray]:
         """Transitions of the active slots: flat position, flat position of the next observation,
         insertion order, source, task (parallel arrays; views, valid until the next change)."""
+        return {name: column.view() for name, column in self.catalog_columns().items()}
+
+    def catalog_columns(self) -> dict[str, Growable]:
+        """The catalog's growable columns (the sampling path reads their storage directly)."""
         if self._catalog is None:
             self._catalog = {name: Growable(dtype) for name, dtype in CATALOG.items()}
             for slot in sorted(self.active(), key=lambda i: self.info[i].segment):  # oldest segment first
@@ -134,7 +138,7 @@ class SlotCache:
                     valid &= info.row_filter[: info.rows]
                 rows = np.flatnonzero(valid)
                 self._catalog_append(slot, rows, self.next_row[slot, rows])
-        return {name: column.view() for name, column in self._catalog.items()}
+        return self._catalog
 
     def _catalog_append(self, slot: int, rows: np.ndarray, successor: np.ndarray) -> None:
         info, base = self.info[slot], slot * self.segment_rows

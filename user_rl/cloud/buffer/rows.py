@@ -57,13 +57,20 @@ class StreamState:
     durable_seq: int = 0                       # highest seq that a commit made durable
     records: int = 0                           # step records stored for this stream (kept across restarts)
 
-    def snapshot(self) -> tuple:
-        """What `layout` changes, so a failed append can be undone (`restore`)."""
+    def snapshot(self, episodes: list[int]) -> tuple:
+        """What `layout` changes for a batch of these episode numbers, so a failed append can be
+        undone (`restore`)."""
+        touched = {n: self.episodes.get(n) for n in episodes}
         return (self.pending, self.pending_at, self.dropped, self.records,
-                {n: replace(ep) for n, ep in self.episodes.items()})
+                {n: None if ep is None else replace(ep) for n, ep in touched.items()})
 
     def restore(self, saved: tuple) -> None:
-        self.pending, self.pending_at, self.dropped, self.records, self.episodes = saved
+        self.pending, self.pending_at, self.dropped, self.records, touched = saved
+        for number, ep in touched.items():
+            if ep is None:
+                self.episodes.pop(number, None)
+            else:
+                self.episodes[number] = ep
 
     def episode(self, number: int) -> EpisodeRecord:
         ep = self.episodes.get(number)

@@ -88,35 +88,45 @@ _REBASE_EXPONENT = 600.0
 
 
 class _Group:
-    """One source's entries (or the whole catalog), prepared for its strategy; grows in place."""
+    """One source's entries (or the whole catalog), prepared for its strategy; grows in place.
 
-    def __init__(self, strategy: str, half_life: float) -> None:
+    Without a mix the group is the whole catalog: its entries are 0..n-1 (`identity`), so no
+    index array is kept and a uniform draw is one `rng.integers`."""
+
+    def __init__(self, strategy: str, half_life: float, identity: bool) -> None:
         self.strategy = strategy
         self.half_life = half_life
-        self.index = Growable(np.int64)             # catalog indices
-        self.cumulative = Growable(np.float64)      # recency: running sum of weights along `index`
+        self.identity = identity and strategy != "task_balanced"
+        self.count = 0
+        self.index = Growable(np.int64)             # catalog indices (unless identity)
+        self.cumulative = Growable(np.float64)      # recency: running sum of weights along the entries
         self.reference = 0.0                        # recency: order whose weight is 1
         self.by_task: dict[int, Growable] = {}      # task_balanced: catalog indices per task
         self.tasks: list[Growable] = []
 
     def __len__(self) -> int:
-        return len(self.index)
+        return self.count
+
+    def entries(self) -> np.ndarray:
+        return np.arange(self.count, dtype=np.int64) if self.identity else self.index.view()
 
     def extend(self, index: np.ndarray, order: np.ndarray, task: np.ndarray) -> None:
         """Add catalog entries `index` (appended to the catalog since the last call)."""
         if not len(index):
             return
-        first = not len(self.index)
-        self.index.append(index)
+        first = not self.count
+        self.count += len(index)
+        if not self.identity:
+            self.index.append(index)
         if self.strategy == "recency":
             new_order = order[index].astype(np.float64)
             top = float(new_order.max())
             if first or (top - self.reference) / self.half_life > _REBASE_EXPONENT:
                 self.reference = top
-                all_order = order[self.index.view()].astype(np.float64)
+                all_order = order[self.entries()].astype(np.float64)
                 self.cumulative = Growable(np.float64, np.cumsum(np.exp2((all_order - top) / self.half_life)))
             else:
-                base = self.cumulative.data[self.cumulative.size - 1] if len(self.cumulative) else 0.0
+                base = self.cumulative.data[self.cumulative.size - 1]
                 weights = np.exp2((new_order - self.reference) / self.half_life)
                 self.cumulative.append(base + np.cumsum(weights))
         elif self.strategy == "task_balanced":
@@ -129,11 +139,10 @@ class _Group:
                 entries.append(index[new_task == t])
 
     def draw(self, k: int, rng: np.random.Generator) -> np.ndarray:
-        index = self.index.view()
         if self.strategy == "recency":
-            cumulative = self.cumulative.view()
-            pos = np.searchsorted(cumulative, rng.random(k) * cumulative[-1], side="right")
-            return index[np.minimum(pos, len(index) - 1)]
+            cumulative = self.cumulative.data[: self.count]
+            pos = np.minimum(np.searchsorted(cumulative, rng.random(k) * cumulative[-1], side="right"), self.count - 1)
+            return pos if self.identity else self.index.data[pos]
         if self.strategy == "task_balanced":
             picked_task = rng.integers(0, len(self.tasks), size=k)
             out = np.empty(k, np.int64)
@@ -143,7 +152,8 @@ class _Group:
                 if count:
                     out[rows] = entries.data[rng.integers(0, entries.size, size=count)]
             return out
-        return index[rng.integers(0, len(index), size=k)]
+        pos = rng.integers(0, self.count, size=k)
+        return pos if self.identity else self.index.data[pos]
 
 
 class _Plan:
@@ -155,7 +165,7 @@ class _Plan:
         self.size = 0
         mix = settings.mix
         codes = [None] if mix is None else [c for c, name in enumerate(SOURCES) if mix.get(name, 0) > 0]
-        self.members = [(code, _Group(settings.strategy, settings.recency_half_life),
+        self.members = [(code, _Group(settings.strategy, settings.recency_half_life, identity=code is None),
                          1.0 if code is None else float(mix[SOURCES[code]])) for code in codes]
         self.groups: tuple[_Group, ...] = ()
         self.weights = np.zeros(0, np.float64)  # share of each group (ratios renormalised); empty left out
@@ -187,22 +197,29 @@ class Sampler:
 
         Same `version` and a longer catalog: the new tail is added to the tables (the catalog
         only ever grows by appending between version bumps); a new version rebuilds them."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not len(order) == len(source) == len(task):
             raise ValueError(f"catalog arrays differ in length: order {len(order)}, "
                              f"source {len(source)}, task {len(task)}")
+        return self.draw_first(len(order), order, source, task, batch_size, rng, version)
+
+    def draw_first(self, size: int, order: np.ndarray, source: np.ndarray, task: np.ndarray,
+                   batch_size: int, rng: np.random.Generator, version: int) -> np.ndarray:
+        """`draw` over the first `size` entries of longer arrays (a growing catalog's storage)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         plan = self.plan
-        if plan is None or plan.version != version or len(order) < plan.size:
-            plan = self.plan = self._build(np.asarray(order), np.asarray(source), np.asarray(task), version)
-        elif len(order) > plan.size:
-            plan.extend(order, source, task)
-        if not plan.groups:
+        if plan is None or plan.version != version or size < plan.size:
+            plan = self.plan = self._build(np.asarray(order[:size]), np.asarray(source[:size]),
+                                           np.asarray(task[:size]), version)
+        elif size > plan.size:
+            plan.extend(order[:size], source[:size], task[:size])
+        groups = plan.groups
+        if not groups:
             raise ValueError(EMPTY)
-        if len(plan.groups) == 1:
-            return plan.groups[0].draw(batch_size, rng)
+        if len(groups) == 1:
+            return groups[0].draw(batch_size, rng)
         counts = split(plan.weights, batch_size)
-        parts = [g.draw(int(k), rng) for g, k in zip(plan.groups, counts) if k]
+        parts = [g.draw(int(k), rng) for g, k in zip(groups, counts) if k]
         return (parts[0] if len(parts) == 1 else np.concatenate(parts)).astype(np.int64, copy=False)
 
     def _build(self, order: np.ndarray, source: np.ndarray, task: np.ndarray, version: int) -> _Plan:

@@ -215,7 +215,7 @@ class PersistentReplay:
         if seq <= stream.record.last_seq:
             self.duplicates += 1
             return False
-        saved = stream.snapshot()
+        saved = stream.snapshot(np.unique(cols["episode"]).tolist())
         try:
             with self._disk("append"):
                 for part in _split(cols, self.segment_rows - 1):
@@ -442,15 +442,16 @@ class PersistentReplay:
         """A batch: obs/*, next_obs/*, action, reward, terminated, policy_version, robot (+ discount)."""
         with self._lock:
             self.prefetcher.install_ready()
-            catalog = self.cache.catalog()
-            picked = self.sampler.draw(catalog["order"], catalog["source"], catalog["task"],
-                                       batch_size, rng, self.cache.version)
-            position = catalog["position"][picked]
+            catalog = self.cache.catalog_columns()
+            picked = self.sampler.draw_first(len(catalog["position"]), catalog["order"].data, catalog["source"].data,
+                                             catalog["task"].data, batch_size, rng, self.cache.version)
+            position = catalog["position"].data[picked]
             flat = self.cache.flat
             if self.settings.n_step > 1:
                 reward, discount, terminated, nxt = self.cache.n_step(position, self.settings.n_step, self.gamma)
             else:
-                reward, terminated, nxt = flat["reward"][position], flat["terminated"][position], catalog["next"][picked]
+                reward, terminated = flat["reward"][position], flat["terminated"][position]
+                nxt = catalog["next"].data[picked]
             batch = {OBS + k: flat[OBS + k][position] for k in self.obs_keys}
             batch.update({NEXT_OBS + k: flat[OBS + k][nxt] for k in self.obs_keys})
             batch["action"] = flat["action"][position]
