@@ -107,7 +107,9 @@ class StreamRegistry:
             ep.status, ep.end_reason = "truncated", reason
         stream.dropped += int(stream.pending is not None)  # its last record never gets a successor
         stream.pending, stream.pending_at = None, None
-        self.index.update_episodes(list(stream.episodes.values()))
+        if self.failure is None:  # after a write failure the next open recovers from the commit log
+            with self._disk("end an episode"):
+                self.index.update_episodes(list(stream.episodes.values()))
 
     def last_seq(self, robot: str, epoch: int) -> int:
         state = self.stream(robot, epoch)
