@@ -5,6 +5,10 @@ When the buffer holds more than its RAM budget, a background thread reads a cold
 sampling thread swaps it in between two batches, evicting the unpinned segment that has been
 in RAM longest. Over time every transition spends a share of time in RAM proportional to the
 budget, so sampling stays uniform in expectation while each batch comes from RAM.
+
+A segment's first load checks its crc (a corrupt one is dropped, as the scrub would). Any
+unexpected error is logged with its traceback and recorded in the store's `thread_errors()`;
+the thread keeps serving later requests.
 """
 
 from __future__ import annotations
