@@ -390,7 +390,10 @@ def test_open_reads_only_what_it_loads_and_the_scrub_finds_a_cold_corrupt_segmen
     assert {r.file: r.status for r in store.index.segments(status=None)}[cold.name] == "corrupt"
     assert store.stats()["scrub"]["total"] == len(segments)
     rng = np.random.default_rng(0)
-    for _ in range(300):  # the prefetcher rotates every other segment through RAM, never this one
-        assert not set(keys_of(store.sample(64, rng))) & bad
-    assert store.prefetcher.swaps > 0
+
+    def sampled_through_rotations() -> bool:  # the prefetcher rotates the other segments through RAM
+        assert not set(keys_of(store.sample(64, rng))) & bad, "a transition of the corrupt segment was sampled"
+        return store.prefetcher.swaps >= 2 * len(segments)
+
+    wait_until(sampled_through_rotations, 60, "the prefetcher to rotate segments", poll_s=0.002)
     store.close()
