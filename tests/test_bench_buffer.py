@@ -39,3 +39,15 @@ def test_sample_bench_reports_both_cases(tmp_path: Path) -> None:
     assert {"swaps", "distinct_segments_sampled", "fraction_segments_sampled", "segments"} <= set(cold)
     assert 0 < cold["fraction_segments_sampled"] <= 1
     assert cold["ram_budget_mb"] < cold["data_mb"]
+
+
+def test_growth_bench_reports_every_size(tmp_path: Path) -> None:
+    result = run_bench("buffer_growth.py", tmp_path / "growth.json")
+    sizes = result["config"]["sizes"]
+    assert sizes == [2000, 10000, 30000]
+    assert [r["size"] for r in result["sizes"]] == sizes
+    for row in result["sizes"]:
+        assert row["stored_from"] >= row["size"] and row["stored"] > row["stored_from"]  # ingesting while sampling
+        assert row["ours_ms"] > 0 and row["raw_ms"] > 0 and row["samples"] > 0
+        assert row["catalog_rebuilds"] == 0, "appends and seals must never rebuild the sample catalog"
+    assert result["growth_ratio"] > 0 and result["ratio_vs_raw"] > 0

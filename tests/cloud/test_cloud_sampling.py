@@ -176,3 +176,35 @@ def test_grown_catalog_is_sampled_after_version_bump(strategy):
     grown = catalog(200, task=np.r_[np.zeros(100), np.ones(100)])
     rows = sampler.draw(*grown, 2000, rng, version=2)
     assert (rows >= 100).mean() > 0.4  # half the entries (uniform), newest (recency), new task
+
+
+@pytest.mark.parametrize("strategy", ["uniform", "recency", "task_balanced"])
+@pytest.mark.parametrize("mix", [None, {"online": 0.5, "demo": 0.25, "intervention": 0.25}])
+def test_a_growing_catalog_extends_the_tables_without_rebuilding(strategy, mix, monkeypatch):
+    """The buffer appends a few entries between draws: the tables grow in O(new entries) and end
+    up exactly as a fresh build over the whole catalog (same entries, same recency weights)."""
+    rng = np.random.default_rng(3)
+    n = 20_000
+    order = np.cumsum(rng.integers(1, 3, n))  # increasing, with gaps
+    source = rng.choice([ONLINE, DEMO, INTERVENTION], n, p=[0.8, 0.1, 0.1]).astype(np.uint8)
+    task = rng.integers(0, 3, n).astype(np.int32)
+    grown = Sampler(SamplerSettings(strategy=strategy, recency_half_life=20, mix=mix))  # recency re-bases its weights twice
+    builds = []
+    real_build = grown._build
+    monkeypatch.setattr(grown, "_build", lambda *a: builds.append(1) or real_build(*a))
+    for end in range(32, n + 1, 32):  # 625 appends of 32, one draw after each
+        rows = grown.draw(order[:end], source[:end], task[:end], 64, rng, version=7)
+        assert rows.max() < end
+    assert len(builds) == 1, "appends must not rebuild the sampler's tables"
+    fresh = Sampler(SamplerSettings(strategy=strategy, recency_half_life=20, mix=mix))
+    fresh.draw(order[:end], source[:end], task[:end], 64, rng, version=7)
+    assert len(grown.plan.groups) == len(fresh.plan.groups)
+    np.testing.assert_allclose(grown.plan.weights, fresh.plan.weights)
+    for g, f in zip(grown.plan.groups, fresh.plan.groups):
+        np.testing.assert_array_equal(g.entries(), f.entries())
+        if strategy == "recency":
+            a, b = g.cumulative.view(), f.cumulative.view()
+            np.testing.assert_allclose(np.diff(a) / a[-1], np.diff(b) / b[-1], rtol=1e-9, atol=1e-15)
+        if strategy == "task_balanced":
+            assert sorted(map(tuple, (t.view().tolist() for t in g.tasks))) == \
+                sorted(map(tuple, (t.view().tolist() for t in f.tasks)))

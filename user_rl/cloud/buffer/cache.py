@@ -4,7 +4,10 @@ Every column is one array of shape (slots, segment_rows, ...), so gathering a ba
 mix of cached segments is a single numpy fancy index, as fast as gathering from one in-RAM
 array. The byte budget fixes the number of slots; one extra *spare* slot is where the
 prefetcher reads a cold segment from disk, off the sampling path, before it is swapped in.
-The catalog lists the transitions of the active slots for the sampler.
+The catalog lists the transitions of the active slots for the sampler. It grows as the open
+segment's rows get their successors (O(new rows) per append) and is rebuilt only when a slot's
+contents leave the cache (a release or a prefetch swap), so sampling cost stays flat as the
+buffer grows. `version` counts those rebuilds.
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from user_rl.cloud.buffer.rows import successors
-from user_rl.cloud.buffer.sampling import SOURCES
+from user_rl.cloud.buffer.sampling import SOURCES, Growable
 from user_rl.wire import user_rl_pb2 as pb
 
 INTERVENTION = SOURCES.index("intervention")
+CATALOG = {"position": np.int64, "next": np.int64, "order": np.int64, "source": np.uint8, "task": np.int32}
 
 
 @dataclass
@@ -43,7 +47,7 @@ class SlotCache:
         self.info = [SlotInfo() for _ in range(self.slots)]
         self.spare = self.slots - 1
         self.version = 0
-        self._catalog: dict[str, np.ndarray] | None = None
+        self._catalog: dict[str, Growable] | None = None
 
     # -- slots ---------------------------------------------------------------------------------
     def slot_of(self, segment: int) -> int | None:
@@ -69,13 +73,32 @@ class SlotCache:
         self.info[slot] = SlotInfo(segment, rows, source, time.monotonic(), pinned, row_filter)
         self.refresh(slot)
 
-    def append(self, slot: int, start: int, columns: dict[str, np.ndarray]) -> None:
-        """Append rows to the open segment's slot."""
+    def open(self, slot: int, segment: int) -> None:
+        """An empty slot starts holding the open segment (it adds nothing to the catalog yet)."""
+        self.info[slot] = SlotInfo(segment, 0, SOURCES.index("online"), time.monotonic(), True)
+        self.next_row[slot] = -1
+
+    def append(self, slot: int, start: int, columns: dict[str, np.ndarray]) -> int:
+        """Append rows to the open segment's slot; returns how many transitions became sampleable.
+
+        Only the new rows' links are followed: a row becomes a transition when its successor
+        arrives, and that never changes afterwards, so the catalog just grows."""
         n = len(columns["kind"])
         for name, array in self.arrays.items():
             array[slot, start : start + n] = columns[name]
         self.info[slot].rows = start + n
-        self.refresh(slot)
+        prev = self.arrays["prev_row"][slot, start : start + n]
+        linked = np.flatnonzero(prev >= 0)
+        rows = prev[linked].astype(np.int64)
+        self.next_row[slot, rows] = start + linked
+        order = np.argsort(rows, kind="stable")
+        rows, successor = rows[order], start + linked[order]
+        filt = self.info[slot].row_filter
+        if filt is not None:
+            rows, successor = rows[filt[rows]], successor[filt[rows]]
+        if self._catalog is not None:
+            self._catalog_append(slot, rows, successor)
+        return len(rows)
 
     def refresh(self, slot: int) -> None:
         info = self.info[slot]
@@ -100,32 +123,32 @@ class SlotCache:
 
     # -- catalog and gathering ---------------------------------------------------------------------
     def catalog(self) -> dict[str, np.ndarray]:
-        """Transitions of the active slots: flat position, insertion order, source, task."""
+        """Transitions of the active slots: flat position, flat position of the next observation,
+        insertion order, source, task (parallel arrays; views, valid until the next change)."""
+        return {name: column.view() for name, column in self.catalog_columns().items()}
+
+    def catalog_columns(self) -> dict[str, Growable]:
+        """The catalog's growable columns (the sampling path reads their storage directly)."""
         if self._catalog is None:
-            pieces = []
-            for slot in self.active():
+            self._catalog = {name: Growable(dtype) for name, dtype in CATALOG.items()}
+            for slot in sorted(self.active(), key=lambda i: self.info[i].segment):  # oldest segment first
                 info = self.info[slot]
                 valid = self.next_row[slot, : info.rows] >= 0
                 if info.row_filter is not None:
                     valid &= info.row_filter[: info.rows]
                 rows = np.flatnonzero(valid)
-                human = self.arrays["actor"][slot, rows] == pb.ACTOR_HUMAN
-                pieces.append((
-                    slot * self.segment_rows + rows,
-                    info.segment * self.segment_rows + rows,
-                    np.where(human, INTERVENTION, info.source).astype(np.uint8),
-                    self.arrays["task"][slot, rows],
-                ))
-            names = ("position", "order", "source", "task")
-            dtypes = (np.int64, np.int64, np.uint8, np.int32)
-            self._catalog = {
-                name: np.concatenate([p[i] for p in pieces]).astype(dt, copy=False) if pieces else np.zeros(0, dt)
-                for i, (name, dt) in enumerate(zip(names, dtypes))
-            }
-            order = np.argsort(self._catalog["order"], kind="stable")
-            if len(order) and not np.all(order[:-1] < order[1:]):
-                self._catalog = {k: v[order] for k, v in self._catalog.items()}
+                self._catalog_append(slot, rows, self.next_row[slot, rows])
         return self._catalog
+
+    def _catalog_append(self, slot: int, rows: np.ndarray, successor: np.ndarray) -> None:
+        info, base = self.info[slot], slot * self.segment_rows
+        human = self.arrays["actor"][slot, rows] == pb.ACTOR_HUMAN
+        cat = self._catalog
+        cat["position"].append(base + rows)
+        cat["next"].append(base + successor)
+        cat["order"].append(info.segment * self.segment_rows + rows)
+        cat["source"].append(np.where(human, INTERVENTION, info.source).astype(np.uint8))
+        cat["task"].append(self.arrays["task"][slot, rows])
 
     def successor(self, position: np.ndarray) -> np.ndarray:
         """Flat position of each transition's next-observation row (same slot)."""

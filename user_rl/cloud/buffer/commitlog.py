@@ -52,6 +52,16 @@ class CommitLog:
         """Make every appended record durable."""
         os.fdatasync(self._require_open())
 
+    def truncate(self, size: int) -> None:
+        """Best effort after a failed sync: cut records that were never made durable (and so
+        never acknowledged) so a restart does not find them. Errors here are ignored."""
+        try:
+            os.ftruncate(self._require_open(), size)
+            os.fsync(self._require_open())
+            self._size = size
+        except (OSError, ValueError):
+            pass
+
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)

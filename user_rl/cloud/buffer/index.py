@@ -3,13 +3,16 @@
 The index is what survives a crash besides the segment files themselves: which sealed
 segments exist, which (robot, epoch, seq) batches they hold (so a re-sent batch is never
 stored twice), where each stream's last record lives (so an episode continues across a
-restart) and a per-episode summary for filtering and `user-rl buffer inspect`. One
-transaction per sealed segment keeps it consistent with the files.
+restart), the batches an edge lost before sending them (so a re-sent lost seq is known) and a
+per-episode summary for filtering and `user-rl buffer inspect`. One transaction per sealed
+segment keeps it consistent with the files. A lock makes the connection safe to share between
+the buffer's ingest thread and its scrubber.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -34,6 +37,9 @@ CREATE TABLE IF NOT EXISTS episodes (
     min_version INTEGER NOT NULL, max_version INTEGER NOT NULL, status TEXT NOT NULL,
     first_segment INTEGER NOT NULL, last_segment INTEGER NOT NULL, end_reason TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (stream, episode)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS lost (
+    stream INTEGER NOT NULL, seq INTEGER NOT NULL, segment INTEGER NOT NULL,
+    PRIMARY KEY (stream, seq)) WITHOUT ROWID;
 """
 
 
@@ -82,12 +88,22 @@ class EpisodeRecord:
     end_reason: str = ""          # why a truncated episode ended early: "edge_restart" (else the env's time limit)
 
 
+def _locked(method):
+    """Run a method under the index's lock (one SQLite connection, two threads)."""
+    def run(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    run.__name__, run.__doc__ = method.__name__, method.__doc__
+    return run
+
+
 class BufferIndex:
     """SQLite index of one buffer directory (read-only for attached history)."""
 
     def __init__(self, path: Path, read_only: bool = False) -> None:
         self.path = Path(path)
         self.read_only = read_only
+        self._lock = threading.RLock()
         if read_only:
             if not self.path.is_file():
                 raise FileNotFoundError(f"no buffer index at {self.path}")
@@ -100,54 +116,103 @@ class BufferIndex:
             self.db.commit()
 
     # -- meta --------------------------------------------------------------------------------
+    @_locked
     def get_meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row[0] if row else None
 
+    @_locked
     def set_meta(self, values: dict[str, str]) -> None:
         with self.db:
             self.db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", values.items())
 
     # -- reading -----------------------------------------------------------------------------
+    @_locked
     def segments(self, status: str | None = "ok") -> list[SegmentRecord]:
         sql = "SELECT * FROM segments" + (" WHERE status = ?" if status else "") + " ORDER BY id"
         return [SegmentRecord(*row) for row in self.db.execute(sql, (status,) if status else ())]
 
+    @_locked
     def streams(self) -> list[StreamRecord]:
         return [StreamRecord(*row) for row in self.db.execute("SELECT * FROM streams ORDER BY id")]
 
-    def episodes(self) -> list[EpisodeRecord]:
-        return [EpisodeRecord(*row) for row in self.db.execute("SELECT * FROM episodes ORDER BY stream, episode")]
+    @_locked
+    def stream(self, robot: str, epoch: int) -> StreamRecord | None:
+        row = self.db.execute("SELECT * FROM streams WHERE robot = ? AND epoch = ?", (robot, epoch)).fetchone()
+        return StreamRecord(*row) if row else None
 
+    @_locked
+    def max_stream_id(self) -> int:
+        return int(self.db.execute("SELECT COALESCE(MAX(id), 0) FROM streams").fetchone()[0])
+
+    @_locked
+    def streams_with_open_episodes(self, robot: str, below_epoch: int) -> list[StreamRecord]:
+        """The robot's older streams whose episode the index still has open (an edge restart ends it)."""
+        sql = ("SELECT * FROM streams s WHERE s.robot = ? AND s.epoch < ? AND EXISTS "
+               "(SELECT 1 FROM episodes e WHERE e.stream = s.id AND e.status = 'open') ORDER BY s.id")
+        return [StreamRecord(*row) for row in self.db.execute(sql, (robot, below_epoch))]
+
+    @_locked
+    def episodes(self, stream: int | None = None) -> list[EpisodeRecord]:
+        if stream is None:
+            return [EpisodeRecord(*row) for row in self.db.execute("SELECT * FROM episodes ORDER BY stream, episode")]
+        sql = "SELECT * FROM episodes WHERE stream = ? ORDER BY episode"
+        return [EpisodeRecord(*row) for row in self.db.execute(sql, (stream,))]
+
+    @_locked
+    def stream_records(self, stream: int | None = None) -> dict[int, int]:
+        """Step records stored per stream (from the batches table)."""
+        sql = "SELECT stream, SUM(records) FROM batches" + (" WHERE stream = ?" if stream is not None else "")
+        rows = self.db.execute(sql + " GROUP BY stream", (stream,) if stream is not None else ())
+        return {int(s): int(n) for s, n in rows}
+
+    @_locked
     def batch_keys(self) -> list[tuple[str, int, int]]:
         sql = "SELECT s.robot, s.epoch, b.seq FROM batches b JOIN streams s ON s.id = b.stream"
         return [(r, int(e), int(q)) for r, e, q in self.db.execute(sql)]
 
+    @_locked
+    def lost_keys(self) -> list[tuple[str, int, int]]:
+        sql = "SELECT s.robot, s.epoch, l.seq FROM lost l JOIN streams s ON s.id = l.stream"
+        return [(r, int(e), int(q)) for r, e, q in self.db.execute(sql)]
+
+    @_locked
     def batch_count(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM batches").fetchone()[0])
 
+    @_locked
+    def lost_count(self) -> int:
+        return int(self.db.execute("SELECT COUNT(*) FROM lost").fetchone()[0])
+
     # -- writing (one transaction per sealed segment) -----------------------------------------
+    @_locked
     def register_segment(
         self,
-        segment: SegmentRecord,
+        segment: SegmentRecord | None,
         batches: Iterable[tuple[int, int, int]],
         streams: Iterable[StreamRecord],
         episodes: Iterable[EpisodeRecord],
+        lost: Iterable[tuple[int, int, int]] = (),
     ) -> None:
-        """Make a sealed segment and everything it holds visible, atomically."""
+        """Make a sealed segment and everything it holds visible, atomically. Without a segment:
+        only batches the edges lost (the open segment held no rows)."""
         with self.db:
-            self.db.execute("INSERT OR REPLACE INTO segments VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                            tuple(segment.__dict__.values()))
-            self.db.executemany("INSERT OR IGNORE INTO batches VALUES (?,?,?,?)",
-                                [(stream, seq, segment.id, n) for stream, seq, n in batches])
+            if segment is not None:
+                self.db.execute("INSERT OR REPLACE INTO segments VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                                tuple(segment.__dict__.values()))
+                self.db.executemany("INSERT OR IGNORE INTO batches VALUES (?,?,?,?)",
+                                    [(stream, seq, segment.id, n) for stream, seq, n in batches])
+            self.db.executemany("INSERT OR IGNORE INTO lost VALUES (?,?,?)", list(lost))
             self._upsert_streams(streams)
             self._upsert_episodes(episodes)
 
+    @_locked
     def update_episodes(self, episodes: Iterable[EpisodeRecord], streams: Iterable[StreamRecord] = ()) -> None:
         with self.db:
             self._upsert_streams(streams)
             self._upsert_episodes(episodes)
 
+    @_locked
     def set_segment_status(self, segment_ids: Iterable[int], status: str) -> None:
         with self.db:
             self.db.executemany("UPDATE segments SET status = ? WHERE id = ?", [(status, i) for i in segment_ids])
@@ -160,5 +225,6 @@ class BufferIndex:
         self.db.executemany("INSERT OR REPLACE INTO episodes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                             [tuple(e.__dict__.values()) for e in episodes])
 
+    @_locked
     def close(self) -> None:
         self.db.close()

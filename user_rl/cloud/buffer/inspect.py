@@ -82,6 +82,7 @@ def inspect_buffer(directory: Path, verify: bool = True) -> dict[str, Any]:
         "records_evicted": sum(s.records for s in segments.values() if s.status == "evicted"),
         "records_corrupt": sum(s.records for s in segments.values() if s.status not in ("ok", "evicted")),
         "batches": sum(r["batches"] for r in robots.values()),
+        "lost_batches": snap["lost"],
         "bytes": _sizes(directory, listing),
         "robots": robots,
         "tasks": _tasks(snap),
@@ -134,6 +135,7 @@ def _read_index(path: Path) -> dict[str, Any]:
                 "episodes": index.episodes(),
                 "batches": {int(stream): (int(n), int(records or 0)) for stream, n, records in index.db.execute(
                     "SELECT stream, COUNT(*), SUM(records) FROM batches GROUP BY stream")},
+                "lost": _lost_count(index),
             }
             index.db.rollback()
         except sqlite3.DatabaseError as error:
@@ -144,6 +146,14 @@ def _read_index(path: Path) -> dict[str, Any]:
             return snap
         # a learner opened the buffer while the file was read as immutable: read it again, live
     return snap
+
+
+def _lost_count(index: BufferIndex) -> int:
+    """Batches edges reported lost (spool file unreadable); buffers from before the table have none."""
+    try:
+        return int(index.db.execute("SELECT COUNT(*) FROM lost").fetchone()[0])
+    except sqlite3.OperationalError:  # no such table
+        return 0
 
 
 def _segment_status_now(path: Path, segment_id: int) -> str | None:
@@ -337,7 +347,9 @@ def format_report(report: dict[str, Any]) -> str:
         f"{len(seg['unindexed'])} not indexed, {len(seg['open'])} open; "
         + ("checksums verified" if report["verified"] else "headers only (--no-verify)"),
         f"data: {report['rows']:,} rows, {report['records']:,} step records, {report['transitions']:,} transitions, "
-        f"{report['batches']:,} batches; {_size(size['segments'])} of segment files "
+        f"{report['batches']:,} batches"
+        + (f" ({report['lost_batches']:,} lost by edges before sending)" if report["lost_batches"] else "")
+        + f"; {_size(size['segments'])} of segment files "
         f"({_size(size['segments_allocated'])} allocated), index {_size(size['index'])}",
         "episodes: " + ", ".join(f"{eps[s]:,} {s}" for s in EPISODE_STATUSES)
         + (f" ({eps['cut_short']:,} cut short by an edge restart)" if eps["cut_short"] else "")

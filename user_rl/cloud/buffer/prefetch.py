@@ -5,6 +5,10 @@ When the buffer holds more than its RAM budget, a background thread reads a cold
 sampling thread swaps it in between two batches, evicting the unpinned segment that has been
 in RAM longest. Over time every transition spends a share of time in RAM proportional to the
 budget, so sampling stays uniform in expectation while each batch comes from RAM.
+
+A segment's first load checks its crc (a corrupt one is dropped, as the scrub would). Any
+unexpected error is logged with its traceback and recorded in the store's `thread_errors()`;
+the thread keeps serving later requests.
 """
 
 from __future__ import annotations
@@ -52,11 +56,13 @@ class Prefetcher:
             self._want.set()
 
     def install_ready(self) -> None:
-        """Swap a prefetched segment in (sampling thread only, between batches).
+        """Swap a prefetched segment in (sampling thread only, between batches, under the store's lock).
 
-        Under the lock, so the loader never starts filling the spare while it changes hands.
-        A free slot is taken before any cached segment is evicted.
+        Under the prefetcher's lock too, so the loader never starts filling the spare while it
+        changes hands. A free slot is taken before any cached segment is evicted.
         """
+        if self._ready is None:  # the common case, without taking the lock
+            return
         with self._lock:
             ready, self._ready = self._ready, None
             if ready is None:
@@ -79,30 +85,42 @@ class Prefetcher:
             self.swaps += 1
 
     def _run(self) -> None:
-        from user_rl.cloud.buffer.recovery import segment_source  # recovery imports the store's parts
-
         while True:
             self._want.wait()
             self._want.clear()
             if self._closed:
                 return
-            cold = self.cold()
-            if not cold or self._ready is not None:
-                continue
-            records = [self.store.segments.get(i) for i in cold]  # one may be evicted meanwhile
-            weights = np.array([max(1, r.transitions) if r else 0 for r in records], float)
-            if not weights.sum():
-                continue
-            segment = cold[int(self.rng.choice(len(cold), p=weights / weights.sum()))]
             try:
-                path, source, overrides = segment_source(self.store, segment)
-                self._load_into_spare(segment, path, source, overrides)
-            except (CorruptSegment, OSError, KeyError) as problem:  # evicted meanwhile, or damaged since
-                log.warning("prefetch of segment %s failed: %s", segment, problem)
+                self._prefetch_one()
+            except Exception as error:  # unexpected: record it (status shows it) and keep serving
+                log.exception("buffer prefetch failed")
+                self.store.thread_error("prefetch", error)
+
+    def _prefetch_one(self) -> None:
+        from user_rl.cloud.buffer.recovery import segment_source  # recovery imports the store's parts
+
+        cold = self.cold()
+        if not cold or self._ready is not None:
+            return
+        records = [self.store.segments.get(i) for i in cold]  # one may be evicted meanwhile
+        weights = np.array([max(1, r.transitions) if r else 0 for r in records], float)
+        if not weights.sum():
+            return
+        segment = cold[int(self.rng.choice(len(cold), p=weights / weights.sum()))]
+        try:
+            path, source, overrides = segment_source(self.store, segment)
+            self._load_into_spare(segment, path, source, overrides)
+        except CorruptSegment as problem:  # first load of a segment the scrub has not reached
+            self.store.segment_checked(segment, problem)
+        except (OSError, KeyError) as problem:  # evicted meanwhile
+            log.warning("prefetch of segment %s failed: %s", segment, problem)
 
     def _load_into_spare(self, segment: int, path, source: int, overrides: dict) -> None:
         cache = self.store.cache
-        seg = read_segment(path, verify=False)
+        verify = segment not in self.store.verified
+        seg = read_segment(path, verify=verify)
+        if verify:
+            self.store.segment_checked(segment, None)
         with self._lock:  # the spare only changes hands in install_ready, which needs _ready set
             spare = cache.spare
         for name, array in cache.arrays.items():

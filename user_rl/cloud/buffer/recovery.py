@@ -1,9 +1,11 @@
-"""Opening a buffer directory: seal what a crash left open, verify segments, attach history.
+"""Opening a buffer directory: seal what a crash left open, load streams, attach history.
 
 A crash can leave an open segment with its commit log: the rows the log records as committed
 are durable (they were acknowledged), the rest was never acknowledged and the edges re-send
-it. Those rows are sealed into a normal segment and registered. Sealed segments are checked
-against their crc; a torn or corrupted one is skipped and reported, never loaded.
+it. Those rows are sealed into a normal segment and registered. Opening reads no segment in
+full: a sealed segment's crc is checked when it is first loaded into RAM (here for the newest
+ones, later by the prefetcher) or by the background scrub; a torn or corrupted one is skipped
+and reported, never sampled.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from user_rl.config import AttachConfig
 
 log = logging.getLogger(__name__)
+PROGRESS_EVERY_S = 5.0  # long opens and scrubs log how far they are
 
 
 def open_meta(index: BufferIndex, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box,
@@ -52,18 +55,22 @@ def open_meta(index: BufferIndex, obs_space: gym.spaces.Dict, action_space: gym.
 def load_existing(store: PersistentReplay) -> None:
     """Streams, sealed segments and leftovers of a crash, from the buffer directory."""
     index = store.index
-    open_episodes = {}
+    open_episodes: dict[int, dict] = {}
     for ep in index.episodes():
         if ep.status == "open":
             open_episodes.setdefault(ep.stream, {})[ep.episode] = ep
+    records = index.stream_records()
     for record in index.streams():
-        _add_stream(store, record).episodes = open_episodes.get(record.id, {})
+        state = store.adopt_stream(record)
+        state.episodes = open_episodes.get(record.id, {})
+        state.records = records.get(record.id, 0)
+    store._max_stream_id = max(store._max_stream_id, index.max_stream_id())
     for record in index.segments():
-        problem = _verify(store, record)
-        if problem is None:
-            store.segments[record.id] = record
-            store.transitions += record.transitions
+        store.segments[record.id] = record
+        store.transitions += record.transitions
     store.records = sum(r.records for r in index.segments(status=None))  # evicted ones were produced too
+    store.lost_batches = index.lost_count()
+    _delete_evicted_files(store)
     for open_path in sorted(store.dir.glob("open-*.seg")) + sorted(store.dir.glob("open-*.log")):
         if open_path.exists():
             _recover_open(store, int(open_path.stem.split("-")[1]))
@@ -73,33 +80,44 @@ def load_existing(store: PersistentReplay) -> None:
         log.info("buffer %s: %d segments, %d transitions", store.dir, len(store.segments), store.transitions)
 
 
-def fill_cache(store: PersistentReplay) -> None:
-    """Newest own segments into RAM first, then attached history; the rest waits for the prefetcher."""
-    own = sorted((i for i in store.segments if i not in store.attached), reverse=True)
-    for segment_id in own + sorted(store.attached, reverse=True):
-        slot = store.cache.free_slot()
-        if slot is None or len(store.cache.active()) >= store.cache.slots - 2:  # keep one for the open segment
-            break
-        _fill(store, slot, segment_id)
-
-
-def _add_stream(store: PersistentReplay, record: StreamRecord) -> StreamState:
-    state = StreamState(record, store.robots.setdefault(record.robot, len(store.robots)),
-                        store.tasks.setdefault(record.task, len(store.tasks)))
-    state.durable_seq = record.last_seq
-    store.streams[(record.robot, record.epoch)] = state
+def load_stream(store: PersistentReplay, record: StreamRecord) -> StreamState:
+    """A stream released from RAM, back from the index: open episodes, records, pending record."""
+    state = store.adopt_stream(record)
+    state.episodes = {ep.episode: ep for ep in store.index.episodes(record.id) if ep.status == "open"}
+    state.records = store.index.stream_records(record.id).get(record.id, 0)
+    _restore_pending(store, state)
     return state
 
 
-def _verify(store: PersistentReplay, record: SegmentRecord) -> CorruptSegment | None:
-    try:
-        read_segment(store.dir / record.file, verify=True)
-    except CorruptSegment as problem:
-        store.corrupt.append(str(problem))
-        store.index.set_segment_status([record.id], "corrupt")
-        log.warning("skipping %s", problem)
-        return problem
-    return None
+def _delete_evicted_files(store: PersistentReplay) -> None:
+    """Eviction marks the index first, then deletes: a crash in between leaves the file behind."""
+    for record in store.index.segments(status="evicted"):
+        path = store.dir / record.file
+        if path.exists():
+            path.unlink()
+            log.info("deleted %s, evicted before the last shutdown", record.file)
+
+
+def fill_cache(store: PersistentReplay) -> None:
+    """Newest own segments into RAM first, then attached history; the rest waits for the prefetcher.
+
+    Each own segment's crc is checked as it is loaded (it is read in full anyway)."""
+    own = sorted((i for i in store.segments if i not in store.attached), reverse=True)
+    wanted = own + sorted(store.attached, reverse=True)
+    last_report = time.monotonic()
+    for done, segment_id in enumerate(wanted):
+        slot = store.cache.free_slot()
+        if slot is None or len(store.cache.active()) >= store.cache.slots - 2:  # keep one for the open segment
+            break
+        try:
+            _fill(store, slot, segment_id, verify=segment_id not in store.verified)
+        except CorruptSegment as problem:
+            store.segment_checked(segment_id, problem)
+            continue
+        store.segment_checked(segment_id, None)
+        if time.monotonic() - last_report > PROGRESS_EVERY_S:
+            last_report = time.monotonic()
+            log.info("buffer: loaded %d/%d segments into RAM (crc checked)", done + 1, len(wanted))
 
 
 def _recover_open(store: PersistentReplay, segment_id: int) -> None:
@@ -121,19 +139,29 @@ def _recover_open(store: PersistentReplay, segment_id: int) -> None:
         log.warning("could not recover %s", problem)
         return
     columns, rows = segment.columns, segment.rows
-    batches = []
+    batches, lost = [], []
     for r in records:
-        stream = store.streams.get((r["r"], r["e"])) or _add_stream(store, StreamRecord(r["s"], r["r"], r["e"], r["t"]))
+        stream = store.stream(r["r"], r["e"]) or store.adopt_stream(StreamRecord(r["s"], r["r"], r["e"], r["t"]))
         stream.record.last_seq = stream.durable_seq = max(stream.record.last_seq, r["q"])
-        batches.append((stream.record.id, r["q"], r["n"]))
-    touched = {b[0] for b in batches}
+        if r.get("lost"):
+            lost.append((stream.record.id, r["q"], segment_id))
+            store.lost_batches += 1
+        else:
+            batches.append((stream.record.id, r["q"], r["n"]))
+            stream.records += r["n"]
+    touched = {b[0] for b in batches + lost}
     streams = [s for s in store.streams.values() if s.record.id in touched]
     for stream in streams:
         mine = (columns["stream"][:rows] == stream.record.id) & (columns["kind"][:rows] == KIND_RECORD)
-        picked = {k: np.asarray(columns[k][:rows][mine]) for k in
+        # An episode the index already has as ended (an edge restart cut it, then this crash) keeps
+        # its record: accounting its rows again would reopen it.
+        ended = [ep.episode for ep in store.index.episodes(stream.record.id) if ep.status != "open"]
+        counted = mine & ~np.isin(np.asarray(columns["episode"][:rows]), ended)
+        picked = {k: np.asarray(columns[k][:rows][counted]) for k in
                   ("episode", "policy_version", "reward", "actor", "terminated", "truncated", "label")}
         if len(picked["episode"]):
             account(picked, stream, picked["terminated"] | picked["truncated"], segment_id)
+        if mine.any():
             stream.record.last_segment, stream.record.last_row = segment_id, int(np.flatnonzero(mine)[-1])
     transitions = int(np.count_nonzero(successors(np.asarray(columns["prev_row"]), rows) >= 0))
     kind, version = np.asarray(columns["kind"]), np.asarray(columns["policy_version"])
@@ -142,8 +170,9 @@ def _recover_open(store: PersistentReplay, segment_id: int) -> None:
                            int(version[recs].min(initial=2**62)), int(version[recs].max(initial=-1)),
                            int(np.count_nonzero(np.asarray(columns["actor"])[recs] == pb.ACTOR_HUMAN)), "online")
     episodes = [ep for s in streams for ep in s.episodes.values() if ep.last_segment == segment_id]
-    store.index.register_segment(record, batches, [s.record for s in streams], episodes)
+    store.index.register_segment(record, batches, [s.record for s in streams], episodes, lost)
     store.segments[segment_id] = record
+    store.verified.add(segment_id)
     store.transitions += transitions
     store.records += record.records
     log_path.unlink(missing_ok=True)
@@ -156,7 +185,11 @@ def _restore_pending(store: PersistentReplay, stream: StreamState) -> None:
     record = stream.record
     if record.last_segment not in store.segments or record.last_row is None:
         return
-    seg = read_segment(store.dir / store.segments[record.last_segment].file, verify=False)
+    try:
+        seg = read_segment(store.dir / store.segments[record.last_segment].file, verify=False)
+    except CorruptSegment as problem:  # its episode cannot be continued: the next batch starts unpaired
+        store.segment_checked(record.last_segment, problem)
+        return
     row = {k: np.array(v[record.last_row : record.last_row + 1]) for k, v in seg.columns.items()}
     episode = stream.episodes.get(int(row["episode"][0]))  # only open episodes are loaded
     if row["terminated"][0] or row["truncated"][0] or episode is None or episode.status != "open":
@@ -166,9 +199,9 @@ def _restore_pending(store: PersistentReplay, stream: StreamState) -> None:
     stream.pending, stream.pending_at = row, (record.last_segment, record.last_row)
 
 
-def _fill(store: PersistentReplay, slot: int, segment_id: int) -> None:
+def _fill(store: PersistentReplay, slot: int, segment_id: int, verify: bool) -> None:
     path, source, overrides = segment_source(store, segment_id)
-    seg = read_segment(path, verify=False)
+    seg = read_segment(path, verify=verify)
     columns = {**seg.columns, **overrides}
     store.cache.fill(slot, segment_id, columns, seg.rows, source,
                      row_filter=overrides.get("_filter"))
@@ -204,6 +237,7 @@ def attach_history(store: PersistentReplay, attachments: list[AttachConfig]) -> 
                     continue
                 store.attached[next_id] = (path, SOURCES.index(cfg.source), {"task": task, "_filter": keep})
                 store.segments[next_id] = record
+                store.verified.add(next_id)
                 store.transitions += int(np.count_nonzero(keep & (successors(np.asarray(seg.columns["prev_row"]), seg.rows) >= 0)))
                 next_id -= 1
         finally:

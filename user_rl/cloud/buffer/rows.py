@@ -11,7 +11,7 @@ only when the same stream continues the same episode at the next step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import gymnasium as gym
 import numpy as np
@@ -55,6 +55,22 @@ class StreamState:
     episodes: dict[int, EpisodeRecord] = field(default_factory=dict)
     dropped: int = 0                           # records that could not be paired (gaps)
     durable_seq: int = 0                       # highest seq that a commit made durable
+    records: int = 0                           # step records stored for this stream (kept across restarts)
+
+    def snapshot(self, episodes: list[int]) -> tuple:
+        """What `layout` changes for a batch of these episode numbers, so a failed append can be
+        undone (`restore`)."""
+        touched = {n: self.episodes.get(n) for n in episodes}
+        return (self.pending, self.pending_at, self.dropped, self.records,
+                {n: None if ep is None else replace(ep) for n, ep in touched.items()})
+
+    def restore(self, saved: tuple) -> None:
+        self.pending, self.pending_at, self.dropped, self.records, touched = saved
+        for number, ep in touched.items():
+            if ep is None:
+                self.episodes.pop(number, None)
+            else:
+                self.episodes[number] = ep
 
     def episode(self, number: int) -> EpisodeRecord:
         ep = self.episodes.get(number)

@@ -232,6 +232,10 @@ class SegmentWriter:
         self._fd = None
         return _seal(fd, self.path, Path(final_path), self._columns, self._capacity, self._rows, self._crcs, merged)
 
+    def close(self) -> None:
+        """Close the file, leaving it for crash recovery (after a write failure)."""
+        self._close()
+
     def abort(self) -> None:
         """Discard the open segment: close and delete its file."""
         self._close()

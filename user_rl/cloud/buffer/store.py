@@ -5,30 +5,43 @@ segment file and copied into its RAM slot, so it can be sampled at once. `commit
 everything appended so far durable (fdatasync of the segment, then one commit-log record per
 batch, fsynced) and reports which streams advanced, so the ingest can acknowledge them. A full
 segment is sealed (crc, fsync, rename) and registered in the SQLite index in one transaction.
+A disk error stops the buffer for good (`BufferWriteError`, `failure`): nothing is acked after it.
 
 Read path: the sampler draws from the catalog of cached transitions; a batch is one numpy
 gather over the slot arrays. Data larger than the RAM budget is rotated through the cache by
-the prefetcher (`prefetch.py`), so sampling never waits on disk.
+the prefetcher (`prefetch.py`), so sampling never waits on disk. Sealed segments are checked
+against their crc when first loaded and by a background scrub (`scrub.py`), not at start-up.
+
+Threads: one ingest thread writes (open_stream, stream, add, record_lost, commit, seal,
+end_open_episodes, release_stream, batch_keys, close) while one sampler thread reads (sample,
+__len__, stats). One lock guards the RAM cache, its catalog and the counters; it is held for
+the gather of a batch and for cache updates, never across an fsync.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sqlite3
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import gymnasium as gym
 import numpy as np
 
 from user_rl.cloud.buffer.cache import SlotCache
 from user_rl.cloud.buffer.commitlog import CommitLog
-from user_rl.cloud.buffer.index import BufferIndex, SegmentRecord, StreamRecord
+from user_rl.cloud.buffer.index import BufferIndex, SegmentRecord
 from user_rl.cloud.buffer.prefetch import Prefetcher
 from user_rl.cloud.buffer.recovery import attach_history, fill_cache, load_existing, open_meta
 from user_rl.cloud.buffer.rows import KIND_RECORD, StreamState, layout, row_bytes, segment_schema
 from user_rl.cloud.buffer.sampling import SOURCES, Sampler, SamplerSettings
-from user_rl.cloud.buffer.segment import SegmentWriter
+from user_rl.cloud.buffer.scrub import Scrubber
+from user_rl.cloud.buffer.streams import StreamRegistry
+from user_rl.cloud.buffer.segment import CorruptSegment, SegmentWriter
 from user_rl.config import BufferConfig
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.transitions import FINAL_OBS, FINAL_ROW, OBS
@@ -36,6 +49,11 @@ from user_rl.wire.transitions import FINAL_OBS, FINAL_ROW, OBS
 log = logging.getLogger(__name__)
 NEXT_OBS = "next_" + OBS
 ONLINE = SOURCES.index("online")
+
+
+class BufferWriteError(OSError):
+    """The buffer could not write to disk. Nothing after the last successful commit is durable,
+    and the buffer refuses every later add/commit/seal: data must not be acked any more."""
 
 
 def segment_file(directory: Path, segment: int, open_: bool = False) -> Path:
@@ -46,7 +64,7 @@ def commit_file(directory: Path, segment: int) -> Path:
     return directory / f"open-{segment:08d}.log"
 
 
-class PersistentReplay:
+class PersistentReplay(StreamRegistry):
     def __init__(self, directory: str | Path, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box,
                  settings: BufferConfig | None = None, gamma: float = 0.99) -> None:
         self.dir = Path(directory)
@@ -60,121 +78,156 @@ class PersistentReplay:
         slot_bytes = self.segment_rows * row_bytes(self.schema)
         self.cache = SlotCache(self.schema, self.segment_rows, max(2, int(s.ram_budget_mb * 2**20 // slot_bytes)))
         self.sampler = Sampler(SamplerSettings(s.strategy, s.recency_half_life, s.mix))
+        self._lock = threading.RLock()  # the cache, its catalog and the counters: ingest vs sampler thread
         self.streams: dict[tuple[str, int], StreamState] = {}
+        self._by_robot: dict[str, dict[int, StreamState]] = {}  # robot -> epoch -> stream in RAM
+        self._release_at_seal: set[tuple[str, int]] = set()
+        self._max_stream_id = 0
         self.robots: dict[str, int] = {}
         self.tasks: dict[str, int] = {}
         self.segments: dict[int, SegmentRecord] = {}    # sealed, usable (own and attached)
         self.attached: dict[int, tuple[Path, int, np.ndarray | None]] = {}  # id -> (file, source, row filter)
+        self.verified: set[int] = set()                  # segments whose crc was checked (or that we wrote)
         self.corrupt: list[str] = []
+        self._corrupt_ids: set[int] = set()
         self.duplicates = 0
+        self.lost_batches = 0   # batches the edges lost before sending (spool file unreadable)
+        self.failure: str | None = None  # the disk error that stopped the buffer
+        self._thread_errors: dict[str, str] = {}
+        self._dropped_released = 0
         self._closed = False
-        self._pending_commits: list[tuple[StreamState, int, int, int]] = []  # stream, seq, records, end row
-        self._open_batches: list[tuple[int, int, int]] = []  # (stream, seq, records) durable in the open segment
-        self._open_records = 0
+        self._pending_commits: list[tuple[StreamState, int, int, int, bool]] = []  # stream, seq, records, end row, lost
+        self._open_batches: list[tuple[int, int, int, bool, str, int]] = []  # durable in the open segment
         self.transitions = 0    # sampleable transitions (own and attached)
         self.records = 0        # step records this run's robots produced (own data only)
         load_existing(self)            # seals what a crash left open, loads streams and segments
         attach_history(self, s.attach)
-        fill_cache(self)               # newest own segments first, then attached history
+        fill_cache(self)               # newest own segments first (crc checked), then attached history
         # The newest segment id ever used: a corrupt, evicted or unregistered file keeps its name.
         self.open_id = max([0, *self.segments, *(r.id for r in self.index.segments(status=None)),
                             *(int(p.stem.split("-")[1]) for p in self.dir.glob("*-*.seg"))])
         self._new_open_segment()
         self._pin_hot()
         self.prefetcher = Prefetcher(self)
-
-    # -- streams -------------------------------------------------------------------------------
-    def open_stream(self, robot: str, epoch: int, task: str = "") -> StreamState:
-        """The stream for (robot, epoch); a new epoch ends the robot's older streams' open episodes."""
-        key = (robot, epoch)
-        if key in self.streams:
-            return self.streams[key]
-        for other in self.streams.values():
-            if other.record.robot == robot and other.record.epoch < epoch:  # a stale epoch ends nothing
-                self.end_open_episodes(other, reason="edge_restart")
-        record = StreamRecord(self._next_stream_id(), robot, epoch, task)
-        state = StreamState(record, self.robots.setdefault(robot, len(self.robots)),
-                            self.tasks.setdefault(task, len(self.tasks)))
-        self.streams[key] = state
-        return state
-
-    def _next_stream_id(self) -> int:
-        return 1 + max((s.record.id for s in self.streams.values()), default=0)
-
-    def end_open_episodes(self, stream: StreamState, reason: str) -> None:
-        """The robot's edge restarted or detached mid-episode: that episode is over, cut short
-        (truncated, with the reason), and its last step gets no successor."""
-        for ep in stream.episodes.values():
-            if ep.status == "open":
-                ep.status, ep.end_reason = "truncated", reason
-        stream.dropped += int(stream.pending is not None)  # its last record never gets a successor
-        stream.pending, stream.pending_at = None, None
-        self.index.update_episodes(list(stream.episodes.values()))
-
-    def last_seq(self, robot: str, epoch: int) -> int:
-        state = self.streams.get((robot, epoch))
-        return state.record.last_seq if state else 0
+        self.scrubber = Scrubber(self) if s.scrub else None
 
     # -- writing -----------------------------------------------------------------------------------
+    @contextmanager
+    def _disk(self, what: str) -> Iterator[None]:
+        """Turn a disk error into BufferWriteError and stop the buffer for good."""
+        try:
+            yield
+        except BufferWriteError:
+            raise
+        except (OSError, sqlite3.OperationalError) as error:
+            self.failure = f"{what}: {type(error).__name__}: {error}"
+            log.error("buffer %s: write failed (%s); it takes no more data", self.dir, self.failure)
+            raise BufferWriteError(getattr(error, "errno", None), f"buffer write failed: {self.failure}") from error
+
+    def _check_writable(self) -> None:
+        if self.failure is not None:
+            raise BufferWriteError(None, f"the buffer stopped taking data after a write failure: {self.failure}")
+
     def add(self, stream: StreamState, seq: int, cols: dict[str, np.ndarray]) -> bool:
-        """Append one validated batch (seq must follow the stream's last); False if a duplicate."""
+        """Append one validated batch (seq must follow the stream's last); False if a duplicate.
+
+        All or nothing: if it raises, the stream is as before the call (and after a disk error,
+        BufferWriteError, the buffer takes no more data)."""
+        self._check_writable()
         if seq <= stream.record.last_seq:
             self.duplicates += 1
             return False
-        for part in _split(cols, self.segment_rows - 1):
-            needed = len(part["reward"]) + len(part.get(FINAL_ROW, ())) + 1
-            if needed > self.writer.remaining:
-                self.seal()
-            base = self.writer.rows
-            rows = layout(part, stream, self.open_id, base, self.schema)
-            self.writer.append(rows)
-            self.cache.append(self.open_slot, base, rows)
-            self._recount_open()
+        saved = stream.snapshot(np.unique(cols["episode"]).tolist())
+        try:
+            with self._disk("append"):
+                for part in _split(cols, self.segment_rows - 1):
+                    needed = len(part["reward"]) + len(part.get(FINAL_ROW, ())) + 1
+                    if needed > self.writer.remaining:
+                        self.seal()
+                    base = self.writer.rows
+                    rows = layout(part, stream, self.open_id, base, self.schema)
+                    self.writer.append(rows)
+                    with self._lock:
+                        self.transitions += self.cache.append(self.open_slot, base, rows)
+        except BaseException:
+            stream.restore(saved)
+            raise
+        n = len(cols["reward"])
         stream.record.last_seq = seq
-        self.records += len(cols["reward"])
-        self._pending_commits.append((stream, seq, len(cols["reward"]), self.writer.rows))
+        stream.records += n
+        self.records += n
+        self._pending_commits.append((stream, seq, n, self.writer.rows, False))
         return True
 
-    def _recount_open(self) -> None:
-        open_now = int(np.count_nonzero(self.cache.next_row[self.open_slot] >= 0))
-        self.transitions += open_now - self._open_transitions
-        self._open_transitions = open_now
+    def record_lost(self, stream: StreamState, seq: int) -> bool:
+        """The edge lost batch `seq` (its spool file was unreadable): the stream moves past it.
+
+        The record waiting for a successor gets none; the seq becomes durable at the next commit
+        like a batch (a re-send of it is a duplicate). False if `seq` is not past the last one."""
+        self._check_writable()
+        if seq <= stream.record.last_seq:
+            self.duplicates += 1
+            return False
+        stream.dropped += int(stream.pending is not None)
+        stream.pending, stream.pending_at = None, None
+        stream.record.last_seq = seq
+        self.lost_batches += 1
+        self._pending_commits.append((stream, seq, 0, self.writer.rows, True))
+        log.warning("robot %s (epoch %d) lost batch %d before sending it", stream.record.robot, stream.record.epoch, seq)
+        return True
 
     def commit(self) -> list[StreamState]:
         """Make every appended batch durable; return the streams whose durable seq advanced."""
+        self._check_writable()
         if not self._pending_commits:
             return []
-        self.writer.sync()
+        with self._disk("commit"):
+            size = self.commits.size
+            try:
+                self.writer.sync()
+                for stream, seq, records, end, lost in self._pending_commits:
+                    rec = stream.record
+                    self.commits.append(json.dumps({"s": rec.id, "r": rec.robot, "e": rec.epoch, "t": rec.task,
+                                                    "q": seq, "n": records, "end": end, "lost": lost}).encode())
+                self.commits.sync()
+            except OSError:
+                self.commits.truncate(size)  # records that were never acked must not come back after a restart
+                raise
         advanced: dict[int, StreamState] = {}
-        for stream, seq, records, end in self._pending_commits:
+        for stream, seq, records, end, lost in self._pending_commits:
             rec = stream.record
-            self.commits.append(json.dumps({"s": rec.id, "r": rec.robot, "e": rec.epoch, "t": rec.task,
-                                            "q": seq, "n": records, "end": end}).encode())
-            self._open_batches.append((rec.id, seq, records))
-            stream.durable_seq = seq
+            self._open_batches.append((rec.id, seq, records, lost, rec.robot, rec.epoch))
+            stream.durable_seq = seq  # only now: acked means durable
             advanced[rec.id] = stream
-        self.commits.sync()
         self._pending_commits.clear()
         return list(advanced.values())
 
     def seal(self) -> None:
         """Seal the open segment (if it holds rows), register it, and open a fresh one."""
         self.commit()
-        if self.writer.rows == 0:
-            return
-        segment_id, rows = self.open_id, self.writer.rows
-        columns = {n: a[self.open_slot] for n, a in self.cache.arrays.items()}
-        info = self.writer.seal(segment_file(self.dir, segment_id))
-        record = self._segment_record(segment_id, info.path, rows, info.nbytes, columns)
-        self._register(record, columns)
-        self.commits.close()
-        commit_file(self.dir, segment_id).unlink(missing_ok=True)
-        sealed = self.cache.info[self.open_slot]
-        sealed.pinned, sealed.loaded_at = False, time.monotonic()  # in RAM from now, like a fresh load
-        self._pin_hot()  # before a slot is freed for the next open segment: the new one is hot
-        self._new_open_segment()
-        self._pin_hot()
-        self._evict_for_disk()
+        with self._disk("seal"):
+            if self.writer.rows == 0:
+                if self._open_batches:  # only lost batches: the index still learns of them
+                    self._register(None, {})
+                self._release_deferred()
+                return
+            segment_id, rows = self.open_id, self.writer.rows
+            columns = {n: a[self.open_slot] for n, a in self.cache.arrays.items()}  # the ingest's own slot
+            info = self.writer.seal(segment_file(self.dir, segment_id))
+            record = self._segment_record(segment_id, info.path, rows, info.nbytes, columns)
+            self._register(record, columns)
+            self.commits.close()
+            commit_file(self.dir, segment_id).unlink(missing_ok=True)
+            with self._lock:
+                self.verified.add(segment_id)
+                sealed = self.cache.info[self.open_slot]
+                sealed.pinned, sealed.loaded_at = False, time.monotonic()  # in RAM from now, like a fresh load
+                self._pin_hot()  # before a slot is freed for the next open segment: the new one is hot
+            self._new_open_segment()
+            with self._lock:
+                self._pin_hot()
+            self._evict_for_disk()
+        self._release_deferred()
 
     def _segment_record(self, segment_id: int, path: Path, rows: int, nbytes: int, columns: dict) -> SegmentRecord:
         kind, version = columns["kind"][:rows], columns["policy_version"][:rows]
@@ -185,35 +238,38 @@ class PersistentReplay:
             int(version[records].min(initial=2**62)), int(version[records].max(initial=-1)),
             int(np.count_nonzero(columns["actor"][:rows][records] == pb.ACTOR_HUMAN)), "online")
 
-    def _register(self, record: SegmentRecord, columns: dict) -> None:
-        touched = {sid for sid, _, _ in self._open_batches}
+    def _register(self, record: SegmentRecord | None, columns: dict) -> None:
+        touched = {b[0] for b in self._open_batches}
         streams = [s for s in self.streams.values() if s.record.id in touched]
-        for stream in streams:  # where the stream's last record lives (to continue its episode after a restart)
-            mine = np.flatnonzero((columns["stream"][: record.rows] == stream.record.id)
-                                  & (columns["kind"][: record.rows] == KIND_RECORD))
-            if len(mine):
-                stream.record.last_segment, stream.record.last_row = record.id, int(mine[-1])
-        episodes = [ep for s in streams for ep in s.episodes.values() if ep.last_segment == record.id]
-        self.index.register_segment(record, self._open_batches, [s.record for s in streams], episodes)
-        self.segments[record.id] = record
+        if record is not None:
+            for stream in streams:  # where the stream's last record lives (to continue its episode after a restart)
+                mine = np.flatnonzero((columns["stream"][: record.rows] == stream.record.id)
+                                      & (columns["kind"][: record.rows] == KIND_RECORD))
+                if len(mine):
+                    stream.record.last_segment, stream.record.last_row = record.id, int(mine[-1])
+        episodes = [ep for s in streams for ep in s.episodes.values()
+                    if record is not None and ep.last_segment == record.id]
+        batches = [(sid, seq, n) for sid, seq, n, lost, _, _ in self._open_batches if not lost]
+        lost = [(sid, seq, self.open_id) for sid, seq, _, is_lost, _, _ in self._open_batches if is_lost]
+        self.index.register_segment(record, batches, [s.record for s in streams], episodes, lost)
+        if record is not None:
+            self.segments[record.id] = record
         self._open_batches = []
         for s in streams:  # finished episodes are in the index now; keep only open ones in RAM
             s.episodes = {n: ep for n, ep in s.episodes.items() if ep.status == "open"}
 
     def _new_open_segment(self) -> None:
+        """Files for the next open segment (disk work, outside the lock), then its RAM slot."""
         self.open_id += 1
-        self.writer = SegmentWriter(segment_file(self.dir, self.open_id, open_=True), self.schema, self.segment_rows)
-        self.commits = CommitLog(commit_file(self.dir, self.open_id))
-        slot = self.cache.free_slot()
-        if slot is None:
-            slot = self._victim()
-            self.cache.release(slot)
-        self.open_slot = slot
-        self.cache.info[slot].segment = self.open_id
-        self.cache.info[slot].pinned = True
-        self.cache.info[slot].rows = 0
-        self.cache.refresh(slot)
-        self._open_transitions = 0
+        writer = SegmentWriter(segment_file(self.dir, self.open_id, open_=True), self.schema, self.segment_rows)
+        commits = CommitLog(commit_file(self.dir, self.open_id))
+        with self._lock:
+            slot = self.cache.free_slot()
+            if slot is None:
+                slot = self._victim()
+                self.cache.release(slot)
+            self.cache.open(slot, self.open_id)
+            self.open_slot, self.writer, self.commits = slot, writer, commits
 
     def _pin_hot(self) -> None:
         """Pin the open segment and the newest sealed ones, leaving at least one slot to rotate."""
@@ -231,7 +287,10 @@ class PersistentReplay:
         return min(candidates, key=lambda i: self.cache.info[i].loaded_at)
 
     def _evict_for_disk(self) -> None:
-        """Over the disk limit: delete the oldest segments that hold only online robot data."""
+        """Over the disk limit: drop the oldest segments that hold only online robot data.
+
+        The index says "evicted" before a file is deleted: a crash in between leaves a file
+        nobody uses (deleted at the next open), never an index entry without its file."""
         limit = self.settings.max_disk_gb * 2**30
         if not limit:
             return
@@ -243,17 +302,53 @@ class PersistentReplay:
                 break
             if record.intervention_rows or record.source != "online":
                 continue
-            slot = self.cache.slot_of(record.id)
+            used -= record.bytes
+            evicted.append(record)
+        if not evicted:
+            return
+        with self._lock:
+            for record in evicted:
+                slot = self.cache.slot_of(record.id)
+                if slot is not None:
+                    self.cache.release(slot)
+                self.transitions -= record.transitions
+                del self.segments[record.id]
+                self.verified.discard(record.id)
+        self.index.set_segment_status([r.id for r in evicted], "evicted")
+        for record in evicted:
+            try:
+                (self.dir / record.file).unlink(missing_ok=True)
+            except OSError as error:  # the index already says evicted: the next open deletes it
+                log.warning("evicted segment %s could not be deleted yet: %s", record.file, error)
+        log.info("buffer over %.1f GB: evicted %d oldest segments", self.settings.max_disk_gb, len(evicted))
+
+    # -- integrity (any thread) ----------------------------------------------------------------------
+    def segment_checked(self, segment_id: int, problem: CorruptSegment | None) -> None:
+        """A segment's crc was checked (first load or scrub): remember it, or drop it if corrupt."""
+        with self._lock:
+            if problem is None:
+                if segment_id in self.segments:
+                    self.verified.add(segment_id)
+                return
+            record = self.segments.pop(segment_id, None)
+            if record is None or segment_id in self.attached:
+                return
+            slot = self.cache.slot_of(segment_id)
             if slot is not None:
                 self.cache.release(slot)
-            (self.dir / record.file).unlink(missing_ok=True)
-            used -= record.bytes
             self.transitions -= record.transitions
-            del self.segments[record.id]
-            evicted.append(record.id)
-        if evicted:
-            self.index.set_segment_status(evicted, "evicted")
-            log.info("buffer over %.1f GB: evicted %d oldest segments", self.settings.max_disk_gb, len(evicted))
+            self.corrupt.append(str(problem))
+            self._corrupt_ids.add(segment_id)
+        log.warning("skipping %s", problem)
+        self.index.set_segment_status([segment_id], "corrupt")
+
+    def thread_error(self, thread: str, error: BaseException) -> None:
+        """A background thread's unexpected error (logged with its traceback by the caller)."""
+        self._thread_errors[thread] = f"{type(error).__name__}: {error}"
+
+    def thread_errors(self) -> dict[str, str]:
+        """Errors of the buffer's background threads (prefetch, scrub), by thread."""
+        return dict(self._thread_errors)
 
     # -- sampling ----------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -261,50 +356,74 @@ class PersistentReplay:
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """A batch: obs/*, next_obs/*, action, reward, terminated, policy_version, robot (+ discount)."""
-        self.prefetcher.install_ready()
-        catalog = self.cache.catalog()
-        picked = self.sampler.draw(catalog["order"], catalog["source"], catalog["task"],
-                                   batch_size, rng, self.cache.version)
-        position = catalog["position"][picked]
-        flat = self.cache.flat
-        if self.settings.n_step > 1:
-            reward, discount, terminated, nxt = self.cache.n_step(position, self.settings.n_step, self.gamma)
-        else:
-            reward, terminated, nxt = flat["reward"][position], flat["terminated"][position], self.cache.successor(position)
-        batch = {OBS + k: flat[OBS + k][position] for k in self.obs_keys}
-        batch.update({NEXT_OBS + k: flat[OBS + k][nxt] for k in self.obs_keys})
-        batch["action"] = flat["action"][position]
-        batch["reward"], batch["terminated"] = reward, terminated
-        batch["policy_version"] = flat["policy_version"][position]
-        batch["robot"] = flat["stream"][position]
-        if self.settings.n_step > 1:
-            batch["discount"] = discount
+        with self._lock:
+            self.prefetcher.install_ready()
+            catalog = self.cache.catalog_columns()
+            picked = self.sampler.draw_first(len(catalog["position"]), catalog["order"].data, catalog["source"].data,
+                                             catalog["task"].data, batch_size, rng, self.cache.version)
+            position = catalog["position"].data[picked]
+            flat = self.cache.flat
+            if self.settings.n_step > 1:
+                reward, discount, terminated, nxt = self.cache.n_step(position, self.settings.n_step, self.gamma)
+            else:
+                reward, terminated = flat["reward"][position], flat["terminated"][position]
+                nxt = catalog["next"].data[picked]
+            batch = {OBS + k: flat[OBS + k][position] for k in self.obs_keys}
+            batch.update({NEXT_OBS + k: flat[OBS + k][nxt] for k in self.obs_keys})
+            batch["action"] = flat["action"][position]
+            batch["reward"], batch["terminated"] = reward, terminated
+            batch["policy_version"] = flat["policy_version"][position]
+            batch["robot"] = flat["stream"][position]
+            if self.settings.n_step > 1:
+                batch["discount"] = discount
         self.prefetcher.sampled()
         return batch
 
     # -- inspection and shutdown ---------------------------------------------------------------
     def batch_keys(self) -> set[tuple[str, int, int]]:
-        """Every durable (robot, epoch, seq) this buffer holds."""
+        """Every durable (robot, epoch, seq) batch this buffer holds (lost ones: `lost_keys`)."""
         keys = set(self.index.batch_keys())
-        by_id = {s.record.id: s.record for s in self.streams.values()}
-        keys.update((by_id[sid].robot, by_id[sid].epoch, seq) for sid, seq, _ in self._open_batches)
+        keys.update((robot, epoch, seq) for _, seq, _, lost, robot, epoch in self._open_batches if not lost)
+        return keys
+
+    def lost_keys(self) -> set[tuple[str, int, int]]:
+        """Every durable (robot, epoch, seq) that an edge reported lost."""
+        keys = set(self.index.lost_keys())
+        keys.update((robot, epoch, seq) for _, seq, _, lost, robot, epoch in self._open_batches if lost)
         return keys
 
     def stats(self) -> dict:
-        return {"transitions": self.transitions, "segments": len(self.segments) + 1,
-                "cached_segments": len(self.cache.active()), "corrupt_segments": list(self.corrupt),
-                "duplicates": self.duplicates,
-                "dropped_unpaired": sum(s.dropped for s in self.streams.values())}
+        streams = list(self.streams.values())  # one C-level copy: the ingest thread may add streams
+        with self._lock:
+            checked = len(self.verified) + len(self._corrupt_ids)
+            return {"transitions": self.transitions, "segments": len(self.segments) + 1,
+                    "cached_segments": len(self.cache.active()), "corrupt_segments": list(self.corrupt),
+                    "duplicates": self.duplicates, "lost_batches": self.lost_batches,
+                    "dropped_unpaired": self._dropped_released + sum(s.dropped for s in streams),
+                    "scrub": {"verified": checked, "total": len(set(self.segments) | self.verified) + len(self._corrupt_ids)},
+                    "failure": self.failure, "thread_errors": self.thread_errors()}
 
     def close(self) -> None:
         """Seal what is open and close the index; the directory then holds everything.
 
-        Closing twice is harmless (a learner and its test fixture may both close)."""
+        After a write failure nothing more is written: the open segment and its commit log stay
+        for the next open to recover. Closing twice is harmless."""
         if self._closed:
             return
         self._closed = True
         self.prefetcher.close()
-        self.seal()
+        if self.scrubber is not None:
+            self.scrubber.close()
+        if self.failure is None:
+            try:
+                self.seal()
+            except BufferWriteError:
+                pass  # logged; the next open recovers what the commit log holds
+        if self.failure is not None:
+            self.writer.close()
+            self.commits.close()
+            self.index.close()
+            return
         self.writer.abort()
         self.commits.close()
         commit_file(self.dir, self.open_id).unlink(missing_ok=True)
