@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import zmq
+import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
 from user_rl.config import ConfigError, build_config
@@ -42,8 +43,17 @@ def test_revoke_and_enroll_move_public_keys(tmp_path: Path) -> None:
     assert not (keys / "enrolled" / "arm-0.key").exists()
     with pytest.raises(ConfigError, match="'arm-0' is not enrolled .* enrolled: none"):
         revoke(keys, "arm-0")
-    enroll(keys, "arm-0", keys / "robots" / "arm-0.key")
-    assert (keys / "enrolled" / "arm-0.key").is_file() and not (keys / "revoked" / "arm-0.key").exists()
+    # A revoked key stays out for good: enrolling it again is refused, a new keypair is taken.
+    with pytest.raises(ConfigError, match="holds a revoked key .*make the robot a new keypair"):
+        enroll(keys, "arm-0", keys / "robots" / "arm-0.key")
+    assert not (keys / "enrolled" / "arm-0.key").exists()
+    (tmp_path / "new").mkdir()
+    zmq.auth.create_certificates(tmp_path / "new", "arm-0")
+    enroll(keys, "arm-0", tmp_path / "new" / "arm-0.key")
+    assert (keys / "enrolled" / "arm-0.key").is_file() and (keys / "revoked" / "arm-0.key").is_file()
+    # Revoking the new key too keeps both revoked keys.
+    assert revoke(keys, "arm-0") == keys / "revoked" / "arm-0.key.2"
+    assert (keys / "revoked" / "arm-0.key").read_bytes() != (keys / "revoked" / "arm-0.key.2").read_bytes()
     with pytest.raises(ConfigError, match="no key file at .*arm-9.key_secret; make keys with"):
         robot_keys(keys, "arm-9")
 
@@ -92,7 +102,10 @@ def test_enrolled_robot_is_named_by_its_key_and_a_stranger_is_refused(server) ->
     robot.send(b"hello")
     assert socket.poll(5000)
     frames = socket.recv_multipart(copy=False)
-    assert frames[1].bytes == b"hello" and frames[0].get("User-Id") == "arm-0"
+    # The message names the robot and the key it proved (revocation is by key).
+    user_id = frames[0].get("User-Id")
+    assert frames[1].bytes == b"hello" and user_id == f"arm-0/{robot_keys(keys, 'arm-0').public.decode()}"
+    assert gate.is_enrolled(user_id) and not gate.is_enrolled("arm-0")
 
     public, secret = zmq.curve_keypair()
     stranger, monitor = connect(context, address, ClientKeys(KeyPair(public, secret), gate.keys.public))
