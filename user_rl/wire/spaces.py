@@ -59,15 +59,19 @@ def box_from_proto(msg: pb.BoxSpace) -> gym.spaces.Box:
 
 
 def box_differs(msg: pb.BoxSpace, known: gym.spaces.Box) -> str | None:
-    """How a declared space differs from a known one, or None. Dtype and shape are compared
-    first; bounds are built only once they match, so the cost is bounded by the known space."""
+    """How a declared space differs from a known one, or None. Dtype and shape first; then the
+    bounds, cast to the space's dtype as `box_from_proto` would, compared element by element
+    with the known ones in place: no space is built, the cost is bounded by the known space."""
     shape, dtype = check_box(msg)
     if dtype != known.dtype:
         return f"dtype {dtype.name}, expected {known.dtype.name}"
     if shape != known.shape:
         return f"shape {list(shape)}, expected {list(known.shape)}"
-    if box_from_proto(msg) != known:
-        return f"bounds differ from [{known.low.min()}, {known.high.max()}]"
+    for side, declared, bound in (("low", msg.low, known.low), ("high", msg.high, known.high)):
+        values = np.asarray(declared, np.float64).astype(dtype)  # 1 value (uniform) or the message's own
+        same = bool((bound == values[0]).all()) if len(values) == 1 else np.array_equal(bound, values.reshape(shape))
+        if not same:
+            return f"{side} bounds differ from the fleet's"
     return None
 
 
