@@ -376,3 +376,25 @@ def test_ids_too_big_for_the_index_are_rejected_and_commits_go_on(context: zmq.C
         assert ack.kind == "ack" and ack.body.seq == 1  # committed: the index took everything it was given
     finally:
         peer.close()
+
+
+def test_the_status_shows_each_robots_own_step_count_and_what_is_stored(context: zmq.Context, ingest: Ingest) -> None:
+    """A killed edge's exact step count is recoverable from the learner's status: the edge's own
+    count from its last heartbeat, beside the transitions stored and the acked batches."""
+    link = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-s"),
+                    OBS_SPACE, ACTION_SPACE, epoch=11)
+    try:
+        link.hello()
+        wait_until(lambda: link.welcomed, pump=lambda: link.poll(20))
+        robot = Episodes(100)
+        link.send_batch(*robot.batch(10))
+        link.send_batch(*robot.batch(7))
+        wait_until(lambda: not link.unacked, pump=lambda: link.poll(20))
+        # (The summary as the status shows it; read here beside the ingest's serving thread.)
+        assert ingest.robots["edge-s"].summary()["edge_steps"] is None  # no heartbeat yet
+        link.heartbeat(env_steps=21)  # four steps taken since the last batch, not yet sent
+        wait_until(lambda: ingest.robots["edge-s"].summary()["edge_steps"] == 21)
+        summary = ingest.robots["edge-s"].summary()
+        assert summary["transitions"] == 17 and summary["acked_seq"] == 2 and summary["stream_epoch"] == 11
+    finally:
+        link.close()

@@ -11,8 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zmq
+import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
 from user_rl.config import ConfigError, build_config
@@ -42,8 +44,17 @@ def test_revoke_and_enroll_move_public_keys(tmp_path: Path) -> None:
     assert not (keys / "enrolled" / "arm-0.key").exists()
     with pytest.raises(ConfigError, match="'arm-0' is not enrolled .* enrolled: none"):
         revoke(keys, "arm-0")
-    enroll(keys, "arm-0", keys / "robots" / "arm-0.key")
-    assert (keys / "enrolled" / "arm-0.key").is_file() and not (keys / "revoked" / "arm-0.key").exists()
+    # A revoked key stays out for good: enrolling it again is refused, a new keypair is taken.
+    with pytest.raises(ConfigError, match="holds a revoked key .*make the robot a new keypair"):
+        enroll(keys, "arm-0", keys / "robots" / "arm-0.key")
+    assert not (keys / "enrolled" / "arm-0.key").exists()
+    (tmp_path / "new").mkdir()
+    zmq.auth.create_certificates(tmp_path / "new", "arm-0")
+    enroll(keys, "arm-0", tmp_path / "new" / "arm-0.key")
+    assert (keys / "enrolled" / "arm-0.key").is_file() and (keys / "revoked" / "arm-0.key").is_file()
+    # Revoking the new key too keeps both revoked keys.
+    assert revoke(keys, "arm-0") == keys / "revoked" / "arm-0.key.2"
+    assert (keys / "revoked" / "arm-0.key").read_bytes() != (keys / "revoked" / "arm-0.key.2").read_bytes()
     with pytest.raises(ConfigError, match="no key file at .*arm-9.key_secret; make keys with"):
         robot_keys(keys, "arm-9")
 
@@ -92,7 +103,10 @@ def test_enrolled_robot_is_named_by_its_key_and_a_stranger_is_refused(server) ->
     robot.send(b"hello")
     assert socket.poll(5000)
     frames = socket.recv_multipart(copy=False)
-    assert frames[1].bytes == b"hello" and frames[0].get("User-Id") == "arm-0"
+    # The message names the robot and the key it proved (revocation is by key).
+    user_id = frames[0].get("User-Id")
+    assert frames[1].bytes == b"hello" and user_id == f"arm-0/{robot_keys(keys, 'arm-0').public.decode()}"
+    assert gate.is_enrolled(user_id) and not gate.is_enrolled("arm-0")
 
     public, secret = zmq.curve_keypair()
     stranger, monitor = connect(context, address, ClientKeys(KeyPair(public, secret), gate.keys.public))
@@ -126,3 +140,85 @@ def test_a_launch_that_would_encrypt_checks_its_keys_before_starting_anything(tm
     assert one_short.returncode == 2 and "robots/mujoco_reach-1.key_secret" in one_short.stderr
     assert "user-rl keys generate KEYS_DIR ROBOT_ID" in one_short.stderr
     assert not (tmp_path / "runs").exists()  # nothing was started or written
+
+
+def test_a_revoked_key_stays_out_after_its_robot_is_enrolled_with_a_new_key(tmp_path: Path) -> None:
+    """Revocation is of the key, not the name: arm-0's old key, revoked, is refused on its open
+    connection and at every new handshake, while arm-0's new key streams."""
+    from user_rl.cloud.ingest import Ingest
+    from user_rl.edge.batching import BatchBuilder
+    from user_rl.edge.link import DataLink, LinkSettings
+    from user_rl.hal.registry import make_robot
+    from user_rl.wire import user_rl_pb2 as pb
+
+    keys = tmp_path / "keys"
+    generate(keys, ["arm-0"])
+    context = zmq.Context()
+    gate = Gatekeeper(context, keys)
+    ingest = Ingest(context, "tcp://127.0.0.1:0", tmp_path / "buffer", gate=gate)
+    robot = make_robot("mujoco_reach", robot_id="arm-0")
+    obs_space, action_space = robot.observation_space, robot.action_space
+    ingest.open_buffer(obs_space, action_space)
+
+    def link(client: ClientKeys, epoch: int) -> DataLink:
+        return DataLink(context, ingest.endpoint, robot.descriptor, obs_space, action_space, epoch=epoch,
+                        settings=LinkSettings(spool_dir=str(tmp_path / f"spool-{epoch}"), curve=client))
+
+    def send_steps(data_link: DataLink, rows: int = 8) -> None:
+        builder = BatchBuilder(obs_space, action_space, capacity=rows)
+        obs = robot.reset()
+        for step in range(rows):
+            builder.add(obs, np.zeros(action_space.shape, action_space.dtype), 0.0, False, False, episode=0,
+                        step=step, policy_version=-1, actor=pb.ACTOR_POLICY, label=pb.LABEL_NONE, sensor_time=0.0)
+        data_link.send_batch(*builder.take())
+
+    def serve_until(condition, what: str, *links: DataLink, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            ingest.poll(10)
+            for data_link in links:
+                data_link.poll(0)
+
+    old_keys = ClientKeys.for_robot(keys, "arm-0")
+    old = link(old_keys, epoch=1)
+    new = again = None
+    try:
+        old.hello()
+        send_steps(old)
+        serve_until(lambda: old.welcomed and old.unacked == 0, "the old key to stream", old)
+
+        revoke(keys, "arm-0")
+        new_public, new_secret = zmq.curve_keypair()
+        (tmp_path / "new").mkdir()
+        (tmp_path / "new" / "arm-0.key").write_text(
+            f"metadata\ncurve\n    public-key = \"{new_public.decode()}\"\n")
+        enroll(keys, "arm-0", tmp_path / "new" / "arm-0.key")  # the same robot id, a new key
+        time.sleep(0.3)  # the enrolment lists are re-read at most every 0.2 s
+
+        # The old key's open connection: its next message is refused, nothing more is stored.
+        stored = ingest.robots["arm-0"].transitions
+        send_steps(old)
+        serve_until(lambda: old.rejects["not_enrolled"] >= 1, "the old key's message to be refused", old)
+        assert old.refused is not None and "not_enrolled" in old.refused
+        # A new connection with the old key: refused at the handshake.
+        again = link(old_keys, epoch=2)
+        again.hello()
+        serve_until(lambda: again.refused is not None, "the old key's handshake to be denied", again)
+        assert again.refused.startswith("key_refused")
+        assert gate.denied_report()[0].get("arm-0 (revoked)", 0) >= 1
+        # The new key streams.
+        new = link(ClientKeys(KeyPair(new_public, new_secret), gate.keys.public), epoch=3)
+        new.hello()
+        send_steps(new)
+        serve_until(lambda: new.welcomed and new.unacked == 0, "the new key to stream", new)
+        assert ingest.robots["arm-0"].epoch == 3 and ingest.robots["arm-0"].transitions == stored + 8
+        assert ingest.rejected["not_enrolled"] >= 1 and ingest.rejected["wrong_robot"] == 0
+    finally:
+        for data_link in (old, new, again):
+            if data_link is not None:
+                data_link.close()
+        robot.close()
+        ingest.close()
+        gate.close()
+        context.term()

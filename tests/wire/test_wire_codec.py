@@ -346,6 +346,11 @@ def test_nan_action_and_reward() -> None:
     count, arrays = built_batch()
     arrays["obs/state"][1, 0] = np.nan
     assert validation_reason(count, arrays) == "non_finite"
+    # A final observation becomes a next observation in training: NaN there is refused too (the
+    # fuzz test stored one before this check existed).
+    count, arrays = built_batch(end_at={2: "terminated"})
+    arrays["final_obs/state"][0, 1] = np.inf
+    assert validation_reason(count, arrays) == "non_finite"
 
 
 def test_missing_column() -> None:

@@ -6,13 +6,21 @@ a re-sent batch is acknowledged again but stored once, and a batch after a gap i
 (the ack tells the edge where to resume). Acks are cumulative and sent only once a group
 commit has made the batches durable. Every message that fails to decode or validate is
 dropped with a counted, logged reason, and the peer is told why; the socket keeps serving.
+
+Bounded under hostile load: a message is read frame by frame and dropped once it is over
+`max_message_bytes` in total; a hello is compared with the known spaces before anything its
+size is built; robots not heard from for `forget_idle_s` (and beyond `max_robots` the
+longest-idle) leave memory and the status, and come back with a new hello. A buffer write
+error stops the ingest taking data: nothing after it is acked, and `report()["failure"]` says why.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import sqlite3
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,15 +33,20 @@ from user_rl.cloud.buffer.store import PersistentReplay
 from user_rl.cloud.peer_guard import PeerGuard
 from user_rl.config import BufferConfig
 from user_rl.hal.descriptor import DeviceDescriptor
-from user_rl.security.curve import Gatekeeper, secure_server
+from user_rl.security.curve import Gatekeeper, secure_server, split_user_id
 from user_rl.wire import user_rl_pb2 as pb
-from user_rl.wire.codec import Message, WireError, decode, encode, envelope
+from user_rl.wire.codec import MAX_ARRAYS_PER_MESSAGE, Message, WireError, decode, encode, envelope
 from user_rl.wire.images import decode_columns
 from user_rl.wire.spaces import (MAX_NAME_CHARS, MAX_OBSERVATION_KEYS, MAX_TEXT_CHARS, box_from_proto,
-                                 descriptor_from_proto, dict_space_from_proto)
+                                 declared_step_bytes, descriptor_from_proto, dict_space_from_proto, spaces_differ)
 from user_rl.wire.transitions import MAX_INDEX_INT, validate_batch
 
 log = logging.getLogger(__name__)
+# What a failing disk raises from the buffer (its BufferWriteError is an OSError; the index is SQLite).
+STORAGE_ERRORS = (OSError, sqlite3.Error)
+STORAGE_FAILED = "learner_storage_failed"  # the reject reason edges retry on (they keep spooling)
+DECODED_PER_MESSAGE = 4  # compressed images in a message may decode to this many times max_message_bytes
+FORGET_CHECK_S = 1.0  # how often idle robots are looked for
 
 
 @dataclass
@@ -59,7 +72,10 @@ class RobotSession:
 
     def summary(self) -> dict:
         return {
-            "transitions": self.transitions,
+            "transitions": self.transitions,  # stored by this learner since it last heard this robot's hello
+            "edge_steps": self.heartbeat.get("env_steps"),  # the edge's own count at its last heartbeat
+            "stream_epoch": self.epoch,
+            "acked_seq": self.stream.durable_seq,
             "episodes": self.episodes,
             "policy_versions": len([v for v in self.versions if v >= 0]),  # -1: random warm-up
             "latest_version": max(self.versions, default=-1),
@@ -81,10 +97,15 @@ class RobotSession:
 class Ingest:
     def __init__(self, context: zmq.Context, endpoint: str, buffer_dir: Path, buffer: BufferConfig | None = None,
                  gamma: float = 0.99, max_rejects_logged: int = 20, gate: Gatekeeper | None = None,
-                 max_messages_per_s: float = 2000.0, max_message_bytes: int = 64 << 20) -> None:
+                 max_messages_per_s: float = 2000.0, max_message_bytes: int = 64 << 20, max_robots: int = 1024,
+                 forget_idle_s: float = 600.0) -> None:
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)  # a bigger frame: ZeroMQ drops the peer
+        # A bigger frame: ZeroMQ drops the peer. A bigger message of many frames: dropped in `_receive`.
+        self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        self.max_message_bytes = max_message_bytes
+        self.max_robots = max_robots
+        self.forget_idle_s = forget_idle_s
         self.guard = PeerGuard(max_messages_per_s)
         self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting edge takes its identity back
         self.gate = gate
@@ -95,7 +116,12 @@ class Ingest:
         self.buffer_dir = Path(buffer_dir)
         self.buffer_settings = buffer or BufferConfig()
         self.gamma = gamma
-        self.robots: dict[str, RobotSession] = {}
+        self.robots: OrderedDict[str, RobotSession] = OrderedDict()  # the longest-idle first
+        self.forgotten = 0  # robots dropped from memory (idle, or beyond max_robots)
+        self._sessions_made = 0
+        self._forget_checked = time.monotonic()
+        self._unused_streams: list[StreamState] = []  # of forgotten robots: released after the next commit
+        self.failure: str | None = None  # set once a buffer write failed: no data is taken or acked after it
         self.rejected: Counter[str] = Counter()
         self.duplicates = 0
         self.out_of_order = 0
@@ -112,44 +138,86 @@ class Ingest:
         """Handle waiting messages; return how many were handled."""
         handled = 0
         while handled < max_messages and self.socket.poll(timeout_ms if handled == 0 else 0):
-            frames = self.socket.recv_multipart(copy=False)
+            routing, frames, refused = self._receive()
             handled += 1
-            identity = frames[0].bytes
+            identity = routing.bytes
             if not self.guard.admit(identity):  # over its message budget: dropped unread
                 continue
             try:
-                msg = decode(frames[1:])
-                self._check_peer(frames[0].get("User-Id") if self.gate else None, msg)
+                if refused is not None:
+                    raise refused
+                msg = decode(frames)
+                self._check_peer(routing.get("User-Id") if self.gate else None, msg)
+                if self.failure is not None:  # nothing is stored or acked after a buffer write error
+                    raise WireError(STORAGE_FAILED, self.failure)
                 self._handle(identity, msg)
             except WireError as exc:
                 self._reject(identity, exc)
+            except STORAGE_ERRORS as exc:  # the disk failed under add / seal / open: never ack past it
+                self._storage_failed(exc)
+                self._reject(identity, WireError(STORAGE_FAILED, self.failure or ""))
             except Exception as exc:  # a bug must not take the learner down with it
                 log.exception("ingest failed on a message")
                 self._reject(identity, WireError("internal_error", repr(exc)[:200]))
         self.maybe_commit()
+        self._forget_idle()
         return handled
+
+    def _receive(self) -> tuple[zmq.Frame, list[zmq.Frame], WireError | None]:
+        """One message, frame by frame: (routing frame, the message's frames, why it is refused).
+        Past `max_message_bytes` in total (or too many frames) the rest is read and dropped,
+        so an oversized message never sits in memory whole on this side."""
+        routing = self.socket.recv(copy=False)
+        frames: list[zmq.Frame] = []
+        total, refused = 0, None
+        more = routing.more
+        while more:
+            frame = self.socket.recv(copy=False)
+            more = frame.more
+            if refused is not None:
+                continue  # dropped as it arrives
+            total += len(frame)
+            if total > self.max_message_bytes:
+                refused = WireError("message_too_large", f"over {self.max_message_bytes / 2**20:g} MiB in total "
+                                                         "(learner.max_message_mb, counted over all frames)")
+            elif len(frames) > MAX_ARRAYS_PER_MESSAGE:  # the envelope and its arrays
+                refused = WireError("too_many_arrays", f"more than {MAX_ARRAYS_PER_MESSAGE} arrays")
+            if refused is not None:
+                frames.clear()
+            else:
+                frames.append(frame)
+        return routing, frames, refused
 
     def maybe_commit(self, force: bool = False) -> None:
         """Group commit: make appended batches durable, then acknowledge them."""
-        if self.buffer is None:
+        if self.buffer is None or self.failure is not None:
             return
         now = time.monotonic()
         if not force and now - self._last_commit < self.buffer_settings.commit_interval_s:
             return
         self._last_commit = now
-        for stream in self.buffer.commit():
+        try:
+            advanced = self.buffer.commit()
+        except STORAGE_ERRORS as exc:  # not durable: none of it is acked, now or later
+            self._storage_failed(exc)
+            return
+        for stream in advanced:
             session = self.robots.get(stream.record.robot)
             if session is not None:
                 self._ack(session, stream)
+        self._release_unused_streams()
 
     def _check_peer(self, peer: str | None, msg: Message) -> None:
-        """With CurveZMQ, a message must come from a key enrolled now, speaking for its own robot."""
+        """With CurveZMQ, a message must come from a key enrolled now (by key: a revoked key stays
+        out after its robot is enrolled again with a new one), speaking for its own robot.
+        `peer` is the message's `User-Id`, "<robot id>/<key>" (see security.curve)."""
         if self.gate is None:
             return
+        robot_id, _ = split_user_id(peer)
         if not self.gate.is_enrolled(peer):
-            raise WireError("not_enrolled", f"the key of {peer!r} is not enrolled (revoked?)")
-        if msg.envelope.robot_id != peer:
-            raise WireError("wrong_robot", f"the key of {peer!r} cannot speak for robot {msg.envelope.robot_id!r}")
+            raise WireError("not_enrolled", f"the key of {robot_id!r} is not enrolled (revoked?)")
+        if msg.envelope.robot_id != robot_id:
+            raise WireError("wrong_robot", f"the key of {robot_id!r} cannot speak for robot {msg.envelope.robot_id!r}")
 
     def _handle(self, identity: bytes, msg: Message) -> None:
         kind = msg.kind
@@ -159,7 +227,7 @@ class Ingest:
         session = self.robots.get(msg.envelope.robot_id)
         if session is None or session.identity != identity:
             raise WireError("no_hello", f"robot {msg.envelope.robot_id!r} sent {kind} before hello")
-        session.last_seen = time.monotonic()
+        self._touch(session)
         if kind == "batch":
             self._batch(session, msg)
         elif kind == "heartbeat":
@@ -188,18 +256,7 @@ class Ingest:
         if max(len(d.model), len(d.id), len(d.kind)) > MAX_NAME_CHARS or len(d.instruction) > MAX_TEXT_CHARS \
                 or len(d.cameras) > MAX_OBSERVATION_KEYS:
             raise WireError("bad_hello", f"{robot_id}: descriptor fields too long")
-        try:
-            obs_space = dict_space_from_proto(hello.observation_space)
-            action_space = box_from_proto(hello.action_space)
-        except (TypeError, ValueError) as exc:  # bad dtype name, bounds that do not fit the shape
-            raise WireError("bad_hello", f"{robot_id}: unusable spaces: {exc}"[:300]) from None
-        if self.obs_space is None:
-            try:
-                self.open_buffer(obs_space, action_space)
-            except ValueError as exc:  # the run's buffer holds other spaces
-                raise WireError("spaces_mismatch", str(exc)[:300]) from None
-        elif obs_space != self.obs_space or action_space != self.action_space:
-            raise WireError("spaces_mismatch", f"{robot_id}: spaces differ from the fleet's (heterogeneous fleets need per-embodiment policies)")
+        self._check_spaces(robot_id, hello)
         old = self.robots.get(robot_id)
         descriptor = descriptor_from_proto(hello.descriptor)
         stream = self.buffer.open_stream(robot_id, hello.stream_epoch, descriptor.instruction)
@@ -207,15 +264,48 @@ class Ingest:
             old.identity = identity  # reconnect of the same stream: keep its place
             session = old
         else:
-            session = RobotSession(robot_id=robot_id, index=old.index if old else len(self.robots), identity=identity,
-                                   descriptor=descriptor, epoch=hello.stream_epoch, stream=stream)
+            if old is None:
+                self._make_room()
+                self._sessions_made += 1
+            session = RobotSession(robot_id=robot_id, index=old.index if old else self._sessions_made - 1,
+                                   identity=identity, descriptor=descriptor, epoch=hello.stream_epoch, stream=stream)
             if old is not None:  # a restarted edge: counters carry on, its open episode was cut short
                 session.transitions, session.episodes, session.versions = old.transitions, old.episodes, old.versions
                 session.streams = old.streams + 1
             self.robots[robot_id] = session
             log.info("robot %s joined (epoch %d, %d batches already stored)", robot_id, hello.stream_epoch,
                      stream.durable_seq)
+        self._touch(session)
         self._ack(session, stream)
+
+    def _check_spaces(self, robot_id: str, hello: pb.Hello) -> None:
+        """Compare a hello's declared spaces with the fleet's before building anything their size;
+        a fresh ingest without spaces opens its buffer with them if one step fits the limits."""
+        try:
+            if self.obs_space is not None:
+                problem = spaces_differ(hello.observation_space, hello.action_space, self.obs_space, self.action_space)
+            else:
+                problem, step_bytes = None, declared_step_bytes(hello.observation_space, hello.action_space)
+        except (TypeError, ValueError) as exc:  # bad dtype name, bounds that do not fit the shape
+            raise WireError("bad_hello", f"{robot_id}: unusable spaces: {exc}"[:300]) from None
+        if problem:
+            raise WireError("spaces_mismatch", f"{robot_id}: spaces differ from the fleet's: {problem} "
+                                               "(heterogeneous fleets need per-embodiment policies)"[:400])
+        if self.obs_space is not None:
+            return
+        if 2 * step_bytes > self.max_message_bytes:  # a step and its final observation: one message
+            raise WireError("bad_hello", f"{robot_id}: the declared spaces take {step_bytes / 2**20:.1f} MiB per step; "
+                                         "a step with its final observation must fit in one message of "
+                                         f"{self.max_message_bytes / 2**20:g} MiB (learner.max_message_mb)")
+        try:
+            obs_space = dict_space_from_proto(hello.observation_space)
+            action_space = box_from_proto(hello.action_space)
+        except (TypeError, ValueError) as exc:
+            raise WireError("bad_hello", f"{robot_id}: unusable spaces: {exc}"[:300]) from None
+        try:
+            self.open_buffer(obs_space, action_space)
+        except ValueError as exc:  # the run's buffer holds other spaces
+            raise WireError("spaces_mismatch", str(exc)[:300]) from None
 
     def open_buffer(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> None:
         """Open (or reopen after a restart) the run's buffer; the fleet's spaces are fixed from now."""
@@ -238,7 +328,7 @@ class Ingest:
             self.out_of_order += 1
             self._ack(session, stream, gap=True)
             return
-        arrays = decode_columns(msg.arrays, self.obs_space)
+        arrays = decode_columns(msg.arrays, self.obs_space, body.count, DECODED_PER_MESSAGE * self.max_message_bytes)
         validate_batch(arrays, body.count, self.obs_space, self.action_space)
         self.buffer.add(stream, body.seq, arrays)
         self._account(session, arrays)
@@ -261,11 +351,15 @@ class Ingest:
     # -- reporting -------------------------------------------------------------------------
     def report(self) -> dict:
         """What the learner's status shows of the ingest (call from the ingest thread: it owns this state)."""
+        keys_refused, refusals = self.gate.denied_report() if self.gate else ({}, 0)
         return {
-            "robots": {rid: s.summary() for rid, s in self.robots.items()},
+            "robots": {rid: s.summary() for rid, s in self.robots.items()},  # at most max_robots
+            "robots_forgotten": self.forgotten,
             "rejected": dict(self.rejected),
             "rejected_by_peer": self.guard.report(),
-            "keys_refused": dict(self.gate.denied) if self.gate else {},  # handshakes of unknown keys
+            "keys_refused": keys_refused,  # handshakes of unknown or revoked keys: the most recent keys
+            "keys_refused_total": refusals,
+            "failure": self.failure,
             "duplicates": self.duplicates,
             "out_of_order": self.out_of_order,
             "buffer_stats": self.buffer.stats() if self.buffer else {},
@@ -275,6 +369,8 @@ class Ingest:
     # -- replying --------------------------------------------------------------------------
     def _ack(self, session: RobotSession, stream: StreamState, gap: bool = False) -> None:
         """Cumulative ack of the stream's durable batches; after a gap, also where to resume."""
+        if self.failure is not None:  # after a buffer write error no ack may cover what was not committed
+            return
         ack = pb.Ack(stream_epoch=stream.record.epoch, seq=stream.durable_seq,
                      next_seq=stream.record.last_seq + 1 if gap else 0,
                      step_credit=self.step_credit, policy_version=self.policy_version)
@@ -293,8 +389,71 @@ class Ingest:
             reject = envelope(reject=pb.Reject(reason=str(exc)[:500]))
             self.socket.send_multipart([identity, *encode(reject)])
 
+    # -- failures and forgetting ------------------------------------------------------------
+    def _storage_failed(self, exc: BaseException) -> None:
+        """A buffer write failed: from now on nothing is stored or acked; say so once, loudly."""
+        if self.failure is not None:
+            return
+        code = getattr(exc, "errno", None)
+        name = errno.errorcode.get(code, type(exc).__name__) if isinstance(code, int) else type(exc).__name__
+        detail = getattr(self.buffer, "failure", None) or str(exc)
+        self.failure = (f"buffer write failed in {self.buffer_dir}: {name} ({detail})"[:400] + "; the learner takes "
+                        "no more data and acks nothing after it (edges keep their spools): fix the disk and restart "
+                        "the learner")
+        log.critical("%s", self.failure, exc_info=exc)
+
+    def _touch(self, session: RobotSession) -> None:
+        session.last_seen = time.monotonic()
+        self.robots.move_to_end(session.robot_id)
+
+    def _make_room(self) -> None:
+        """Before a new robot joins: at most max_robots are kept, the longest-idle leave first."""
+        while len(self.robots) >= self.max_robots:
+            self._forget(next(iter(self.robots.values())), "max_robots")
+
+    def _forget_idle(self) -> None:
+        now = time.monotonic()
+        if now - self._forget_checked < FORGET_CHECK_S:
+            return
+        self._forget_checked = now
+        while self.robots:
+            oldest = next(iter(self.robots.values()))
+            if now - oldest.last_seen < self.forget_idle_s:
+                break
+            self._forget(oldest, "idle")
+
+    def _forget(self, session: RobotSession, why: str) -> None:
+        """Drop a robot from memory and the status; its stored data stays. If it comes back, it
+        says hello again and continues (its counters here restart)."""
+        del self.robots[session.robot_id]
+        self.forgotten += 1
+        if self.forgotten <= self._max_logged:
+            log.info("forgot robot %s (%s, last heard %.0f s ago)", session.robot_id, why,
+                     time.monotonic() - session.last_seen)
+        if hasattr(self.buffer, "release_stream"):  # the buffer reloads a released stream from its index
+            self._unused_streams.append(session.stream)
+
+    def _release_unused_streams(self) -> None:
+        """Release forgotten robots' streams from the buffer's memory once nothing of theirs awaits a commit."""
+        unused, self._unused_streams = self._unused_streams, []
+        for stream in unused:
+            if stream.durable_seq == stream.record.last_seq and stream.record.robot not in self.robots:
+                self.buffer.release_stream(stream)
+            elif stream.record.robot not in self.robots:
+                self._unused_streams.append(stream)  # still committing: next time
+
     def close(self) -> None:
-        """Stop serving; seal and close the buffer (everything acked is on disk already)."""
+        """Stop serving; seal and close the buffer (everything acked is on disk already).
+        After a write failure nothing more is written: the next start recovers what was committed."""
         self.socket.close(0)
-        if self.buffer is not None:
+        if self.buffer is None:
+            return
+        if self.failure is None:
             self.buffer.close()
+            return
+        buf = self.buffer
+        for release in (buf.prefetcher.close, buf.commits.close, buf.writer._close, buf.index.close):
+            try:
+                release()
+            except Exception:  # noqa: BLE001 - closing what is left of a failed disk
+                log.exception("closing the failed buffer")

@@ -17,6 +17,7 @@ from collections import Counter, OrderedDict
 
 REPLIES_PER_S = 10.0  # rejection replies to one peer (after a burst of REPLY_BURST); beyond, only counted
 REPLY_BURST = 50.0
+OTHER_PEERS = "(other peers)"  # rejections of peers beyond the first `max_named` ones, counted together
 
 
 class _Bucket:
@@ -28,10 +29,11 @@ class _Bucket:
 
 
 class PeerGuard:
-    def __init__(self, rate_per_s: float, burst_s: float = 1.0, max_peers: int = 4096) -> None:
+    def __init__(self, rate_per_s: float, burst_s: float = 1.0, max_peers: int = 4096, max_named: int = 64) -> None:
         self.rate = rate_per_s
         self.burst = max(1.0, rate_per_s * burst_s)
         self.max_peers = max_peers
+        self.max_named = max_named  # peers named in the rejection report (it goes into the status)
         self._peers: OrderedDict[bytes, _Bucket] = OrderedDict()  # least recently heard first
         self.rejected: dict[str, Counter[str]] = {}
 
@@ -75,6 +77,6 @@ class PeerGuard:
 
     def _count(self, peer: bytes, reason: str) -> None:
         name = peer.decode("utf-8", "replace")[:128]
-        if name not in self.rejected and len(self.rejected) >= self.max_peers:
-            name = "(other peers)"
+        if name not in self.rejected and len(self.rejected) >= self.max_named:
+            name = OTHER_PEERS
         self.rejected.setdefault(name, Counter())[reason] += 1

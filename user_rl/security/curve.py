@@ -2,15 +2,20 @@
 only enrolled robot keys.
 
 The learner's context runs one ZAP handler (pyzmq's ThreadAuthenticator) that asks `Enrolment`
-at every handshake, and names each admitted peer by its robot id: every message then carries
-that id as its `User-Id`, so the ingest can refuse a message from a key revoked since the
-handshake, and a robot speaking under another robot's name.
+at every handshake, and names each admitted peer by its robot id and public key: every message
+then carries `<robot id>/<key>` as its `User-Id`, so the ingest can refuse a message from a key
+revoked since the handshake (also when the robot was enrolled again with a new key since), and
+a robot speaking under another robot's name.
+
+Refused handshakes are counted, with the most recent refused keys named (a bounded map: a
+stranger trying millions of keys costs a counter, not memory).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +29,21 @@ from user_rl.security.keys import LEARNER, Enrolment, KeyPair, learner_keys, lea
 log = logging.getLogger(__name__)
 ZAP_DOMAIN = "user-rl"
 LOOPBACK = ("127.", "localhost", "::1", "[::1]")
+MAX_DENIED_SHOWN = 64  # refused keys named in the status (the most recent); all are counted
+MAX_DENIED_LOGGED = 20  # distinct refused keys logged as warnings; beyond, only counted
+
+
+def peer_user_id(robot_id: str, public_key_z85: bytes) -> str:
+    """The `User-Id` a message of an admitted peer carries: its robot id and the key it proved."""
+    return f"{robot_id}/{public_key_z85.decode()}"
+
+
+def split_user_id(user_id: str | None) -> tuple[str | None, bytes | None]:
+    """(robot id, z85 public key) from a `User-Id`; robot ids never hold '/', keys may."""
+    if not user_id or "/" not in user_id:
+        return None, None
+    robot_id, _, key = user_id.partition("/")
+    return robot_id, key.encode()
 
 
 def is_loopback(host: str) -> bool:
@@ -78,26 +98,41 @@ class Gatekeeper:
 
     context: zmq.Context
     keys_dir: Path
-    denied: Counter[str] = field(default_factory=Counter)
+    max_denied_shown: int = MAX_DENIED_SHOWN
+    # Refused handshakes by key (or "<robot> (revoked)"), the most recent last; bounded.
+    denied: OrderedDict[str, int] = field(default_factory=OrderedDict)
+    denied_total: int = 0  # every refused handshake, also of keys no longer named in `denied`
+    denied_keys: int = 0   # distinct refused keys seen (a key dropped from `denied` and back counts again)
 
     def __post_init__(self) -> None:
         self.keys = learner_keys(self.keys_dir)
         self.enrolment = Enrolment(self.keys_dir)
-        self.revoked = Enrolment(self.keys_dir, subdirectory="revoked")  # to name refused robots
+        self.revoked = Enrolment(self.keys_dir, subdirectory="revoked")  # revoked for good, by key
+        self._lock = threading.Lock()  # the ZAP thread counts refusals; the ingest thread reports them
         self._auth = ThreadAuthenticator(self.context, log=log)
-        # The ZAP reply's user id (binary key -> robot id) travels with every message as `User-Id`.
-        self._auth.curve_user_id = lambda key: self.robot_for(z85.encode(key)) or ""  # type: ignore[method-assign]
+        # The ZAP reply's user id travels with every message as `User-Id`: "<robot id>/<key>".
+        self._auth.curve_user_id = self._user_id  # type: ignore[method-assign]
         self._auth.start()
         self._auth.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=self)
 
+    def _user_id(self, public_key: bytes) -> str:
+        key = z85.encode(public_key)
+        robot_id = self.robot_for(key)
+        return peer_user_id(robot_id, key) if robot_id else ""
+
     def robot_for(self, public_key_z85: bytes) -> str | None:
+        """The robot this key speaks for now: None for unknown and revoked keys."""
         if public_key_z85 == self.keys.public:
             return LEARNER
+        if self.revoked.robot_for(public_key_z85) is not None:  # even if copied back into enrolled/
+            return None
         return self.enrolment.robot_for(public_key_z85)
 
-    def is_enrolled(self, robot_id: str | None) -> bool:
-        """Whether this robot's key is enrolled now (a message may come after a revocation)."""
-        return robot_id is not None and robot_id in self.enrolment.robots()
+    def is_enrolled(self, user_id: str | None) -> bool:
+        """Whether the key behind a message's `User-Id` is enrolled now, for the robot it names
+        (a message may come after a revocation, or after its robot was enrolled with a new key)."""
+        robot_id, key = split_user_id(user_id)
+        return robot_id is not None and key is not None and self.robot_for(key) == robot_id
 
     def callback(self, domain: str, public_key_z85: bytes) -> bool:
         """Asked by the ZAP thread at every handshake."""
@@ -105,10 +140,26 @@ class Gatekeeper:
             return True
         revoked = self.revoked.robot_for(public_key_z85)
         shown = f"{revoked} (revoked)" if revoked else public_key_z85.decode(errors="replace")
-        if not self.denied[shown]:
+        with self._lock:
+            self.denied_total += 1
+            count = self.denied.pop(shown, 0)
+            self.denied[shown] = count + 1
+            if not count:
+                self.denied_keys += 1
+                while len(self.denied) > self.max_denied_shown:  # forget the longest-quiet key
+                    self.denied.popitem(last=False)
+            new_key_number = self.denied_keys if not count else 0
+        if 0 < new_key_number <= MAX_DENIED_LOGGED:
             log.warning("refused a connection: key %s is not enrolled in %s", shown, self.enrolment.directory)
-        self.denied[shown] += 1
+            if new_key_number == MAX_DENIED_LOGGED:
+                log.warning("refused %d distinct keys: further refusals are only counted (status: keys_refused)",
+                            new_key_number)
         return False
+
+    def denied_report(self) -> tuple[dict[str, int], int]:
+        """(the most recent refused keys and their counts, all refusals): bounded, for the status."""
+        with self._lock:
+            return dict(self.denied), self.denied_total
 
     def close(self) -> None:
         self._auth.stop()

@@ -4,18 +4,22 @@
       learner.key, learner.key_secret      the learner's keypair (robots get learner.key)
       robots/<id>.key, robots/<id>.key_secret   one keypair per robot (install on its controller)
       enrolled/<id>.key                    public keys the learner accepts
-      revoked/<id>.key                     keys taken back; a revoked robot is refused at once
+      revoked/<id>.key, revoked/<id>.key.2 ...   keys taken back, every one kept
 
 `user-rl keys generate DIR ROBOT_ID ...` makes what is missing and never overwrites a key;
 `user-rl keys revoke DIR ID` moves a key from enrolled/ to revoked/, which a running learner
-notices within a fraction of a second (no restart).
+notices within a fraction of a second (no restart). Revocation is of the key, not the name: a
+revoked key stays out for good, also when its robot is enrolled again with a new keypair, and
+`enroll` refuses to take a revoked key back.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +28,7 @@ import zmq.auth
 from user_rl.config import ConfigError
 
 LEARNER = "learner"
+_KEY_FILE = re.compile(r"^(?P<robot>.+)\.key(\.\d+)?$")  # <id>.key, or <id>.key.<n> for a robot's n-th revoked key
 
 
 @dataclass(frozen=True)
@@ -75,20 +80,47 @@ def revoke(keys_dir: str | Path, robot_id: str) -> Path:
         raise ConfigError(f"keys: {robot_id!r} is not enrolled in {keys_dir}; enrolled: {', '.join(known) or 'none'}")
     target = keys_dir / "revoked" / enrolled.name
     target.parent.mkdir(exist_ok=True)
+    n = 1
+    while target.exists():  # the robot had a key revoked before: keep every revoked key
+        n += 1
+        target = keys_dir / "revoked" / f"{enrolled.name}.{n}"
     os.replace(enrolled, target)
     return target
 
 
 def enroll(keys_dir: str | Path, robot_id: str, public_key_file: str | Path) -> Path:
-    """Accept a robot whose keypair was made elsewhere (its public `.key` file)."""
+    """Accept a robot whose keypair was made elsewhere (its public `.key` file).
+
+    A key that was revoked is refused for good (ConfigError): give the robot a new keypair."""
     _check_robot_id(robot_id)
     keys_dir = Path(keys_dir)
     public, _ = _load(Path(public_key_file), need_secret=False)
+    for path, _robot in key_files(keys_dir / "revoked"):
+        if _public_key(path) == public:
+            raise ConfigError(f"keys: {public_key_file} holds a revoked key ({path}); a revoked key stays out "
+                              "for good: make the robot a new keypair")
     target = keys_dir / "enrolled" / f"{robot_id}.key"
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(public_key_file, target)
-    (keys_dir / "revoked" / target.name).unlink(missing_ok=True)
     return target
+
+
+def key_files(directory: Path) -> Iterator[tuple[Path, str]]:
+    """(file, robot id) for each public key file in `directory` (enrolled/ or revoked/)."""
+    if not directory.is_dir():
+        return
+    for path in sorted(directory.iterdir()):
+        match = _KEY_FILE.match(path.name)
+        if match and path.is_file():
+            yield path, match["robot"]
+
+
+def _public_key(path: Path) -> bytes | None:
+    """The public key in a `.key` file, or None for a half-copied or foreign file."""
+    try:
+        return zmq.auth.load_certificate(path)[0]
+    except (ValueError, OSError):
+        return None
 
 
 def _load(path: Path, need_secret: bool) -> tuple[bytes, bytes | None]:
@@ -119,7 +151,8 @@ def robot_keys(keys_dir: str | Path, robot_id: str) -> KeyPair:
 
 
 class Enrolment:
-    """The robots the learner accepts, by public key; re-read when `enrolled/` changes."""
+    """The robots the learner accepts, by public key; re-read when `enrolled/` changes.
+    (With subdirectory="revoked": the keys taken back, by key, each naming its robot.)"""
 
     def __init__(self, keys_dir: str | Path, recheck_s: float = 0.2, subdirectory: str = "enrolled") -> None:
         self.directory = Path(keys_dir) / subdirectory
@@ -132,12 +165,10 @@ class Enrolment:
 
     def reload(self) -> None:
         by_key = {}
-        for path in sorted(self.directory.glob("*.key")):
-            try:
-                public, _ = zmq.auth.load_certificate(path)
-            except (ValueError, OSError):
-                continue  # a half-copied file: picked up on the next change
-            by_key[public] = path.stem
+        for path, robot in key_files(self.directory):
+            public = _public_key(path)
+            if public is not None:  # else a half-copied file: picked up on the next change
+                by_key[public] = robot
         self._by_key = by_key
         self._robots = set(by_key.values())
 

@@ -7,9 +7,12 @@ stay plain arrays, so the codec needs no new message type:
     obs/image (N, H, W, C) uint8  ->  obs/image#jpeg  every encoded frame, concatenated (uint8)
                                       obs/image#sizes  encoded bytes per frame (int64)
 
-The learner calls `decode_columns` with the robot's observation space before validating the
-batch. Decoding trusts nothing: any inconsistency is a `WireError("bad_image")` naming the
-column, and frame headers are checked before a decoder allocates anything.
+The learner calls `decode_columns` with the robot's observation space and the batch's declared
+row count before validating the batch. Decoding trusts nothing: any inconsistency is a
+`WireError("bad_image")` naming the column. What a message may decode to is bounded before a
+decoder allocates anything: `count` frames per observation column (at most `count` final
+observations), every frame header of the space's size and 8-bit depth, and the total decoded
+bytes under the caller's limit (the ingest allows 4x `learner.max_message_mb`).
 """
 
 from __future__ import annotations
@@ -75,8 +78,12 @@ def compress_columns(
     return out
 
 
-def decode_columns(columns: Mapping[str, np.ndarray], obs_space: gym.spaces.Dict) -> dict[str, np.ndarray]:
-    """Inverse of `compress_columns`: restore each `<col>` as uint8 (N, *space.shape)."""
+def decode_columns(columns: Mapping[str, np.ndarray], obs_space: gym.spaces.Dict, count: int | None = None,
+                   max_bytes: int | None = None) -> dict[str, np.ndarray]:
+    """Inverse of `compress_columns`: restore each `<col>` as uint8 (N, *space.shape).
+
+    `count`: the batch's declared rows (`obs/` columns must hold exactly that many frames,
+    `final_obs/` at most that many); `max_bytes`: the most all decoded columns may take together."""
     groups: dict[str, dict[str, np.ndarray]] = {}
     for name, array in columns.items():
         if "#" in name:
@@ -87,13 +94,18 @@ def decode_columns(columns: Mapping[str, np.ndarray], obs_space: gym.spaces.Dict
     for base, parts in groups.items():
         if not any(s in FORMATS for s in parts):
             raise WireError("bad_image", f"{base}: {base}#{SIZES} arrived without its image data column")
+    plans = {base: _plan_column(base, parts, columns, obs_space, count) for base, parts in groups.items()}
+    decoded_bytes = sum(len(frames) * int(np.prod(shape)) for _, frames, shape in plans.values())
+    if max_bytes is not None and decoded_bytes > max_bytes:
+        raise WireError("bad_image", f"the images would decode to {decoded_bytes / 2**20:.1f} MiB, more than the "
+                                     f"{max_bytes / 2**20:.0f} MiB one message may decode to")
     out: dict[str, np.ndarray] = {}
     for name, array in columns.items():
         base, _, suffix = name.rpartition("#")
         if "#" not in name:
             out[name] = array
         elif suffix in FORMATS:  # decode once, where the data column sits
-            out[base] = _decode_column(base, groups[base], columns, obs_space)
+            out[base] = _decode_frames(base, *plans[base])
     return out
 
 
@@ -124,9 +136,10 @@ def _encode_frames(name: str, frames: np.ndarray, setting: ImageCompression) -> 
 
 # -- decoding (learner side: hostile input is a WireError) ------------------------------------
 
-def _decode_column(
-    base: str, parts: dict[str, np.ndarray], columns: Mapping[str, np.ndarray], obs_space: gym.spaces.Dict
-) -> np.ndarray:
+def _plan_column(base: str, parts: dict[str, np.ndarray], columns: Mapping[str, np.ndarray],
+                 obs_space: gym.spaces.Dict, count: int | None) -> tuple[str, list[np.ndarray], tuple[int, ...]]:
+    """(format, encoded frames, image shape) of one compressed column, every header checked:
+    nothing is decoded or allocated beyond views into the message yet."""
     def bad(detail: str) -> WireError:
         return WireError("bad_image", f"{base}: {detail}")
 
@@ -148,6 +161,10 @@ def _decode_column(
         raise bad(f"{base}#{SIZES} must be a 1-D integer array")
     if len(sizes) > MAX_BATCH_ROWS:
         raise bad(f"{len(sizes)} frames, more than {MAX_BATCH_ROWS}")
+    if count is not None:
+        final = base.startswith(FINAL_OBS)
+        if (final and len(sizes) > count) or (not final and len(sizes) != count):
+            raise bad(f"{len(sizes)} frames in a batch of {count} rows")
     lengths = [int(s) for s in sizes]
     if any(s < 0 for s in lengths):
         raise bad("negative frame size")
@@ -158,23 +175,30 @@ def _decode_column(
     frames = [data[a:b] for a, b in zip(starts, starts[1:])]
     for i, frame in enumerate(frames):  # all headers first: cheap, and nothing is allocated yet
         if _declared_size(frame, fmt) != (h, w):
-            raise bad(f"frame {i} is not a {fmt} image of {h}x{w}")
+            raise bad(f"frame {i} is not an 8-bit {fmt} image of {h}x{w}")
+    return fmt, frames, shape
+
+
+def _decode_frames(base: str, fmt: str, frames: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+    """Decode checked frames into one array allocated once (no per-frame list, no stack copy)."""
     color = len(shape) == 3 and shape[2] == 3
-    expected = (h, w, 3) if color else (h, w)
-    decoded: list[np.ndarray] = []
+    expected = (shape[0], shape[1], 3) if color else shape[:2]
+    out = np.empty((len(frames), *shape), np.uint8)
     for i, frame in enumerate(frames):
         try:
             image = cv2.imdecode(frame, cv2.IMREAD_UNCHANGED)
         except Exception as exc:  # noqa: BLE001 - any decoder failure is the peer's fault
-            raise bad(f"frame {i} cannot be decoded ({type(exc).__name__})") from None
+            raise WireError("bad_image", f"{base}: frame {i} cannot be decoded ({type(exc).__name__})") from None
         if image is None:
-            raise bad(f"frame {i} cannot be decoded")
+            raise WireError("bad_image", f"{base}: frame {i} cannot be decoded")
         if image.dtype != np.uint8 or image.shape != expected:
-            raise bad(f"frame {i} decodes to {image.dtype}{image.shape}, expected uint8{expected}")
-        decoded.append(cv2.cvtColor(image, cv2.COLOR_BGR2RGB) if color else image)
-    if not decoded:
-        return np.zeros((0, *shape), np.uint8)
-    return np.stack(decoded).reshape((len(decoded), *shape))
+            raise WireError("bad_image", f"{base}: frame {i} decodes to {image.dtype}{image.shape}, "
+                                         f"expected uint8{expected}")
+        if color:
+            cv2.cvtColor(image, cv2.COLOR_BGR2RGB, dst=out[i])
+        else:
+            out[i] = image.reshape(shape)
+    return out
 
 
 def _image_shape(base: str, obs_space: gym.spaces.Dict) -> tuple[int, ...] | None:
@@ -191,10 +215,11 @@ def _image_shape(base: str, obs_space: gym.spaces.Dict) -> tuple[int, ...] | Non
 
 
 def _declared_size(frame: np.ndarray, fmt: str) -> tuple[int, int] | None:
-    """(height, width) from a PNG or JPEG header, or None when the header is not one."""
+    """(height, width) from an 8-bit PNG or JPEG header, or None when the header is not one
+    (a 16-bit image would decode to twice the bytes the space allows)."""
     head = frame[:65536].tobytes()  # SOF sits after the small headers cv2 writes
     if fmt == "png":
-        if len(head) < 24 or not head.startswith(_PNG_MAGIC) or head[12:16] != b"IHDR":
+        if len(head) < 25 or not head.startswith(_PNG_MAGIC) or head[12:16] != b"IHDR" or head[24] != 8:
             return None
         return int.from_bytes(head[20:24], "big"), int.from_bytes(head[16:20], "big")
     if not head.startswith(b"\xff\xd8"):
@@ -213,7 +238,7 @@ def _declared_size(frame: np.ndarray, fmt: str) -> tuple[int, int] | None:
         if marker in (0xD8, 0xD9, 0xDA):  # SOI again, EOI or scan data before any frame header
             return None
         if marker in _JPEG_SOF:
-            if i + 9 > len(head):
+            if i + 9 > len(head) or head[i + 4] != 8:  # sample precision: 8 bits
                 return None
             return int.from_bytes(head[i + 5:i + 7], "big"), int.from_bytes(head[i + 7:i + 9], "big")
         i += 2 + int.from_bytes(head[i + 2:i + 4], "big")

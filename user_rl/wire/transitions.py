@@ -79,4 +79,6 @@ def validate_batch(
         if obs.dtype.kind == "f" and not np.isfinite(obs).all():
             raise WireError("non_finite", f"{OBS + key} holds NaN or inf")
         if len(ended) or FINAL_OBS + key in arrays:
-            _check(FINAL_OBS + key, arrays.get(FINAL_OBS + key), space.dtype, (len(ended), *space.shape))
+            final = _check(FINAL_OBS + key, arrays.get(FINAL_OBS + key), space.dtype, (len(ended), *space.shape))
+            if final.dtype.kind == "f" and not np.isfinite(final).all():  # it becomes a next observation
+                raise WireError("non_finite", f"{FINAL_OBS + key} holds NaN or inf")
