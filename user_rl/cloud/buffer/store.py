@@ -312,6 +312,18 @@ class PersistentReplay:
                                    [s.record for s in self.streams.values()])
         self.index.close()
 
+    # -- STAND-IN (protocol branch, issue 10): the buffer branch implements record_lost for real
+    # (counted in stats as lost_batches, recovery-safe). Drop this method when merging that one.
+    def record_lost(self, stream: StreamState, seq: int, counted: bool = True) -> None:
+        """Take `seq` with no rows (a batch the edge lost, or an episode-end marker when not
+        `counted`): durable at the next commit; nothing pairs across it."""
+        if seq <= stream.record.last_seq:
+            return
+        stream.dropped += int(stream.pending is not None)
+        stream.pending, stream.pending_at = None, None
+        stream.record.last_seq = seq
+        self._pending_commits.append((stream, seq, 0, self.writer.rows))
+
 
 def _split(cols: dict[str, np.ndarray], max_rows: int) -> list[dict[str, np.ndarray]]:
     """Cut a batch into parts whose records plus final observations fit in one segment."""
