@@ -68,15 +68,19 @@ class RobotSession:
     streams: int = 1  # stream epochs seen: each restart of the robot's edge daemon starts a new one
     detached: bool = False  # the robot said it is leaving (a clean detach, not a failure)
     lost_batches: int = 0  # batches the edge could not read back from its spool (explicit gaps)
-    connections: dict[bytes, None] = field(default_factory=dict)  # said hello for this session, oldest first
+    connections: dict[bytes, None] = field(default_factory=dict)  # said hello for it; least recently heard first
 
     def admit(self, identity: bytes) -> None:
-        """A connection said hello for this session; the oldest beyond `MAX_CONNECTIONS` is forgotten."""
-        self.connections.pop(identity, None)
-        self.connections[identity] = None
+        """A connection said hello for this session. Beyond `MAX_CONNECTIONS`, the one heard from least
+        recently is forgotten: a streaming robot is heard all the time, a replayed hello only once."""
+        self.heard(identity)
         while len(self.connections) > MAX_CONNECTIONS:
             del self.connections[next(iter(self.connections))]
         self.identity = identity
+
+    def heard(self, identity: bytes) -> None:
+        self.connections.pop(identity, None)
+        self.connections[identity] = None
 
     def summary(self) -> dict:
         return {
@@ -187,6 +191,7 @@ class Ingest:
         if session is None or identity not in session.connections:
             raise WireError("no_hello", f"robot {msg.envelope.robot_id!r} sent {kind} before hello")
         session.last_seen = time.monotonic()
+        session.heard(identity)
         if kind == "batch":
             self._batch(session, msg, identity)
         elif kind == "heartbeat":
