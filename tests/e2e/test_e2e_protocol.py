@@ -50,7 +50,7 @@ def test_a_paced_fleet_survives_two_learner_sigkills_and_trains_on(tmp_path: Pat
         fleet = EdgeThreads(cfg, *addresses(cfg_dict), tmp_path / "spool")
         resumed = []
         try:
-            wait_until(lambda: learner_status(run_dir)["updates"] > 50, 120, "training to start")
+            wait_until(lambda: learner_status(run_dir).get("updates", 0) > 50, 120, "training to start")
             for _ in range(2):
                 time.sleep(float(rng.uniform(3.0, 6.0)))
                 proc.send_signal(signal.SIGKILL)
@@ -59,11 +59,11 @@ def test_a_paced_fleet_survives_two_learner_sigkills_and_trains_on(tmp_path: Pat
                 resumed.append(learner_status(run_dir)["resumed_from"]["updates"])
                 steps = [e.steps for e in fleet.edges]
                 # Training goes on and every paced robot steps on: no stream is left below its credit.
-                wait_until(lambda: learner_status(run_dir)["updates"] > resumed[-1] + 50, 120,
+                wait_until(lambda: learner_status(run_dir).get("updates", 0) > resumed[-1] + 50, 120,
                            "updates to go on after the restart")
                 wait_until(lambda: all(e.steps > s + 100 for e, s in zip(fleet.edges, steps)), 120,
                            "every robot to step on after the restart")
-            final_updates = learner_status(run_dir)["updates"]
+            final_updates = learner_status(run_dir).get("updates", 0)
             fleet.stop_and_drain()
         finally:
             proc.send_signal(signal.SIGTERM)
