@@ -4,6 +4,7 @@ data is never deleted, and a silent connection is replaced by a new one."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -109,16 +110,17 @@ class SilentLearner:
         self.socket.bind("tcp://127.0.0.1:0")
         self.address = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
 
-    def receive(self, timeout_s: float = 10.0) -> tuple[bytes, Message]:
-        assert self.socket.poll(int(timeout_s * 1000)), "the link sent nothing"
-        identity, *frames = self.socket.recv_multipart()
-        return identity, decode(frames)
-
-    def next_hello(self, timeout_s: float = 10.0) -> bytes:
-        while True:
-            identity, msg = self.receive(timeout_s)
-            if msg.kind == "hello":
-                return identity
+    def next_hello(self, link: DataLink, timeout_s: float = 10.0) -> tuple[bytes, Message]:
+        """The next hello, pumping the link meanwhile (it repeats a hello sent before it was connected)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            link.poll(0)
+            if self.socket.poll(20):
+                identity, *frames = self.socket.recv_multipart()
+                msg = decode(frames)
+                if msg.kind == "hello":
+                    return identity, msg
+        raise AssertionError("the link said no hello")
 
     def reply(self, identity: bytes, **body) -> None:
         self.socket.send_multipart([identity, *encode(envelope("edge-l", **body))])
@@ -130,17 +132,12 @@ def test_a_silent_learner_makes_the_link_reconnect_and_nothing_is_deleted(contex
     link = make_link(context, learner.address, tmp_path / "spool", ack_timeout_s=0.5)
     try:
         link.hello()
-        first = learner.next_hello()
+        first, _ = learner.next_hello(link)
         learner.reply(first, ack=pb.Ack(stream_epoch=link.epoch))
         wait_until(lambda: link.welcomed, pump=lambda: link.poll(20))
         link.send_batch(*robot.batch(10))
         # Not a word back: after ack_timeout_s the link drops the connection and says hello anew.
-        second = None
-        while second is None:
-            link.poll(20)
-            if learner.socket.poll(0):
-                identity, msg = learner.receive()
-                second = identity if msg.kind == "hello" else None
+        second, msg = learner.next_hello(link)
         assert second != first and link.reconnects == 1
         assert msg.body.stream_epoch == link.epoch  # the same stream, on a new connection
         # A learner that does not know the stream: the link introduces itself again, deletes nothing.
@@ -149,7 +146,7 @@ def test_a_silent_learner_makes_the_link_reconnect_and_nothing_is_deleted(contex
         learner.reply(second, reject=pb.Reject(reason=f"unknown_stream: edge-l: epoch {link.epoch} was never announced"))
         wait_until(lambda: link.rejects["unknown_stream"] == 1, pump=lambda: link.poll(20))
         assert link.unacked == 1 and not link.welcomed
-        assert learner.next_hello() == second
+        assert learner.next_hello(link)[0] == second
     finally:
         link.close()
         learner.socket.close(0)
