@@ -398,3 +398,169 @@ def test_the_status_shows_each_robots_own_step_count_and_what_is_stored(context:
         assert summary["transitions"] == 17 and summary["acked_seq"] == 2 and summary["stream_epoch"] == 11
     finally:
         link.close()
+
+
+# -- issue 10: markers, per-stream credit, spooled epochs, connections ---------------------------------
+def hello_ack(peer: RawPeer, robot_id: str, epoch: int, spooled: tuple[int, ...] = ()) -> list[Message]:
+    """Say hello (naming spooled epochs); the acks that answer it, one per epoch, the current last."""
+    env = hello_envelope(robot_id, epoch)
+    env.hello.spooled_epochs.extend(spooled)
+    peer.send(encode(env))
+    replies = [peer.reply() for _ in range(len(spooled) + 1)]
+    assert all(r.kind == "ack" for r in replies), [r.kind for r in replies]
+    return replies
+
+
+def send_batch(peer: RawPeer, robot_id: str, epoch: int, seq: int, rows: tuple[int, dict] | None = None,
+               **marker) -> Message:
+    """One batch (or a marker with no rows); waits for its ack."""
+    body = pb.TransitionBatch(stream_epoch=epoch, seq=seq, count=rows[0] if rows else 0, **marker)
+    peer.send(encode(envelope(robot_id, batch=body), rows[1] if rows else None))
+    ack = peer.reply()
+    assert ack.kind == "ack" and ack.body.stream_epoch == epoch, ack
+    while ack.body.seq < seq:  # acks come once a commit made the batch durable
+        ack = peer.reply()
+    return ack
+
+
+def test_a_lost_batch_is_an_explicit_counted_gap_the_stream_moves_past(context: zmq.Context, ingest: Ingest) -> None:
+    peer = RawPeer(context, ingest.endpoint)
+    robot = Episodes(100)
+    try:
+        hello_ack(peer, "gap-0", epoch=1)
+        send_batch(peer, "gap-0", 1, 1, robot.batch(8))
+        robot.batch(8)  # what seq 2 held: the edge could not read it back
+        assert send_batch(peer, "gap-0", 1, 2, lost=True).body.seq == 2  # acked like a stored batch
+        assert send_batch(peer, "gap-0", 1, 3, robot.batch(8)).body.seq == 3
+        # Rows 0..6 pair; row 7 has no successor (seq 2 is lost); 8..14 pair, 15 waits.
+        assert len(ingest.buffer) == 7 + 7
+        assert ingest.lost_batches == 1 and ingest.report()["robots"]["gap-0"]["lost_batches"] == 1
+        assert ingest.robots["gap-0"].transitions == 16
+        # A lost marker again (a resend) is a duplicate, not a second loss.
+        assert send_batch(peer, "gap-0", 1, 2, lost=True).body.seq == 3 and ingest.lost_batches == 1
+        # A marker that carries steps is refused, and the stream is not advanced by it.
+        count, cols = robot.batch(4)
+        peer.send(encode(envelope("gap-0", batch=pb.TransitionBatch(stream_epoch=1, seq=4, count=count, lost=True)),
+                         cols))
+        peer.expect_reject("bad_marker")
+        assert ingest.robots["gap-0"].stream.record.last_seq == 3
+    finally:
+        peer.close()
+    ingest.maybe_commit(force=True)
+    assert ("gap-0", 1, 2) in ingest.buffer.lost_keys()  # the gap is recorded, durably
+
+
+def test_an_episode_end_marker_truncates_the_open_episode_with_its_reason(context: zmq.Context, ingest: Ingest) -> None:
+    peer = RawPeer(context, ingest.endpoint)
+    robot = Episodes(100)
+    try:
+        hello_ack(peer, "stop-0", epoch=1)
+        send_batch(peer, "stop-0", 1, 1, robot.batch(8))  # episode 0, open
+        assert send_batch(peer, "stop-0", 1, 2, end_reason="estop").body.seq == 2
+        robot.episode, robot.step = 1, 0  # after re-arm the edge starts a new episode
+        send_batch(peer, "stop-0", 1, 3, robot.batch(8))
+        stream = ingest.robots["stop-0"].stream
+        # The last step before the stop pairs with nothing after it: 7 + 7 transitions.
+        assert len(ingest.buffer) == 14
+        assert ingest.lost_batches == 0 and ingest.episode_ends == 1
+        send_batch(peer, "stop-0", 1, 4, end_reason="hold")
+    finally:
+        peer.close()
+    episodes = {e.episode: e for e in ingest.buffer.index.episodes() if e.stream == stream.record.id}
+    assert (episodes[0].status, episodes[0].end_reason, episodes[0].length) == ("truncated", "estop", 8)
+    assert (episodes[1].status, episodes[1].end_reason, episodes[1].length) == ("truncated", "hold", 8)
+
+
+def test_step_credit_is_per_stream_what_is_stored_plus_the_increment(context: zmq.Context, ingest: Ingest) -> None:
+    peer = RawPeer(context, ingest.endpoint)
+    robot = Episodes(100)
+    try:
+        ingest.step_credit = 77  # the learner has not set an increment: the old, fleet-wide credit
+        assert hello_ack(peer, "paced-0", epoch=1)[-1].body.step_credit == 77
+        ingest.credit_increment = 100
+        assert send_batch(peer, "paced-0", 1, 1, robot.batch(8)).body.step_credit == 108
+        assert send_batch(peer, "paced-0", 1, 2, robot.batch(5)).body.step_credit == 113
+        # A new life of the edge counts from its own stream: its steps since its start.
+        assert hello_ack(peer, "paced-0", epoch=2)[-1].body.step_credit == 100
+        ingest.credit_increment = 0  # unpaced
+        assert send_batch(peer, "paced-0", 2, 1, robot.batch(4)).body.step_credit == 0
+    finally:
+        peer.close()
+
+
+def test_step_credit_counts_what_was_stored_before_a_learner_restart(context: zmq.Context, tmp_path) -> None:
+    robot = Episodes(100)
+    for life in range(2):
+        ing = Ingest(context, "tcp://127.0.0.1:0", tmp_path / "buffer")
+        ing.credit_increment = 50
+        with serving(lambda: ing.poll(50)):
+            peer = RawPeer(context, ing.endpoint)
+            try:
+                welcome = hello_ack(peer, "paced-1", epoch=9)[-1].body
+                assert welcome.step_credit == 50 + 16 * life and welcome.seq == 2 * life
+                for seq in (2 * life + 1, 2 * life + 2):
+                    send_batch(peer, "paced-1", 9, seq, robot.batch(8))
+            finally:
+                peer.close()
+        ing.close()
+
+
+def test_spooled_epochs_named_in_the_hello_are_opened_and_take_batches(context: zmq.Context, ingest: Ingest) -> None:
+    """An edge life that started and died while the learner was down: its epoch arrives by name."""
+    peer = RawPeer(context, ingest.endpoint)
+    robot = Episodes(100)
+    try:
+        hello_ack(peer, "late-0", epoch=5)
+        send_batch(peer, "late-0", 5, 1, robot.batch(8))
+        count, cols = robot.batch(8)
+        peer.send(encode(envelope("late-0", batch=pb.TransitionBatch(stream_epoch=3, seq=1, count=count)), cols))
+        peer.expect_reject("unknown_stream")  # never named: the edge says hello again, naming it
+        older, current = hello_ack(peer, "late-0", epoch=5, spooled=(3,))
+        assert (older.body.stream_epoch, older.body.seq, older.body.next_seq) == (3, 0, 1)
+        assert (current.body.stream_epoch, current.body.seq) == (5, 1)
+        send_batch(peer, "late-0", 3, 1, (count, cols))
+        send_batch(peer, "late-0", 5, 2, robot.batch(8))
+        # Opening the older epoch did not cut the current stream's episode short.
+        assert ingest.robots["late-0"].stream.pending is not None
+        assert {ep.status for ep in ingest.robots["late-0"].stream.episodes.values()} == {"open"}
+        env = hello_envelope("late-0", epoch=5)
+        env.hello.spooled_epochs.append(5)  # not older than the stream: a broken edge
+        peer.send(encode(env))
+        peer.expect_reject("bad_hello")
+    finally:
+        peer.close()
+
+
+def test_a_replayed_hello_or_an_old_style_routing_id_cannot_silence_a_robot(context: zmq.Context,
+                                                                          ingest: Ingest) -> None:
+    link = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-v"),
+                    OBS_SPACE, ACTION_SPACE, epoch=11)
+    attackers = []
+    try:
+        link.hello()
+        wait_until(lambda: link.welcomed, pump=lambda: link.poll(20))
+        robot = Episodes(40)
+        link.send_batch(*robot.batch(10))
+        wait_until(lambda: not link.unacked, pump=lambda: link.poll(20))
+        hello_frames = encode(envelope("edge-v", hello=link._hello))  # what a recorder of the wire saw
+        for routing_id in (b"edge-v:11", None, None, None, None, None):  # the old id, then plain replays
+            attacker = RawPeer(context, ingest.endpoint) if routing_id is None else None
+            if attacker is None:
+                attacker = RawPeer.__new__(RawPeer)
+                attacker.socket = context.socket(zmq.DEALER)
+                attacker.socket.setsockopt(zmq.LINGER, 0)
+                attacker.socket.setsockopt(zmq.ROUTING_ID, routing_id)
+                attacker.socket.connect(ingest.endpoint)
+            attackers.append(attacker)
+            attacker.send(hello_frames)
+            assert attacker.reply().kind == "ack"
+            for _ in range(3):  # the robot streams on between replays
+                link.send_batch(*robot.batch(10))
+            wait_until(lambda: not link.unacked, timeout=link.settings.ack_timeout_s + 5, pump=lambda: link.poll(20))
+        assert link.seq == 19 and ingest.robots["edge-v"].stream.durable_seq == 19
+        assert ingest.robots["edge-v"].transitions == 190
+        assert link.rejects == {} and link.reconnects == 0  # never refused, never had to reconnect
+    finally:
+        link.close()
+        for attacker in attackers:
+            attacker.close()

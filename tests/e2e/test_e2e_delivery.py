@@ -4,7 +4,6 @@ real files; the buffer's own index is the judge of what arrived."""
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -16,11 +15,11 @@ import numpy as np
 import pytest
 import yaml
 
+from tests.e2e.harness import EDGE_SCRIPT, EdgeThreads, learner_status, start_learner, stored
 from user_rl.cloud.buffer.index import BufferIndex
 from user_rl.cloud.buffer.inspect import inspect_buffer
 from user_rl.cloud.learner import Learner
 from user_rl.config import build_config
-from user_rl.edge.factory import make_edge
 from user_rl.testing.fault_proxy import FaultProxy
 from user_rl.testing.wait import free_port, wait_until
 
@@ -33,62 +32,6 @@ BASE = {
     "learner": {"publish_every_updates": 20, "checkpoint_every_s": 1.0, "torch_threads": 1},
     "buffer": {"segment_mb": 0.01},
 }
-
-
-class EdgeThreads:
-    """Edge daemons, each built, run and closed in its own thread (as the edge service does)."""
-
-    def __init__(self, cfg, data: str, weights: str, spool_root: Path) -> None:
-        self.edges, self.threads = [], []
-        for i in range(cfg.fleet.num_robots):
-            built = threading.Event()
-
-            def serve(index: int = i, built: threading.Event = built) -> None:
-                edge = make_edge(cfg, index, data, weights, spool_root)
-                self.edges.append(edge)
-                built.set()
-                try:
-                    edge.run()
-                    edge.drain(120)
-                finally:
-                    edge.close()
-
-            self.threads.append(threading.Thread(target=serve, daemon=True))
-            self.threads[-1].start()
-            assert built.wait(60)
-
-    def produced(self) -> set[tuple[str, int, int]]:
-        return {(e.link.robot_id, e.link.epoch, seq) for e in self.edges for seq in range(1, e.link.seq + 1)}
-
-    def stop_and_drain(self) -> None:
-        for edge in self.edges:
-            edge.stop()
-        for thread in self.threads:
-            thread.join(150)
-        assert all(e.link.unacked == 0 for e in self.edges), [e.status() for e in self.edges]
-
-
-def stored(run_dir: Path) -> tuple[list[tuple[str, int, int]], int]:
-    """Every (robot, epoch, seq) in the closed buffer (duplicates would repeat) and its records."""
-    index = BufferIndex(run_dir / "buffer" / "index.sqlite", read_only=True)
-    try:
-        return index.batch_keys(), sum(s.records for s in index.segments(status=None))
-    finally:
-        index.close()
-
-
-# -- the learner killed with SIGKILL ---------------------------------------------------------------
-def start_learner(config: Path, run_dir: Path, log) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "user_rl.cli", "learner", str(config), "--run-dir", str(run_dir)],
-                            stdout=log, stderr=subprocess.STDOUT)
-    status = run_dir / "learner_status.json"
-    wait_until(lambda: status.exists() and json.loads(status.read_text()).get("pid") == proc.pid, 60,
-               "the learner to come up")
-    return proc
-
-
-def learner_status(run_dir: Path) -> dict:
-    return json.loads((run_dir / "learner_status.json").read_text())
 
 
 def test_sigkilled_learner_loses_and_duplicates_nothing(tmp_path: Path) -> None:
@@ -224,19 +167,6 @@ def test_capped_uplink_carries_four_two_camera_robots_without_backlog(tmp_path: 
 
 
 # -- an edge killed mid-episode ----------------------------------------------------------------------
-EDGE_SCRIPT = """
-import sys, yaml
-from user_rl.config import build_config
-from user_rl.edge.factory import make_edge
-cfg = build_config(yaml.safe_load(open(sys.argv[1])))
-edge = make_edge(cfg, 0, sys.argv[2], sys.argv[3], sys.argv[4])
-print("epoch", edge.link.epoch, flush=True)
-edge.run(max_steps=int(sys.argv[5]))
-edge.drain(60)
-print("done", edge.steps, edge.link.seq, flush=True)
-"""
-
-
 def test_edge_killed_mid_episode_leaves_a_truncated_episode_and_clean_data(tmp_path: Path, learner_factory) -> None:
     cfg_dict = {**BASE, "fleet": {**BASE["fleet"], "num_robots": 1}}
     cfg = build_config(cfg_dict)

@@ -155,22 +155,39 @@ def test_corrupt_file_raises_on_load_and_other_batches_still_load(tmp_path: Path
     assert spool.load(EPOCH, 3) == [bytes(f) for f in frames(3)]
 
 
-def test_load_or_drop_deletes_a_corrupt_batch_with_a_warning(tmp_path: Path, caplog) -> None:
+def test_load_or_lost_marks_a_corrupt_batch_lost_and_keeps_it_until_acked(tmp_path: Path, caplog) -> None:
     spool = Spool(tmp_path, max_bytes=1 << 20)
     for seq in (1, 2):
         spool.put(EPOCH, seq, frames(seq))
     corrupt(spool.path(EPOCH, 1), "flip")
     with caplog.at_level(logging.WARNING, logger="user_rl.edge.spool"):
-        assert spool.load_or_drop(EPOCH, 1) is None
-    assert any("corrupt" in r.getMessage() for r in caplog.records)
-    assert spool.pending() == [(EPOCH, 2)]
-    assert not spool.path(EPOCH, 1).exists()
+        assert spool.load_or_lost(EPOCH, 1) is None
+        assert spool.load_or_lost(EPOCH, 1) is None  # asked again (a resend): counted and logged once
+    told = [r.getMessage() for r in caplog.records if "lost" in r.getMessage()]
+    assert len(told) == 1 and "crc32" in told[0]
+    assert spool.lost_batches == 1 and spool.is_lost(EPOCH, 1)
+    # The seq is still pending (the learner must hear of the gap) and its file is the tombstone.
+    assert spool.pending() == [(EPOCH, 1), (EPOCH, 2)] and spool.path(EPOCH, 1).exists()
+    assert spool.load_or_lost(EPOCH, 2) == [bytes(f) for f in frames(2)]
+    assert spool.ack_through(EPOCH, 1) == 1  # the learner recorded the gap: now it goes
+    assert not spool.path(EPOCH, 1).exists() and not spool.is_lost(EPOCH, 1)
     assert spool.bytes_used == spool.path(EPOCH, 2).stat().st_size
-    assert spool.load_or_drop(EPOCH, 2) == [bytes(f) for f in frames(2)]
+
+
+def test_a_batch_missing_from_the_spool_is_lost_not_a_crash(tmp_path: Path) -> None:
+    """Found by reading the link: a gap ack made it reload a seq the spool had forgotten (KeyError)."""
+    spool = Spool(tmp_path, max_bytes=1 << 20)
+    for seq in (1, 2, 3):
+        spool.put(EPOCH, seq, frames(seq))
+    spool.path(EPOCH, 2).unlink()  # deleted behind the spool's back
+    assert spool.load_or_lost(EPOCH, 2) is None
+    assert spool.load_or_lost(EPOCH, 7) is None  # never in the spool at all
+    assert spool.lost_batches == 2 and spool.pending() == [(EPOCH, s) for s in (1, 2, 3, 7)]
+    assert spool.ack_through(EPOCH, 7) == 4 and len(spool) == 0 and spool.bytes_used == 0
 
 
 @pytest.mark.parametrize("how", ["flip", "truncate", "magic"])
-def test_scan_drops_corrupt_leftovers_with_a_warning(tmp_path: Path, caplog, how: str) -> None:
+def test_scan_marks_corrupt_leftovers_lost_with_a_warning(tmp_path: Path, caplog, how: str) -> None:
     first = Spool(tmp_path, max_bytes=1 << 20)
     for seq in (1, 2, 3):
         first.put(EPOCH, seq, frames(seq))
@@ -179,8 +196,9 @@ def test_scan_drops_corrupt_leftovers_with_a_warning(tmp_path: Path, caplog, how
         again = Spool(tmp_path, max_bytes=1 << 20)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "corrupt" in warnings[0] and f"{2:012d}" in warnings[0]
-    assert again.pending() == [(EPOCH, 1), (EPOCH, 3)] and again.recovered == 2
-    assert not first.path(EPOCH, 2).exists()
+    assert again.pending() == [(EPOCH, 1), (EPOCH, 2), (EPOCH, 3)] and again.recovered == 2
+    assert again.is_lost(EPOCH, 2) and again.lost_batches == 1  # after a restart too, the gap is known
+    assert again.load_or_lost(EPOCH, 2) is None and again.lost_batches == 1
     assert again.load(EPOCH, 3) == [bytes(f) for f in frames(3)]
 
 
@@ -188,7 +206,8 @@ def test_scan_rejects_a_file_whose_header_disagrees_with_its_name(tmp_path: Path
     first = Spool(tmp_path, max_bytes=1 << 20)
     first.put(EPOCH, 1, frames(1))
     first.path(EPOCH, 1).rename(first.path(EPOCH, 7))
-    assert Spool(tmp_path, max_bytes=1 << 20).pending() == []
+    again = Spool(tmp_path, max_bytes=1 << 20)
+    assert again.pending() == [(EPOCH, 7)] and again.is_lost(EPOCH, 7) and again.recovered == 0
 
 
 def test_temp_files_from_a_crash_mid_write_are_cleaned(tmp_path: Path) -> None:

@@ -4,14 +4,22 @@ Per robot it keeps the hello (descriptor and spaces) and the counters the learne
 Batches are appended to the persistent buffer strictly in sequence per (robot, epoch) stream:
 a re-sent batch is acknowledged again but stored once, and a batch after a gap is not stored
 (the ack tells the edge where to resume). Acks are cumulative and sent only once a group
-commit has made the batches durable. Every message that fails to decode or validate is
-dropped with a counted, logged reason, and the peer is told why; the socket keeps serving.
+commit has made the batches durable. A batch the edge lost (`lost`, an unreadable spool
+file) is stored as an explicit, counted gap; a count-0 batch with an `end_reason` (e-stop,
+watchdog hold) ends the stream's open episode; both take their seq like a stored batch.
+
+A session belongs to the connections that said hello for it. ZeroMQ assigns routing ids (no
+handover), so a peer replaying a robot's hello gets its own connection next to the robot's,
+never instead of it: the robot's batches keep being stored and acked.
 
 Bounded under hostile load: a message is read frame by frame and dropped once it is over
 `max_message_bytes` in total; a hello is compared with the known spaces before anything its
 size is built; robots not heard from for `forget_idle_s` (and beyond `max_robots` the
 longest-idle) leave memory and the status, and come back with a new hello. A buffer write
 error stops the ingest taking data: nothing after it is acked, and `report()["failure"]` says why.
+
+Every message that fails to decode or validate is dropped with a counted, logged reason, and
+the peer is told why; the socket keeps serving.
 """
 
 from __future__ import annotations
@@ -48,6 +56,9 @@ STORAGE_FAILED = "learner_storage_failed"  # the reject reason edges retry on (t
 DECODED_PER_MESSAGE = 4  # compressed images in a message may decode to this many times max_message_bytes
 FORGET_CHECK_S = 1.0  # how often idle robots are looked for
 
+MAX_CONNECTIONS = 4        # connections that said hello for one session and may speak for it
+MAX_SPOOLED_EPOCHS = 256   # older epochs one hello may announce (an edge names at most 64)
+
 
 @dataclass
 class RobotSession:
@@ -69,6 +80,20 @@ class RobotSession:
     heartbeat: dict = field(default_factory=dict)
     streams: int = 1  # stream epochs seen: each restart of the robot's edge daemon starts a new one
     detached: bool = False  # the robot said it is leaving (a clean detach, not a failure)
+    lost_batches: int = 0  # batches the edge could not read back from its spool (explicit gaps)
+    connections: dict[bytes, None] = field(default_factory=dict)  # said hello for it; least recently heard first
+
+    def admit(self, identity: bytes) -> None:
+        """A connection said hello for this session. Beyond `MAX_CONNECTIONS`, the one heard from least
+        recently is forgotten: a streaming robot is heard all the time, a replayed hello only once."""
+        self.heard(identity)
+        while len(self.connections) > MAX_CONNECTIONS:
+            del self.connections[next(iter(self.connections))]
+        self.identity = identity
+
+    def heard(self, identity: bytes) -> None:
+        self.connections.pop(identity, None)
+        self.connections[identity] = None
 
     def summary(self) -> dict:
         return {
@@ -91,6 +116,7 @@ class RobotSession:
             "seconds_since_seen": round(time.monotonic() - self.last_seen, 2),
             "edge_restarts": self.streams - 1,
             "detached": self.detached,
+            "lost_batches": self.lost_batches,
         }
 
 
@@ -107,7 +133,8 @@ class Ingest:
         self.max_robots = max_robots
         self.forget_idle_s = forget_idle_s
         self.guard = PeerGuard(max_messages_per_s)
-        self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting edge takes its identity back
+        # No ROUTER_HANDOVER: edges do not choose routing ids, ZeroMQ assigns them, so no peer can take
+        # over another's connection; a reconnecting edge says hello on its new connection.
         self.gate = gate
         if gate is not None:
             secure_server(self.socket, gate.keys)
@@ -120,7 +147,6 @@ class Ingest:
         self.forgotten = 0  # robots dropped from memory (idle, or beyond max_robots)
         self._sessions_made = 0
         self._forget_checked = time.monotonic()
-        self._unused_streams: list[StreamState] = []  # of forgotten robots: released after the next commit
         self.failure: str | None = None  # set once a buffer write failed: no data is taken or acked after it
         self.rejected: Counter[str] = Counter()
         self.duplicates = 0
@@ -129,7 +155,10 @@ class Ingest:
         self._last_commit = time.monotonic()
         self.obs_space: gym.spaces.Dict | None = None
         self.action_space: gym.spaces.Box | None = None
-        self.step_credit = 0
+        self.step_credit = 0  # the same for every stream; used while `credit_increment` is None
+        self.credit_increment: int | None = None  # per stream: steps stored + this (0: unpaced)
+        self.lost_batches = 0
+        self.episode_ends = 0  # count-0 batches that ended an episode (e-stop, hold)
         self.policy_version = -1
         self._max_logged = max_rejects_logged
 
@@ -205,7 +234,6 @@ class Ingest:
             session = self.robots.get(stream.record.robot)
             if session is not None:
                 self._ack(session, stream)
-        self._release_unused_streams()
 
     def _check_peer(self, peer: str | None, msg: Message) -> None:
         """With CurveZMQ, a message must come from a key enrolled now (by key: a revoked key stays
@@ -225,11 +253,12 @@ class Ingest:
             self._hello(identity, msg)
             return
         session = self.robots.get(msg.envelope.robot_id)
-        if session is None or session.identity != identity:
+        if session is None or identity not in session.connections:
             raise WireError("no_hello", f"robot {msg.envelope.robot_id!r} sent {kind} before hello")
         self._touch(session)
+        session.heard(identity)
         if kind == "batch":
-            self._batch(session, msg)
+            self._batch(session, msg, identity)
         elif kind == "heartbeat":
             hb = msg.body
             session.heartbeat = {"env_steps": hb.env_steps, "steps_per_second": hb.steps_per_second,
@@ -241,7 +270,7 @@ class Ingest:
                 self.buffer.end_open_episodes(session.stream, reason="detached")
                 session.detached = True
                 log.info("robot %s detached (epoch %d)", session.robot_id, session.epoch)
-            self._ack(session, session.stream)
+            self._ack(session, session.stream, to=identity)
         else:
             raise WireError("unexpected", f"{kind} is not accepted on the data link")
 
@@ -257,11 +286,12 @@ class Ingest:
                 or len(d.cameras) > MAX_OBSERVATION_KEYS:
             raise WireError("bad_hello", f"{robot_id}: descriptor fields too long")
         self._check_spaces(robot_id, hello)
+        spooled = self._spooled_epochs(robot_id, hello)
         old = self.robots.get(robot_id)
         descriptor = descriptor_from_proto(hello.descriptor)
         stream = self.buffer.open_stream(robot_id, hello.stream_epoch, descriptor.instruction)
         if old is not None and old.epoch == hello.stream_epoch:
-            old.identity = identity  # reconnect of the same stream: keep its place
+            old.admit(identity)  # another connection of the same stream (a reconnect): keep its place
             session = old
         else:
             if old is None:
@@ -269,6 +299,7 @@ class Ingest:
                 self._sessions_made += 1
             session = RobotSession(robot_id=robot_id, index=old.index if old else self._sessions_made - 1,
                                    identity=identity, descriptor=descriptor, epoch=hello.stream_epoch, stream=stream)
+            session.admit(identity)
             if old is not None:  # a restarted edge: counters carry on, its open episode was cut short
                 session.transitions, session.episodes, session.versions = old.transitions, old.episodes, old.versions
                 session.streams = old.streams + 1
@@ -276,7 +307,20 @@ class Ingest:
             log.info("robot %s joined (epoch %d, %d batches already stored)", robot_id, hello.stream_epoch,
                      stream.durable_seq)
         self._touch(session)
-        self._ack(session, stream)
+        for epoch in spooled:  # earlier lives' spools (one may have started and died while we were down)
+            older = self.buffer.open_stream(robot_id, epoch, descriptor.instruction)
+            self._ack(session, older, gap=True, to=identity)  # where to resume each
+        self._ack(session, stream, to=identity)
+
+    def _spooled_epochs(self, robot_id: str, hello: pb.Hello) -> list[int]:
+        """The older epochs this hello announces, checked before anything is opened."""
+        epochs = sorted(set(hello.spooled_epochs))
+        if len(epochs) > MAX_SPOOLED_EPOCHS:
+            raise WireError("bad_hello", f"{robot_id}: {len(epochs)} spooled epochs, at most {MAX_SPOOLED_EPOCHS}")
+        if epochs and epochs[-1] >= hello.stream_epoch:
+            raise WireError("bad_hello", f"{robot_id}: spooled epoch {epochs[-1]} is not older than the "
+                                         f"stream epoch {hello.stream_epoch}")
+        return epochs
 
     def _check_spaces(self, robot_id: str, hello: pb.Hello) -> None:
         """Compare a hello's declared spaces with the fleet's before building anything their size;
@@ -312,26 +356,54 @@ class Ingest:
         self.buffer = PersistentReplay(self.buffer_dir, obs_space, action_space, self.buffer_settings, self.gamma)
         self.obs_space, self.action_space = obs_space, action_space
 
-    def _batch(self, session: RobotSession, msg: Message) -> None:
+    def _batch(self, session: RobotSession, msg: Message, identity: bytes) -> None:
         body = msg.body
-        stream = session.stream
-        if body.stream_epoch != session.epoch:  # an older epoch's spool, re-sent after an edge restart
-            stream = self.buffer.streams.get((session.robot_id, body.stream_epoch))
-            if stream is None:
-                raise WireError("unknown_stream", f"{session.robot_id}: epoch {body.stream_epoch} was never announced")
+        stream = self._stream(session, body.stream_epoch)
         expected = stream.record.last_seq + 1
         if body.seq < expected:
             self.duplicates += 1
-            self._ack(session, stream)
+            self._ack(session, stream, to=identity)
             return
         if body.seq > expected:  # a batch before it was lost in transit: the edge resumes from `expected`
             self.out_of_order += 1
-            self._ack(session, stream, gap=True)
+            self._ack(session, stream, gap=True, to=identity)
+            return
+        if body.lost or (body.end_reason and body.count == 0):
+            self._marker(session, stream, msg)
             return
         arrays = decode_columns(msg.arrays, self.obs_space, body.count, DECODED_PER_MESSAGE * self.max_message_bytes)
         validate_batch(arrays, body.count, self.obs_space, self.action_space)
         self.buffer.add(stream, body.seq, arrays)
         self._account(session, arrays)
+
+    def _stream(self, session: RobotSession, epoch: int) -> StreamState:
+        """The stream a batch belongs to: the session's, or an older epoch its hello announced."""
+        if epoch == session.epoch:
+            return session.stream
+        stream = self.buffer.stream(session.robot_id, epoch)  # reloaded from the index if released
+        if stream is None:  # the edge says hello again, naming its spooled epochs
+            raise WireError("unknown_stream", f"{session.robot_id}: epoch {epoch} was never announced")
+        return stream
+
+    def _marker(self, session: RobotSession, stream: StreamState, msg: Message) -> None:
+        """A batch without steps that takes its seq: a lost batch (an explicit gap) or an episode end."""
+        body = msg.body
+        if body.count or msg.arrays or (body.lost and body.end_reason):
+            raise WireError("bad_marker", f"{session.robot_id}: a lost or episode-end batch carries no steps "
+                                          f"(count {body.count}, {len(msg.arrays)} arrays, end_reason {body.end_reason!r})")
+        if len(body.end_reason) > MAX_NAME_CHARS or not body.end_reason.isprintable():
+            raise WireError("bad_marker", f"{session.robot_id}: end_reason too long or unprintable")
+        if body.lost:
+            self.buffer.record_lost(stream, body.seq)
+            self.lost_batches += 1
+            session.lost_batches += 1
+            log.warning("robot %s: batch %d of epoch %d was lost on the edge (unreadable spool file); "
+                        "recorded as a gap", session.robot_id, body.seq, stream.record.epoch)
+        else:
+            self.buffer.end_open_episodes(stream, reason=body.end_reason)
+            self.buffer.record_lost(stream, body.seq, counted=False)
+            self.episode_ends += 1
+            session.episode_return = 0.0
 
     def _account(self, session: RobotSession, cols: dict[str, np.ndarray]) -> None:
         session.transitions += len(cols["reward"])
@@ -364,17 +436,33 @@ class Ingest:
             "out_of_order": self.out_of_order,
             "buffer_stats": self.buffer.stats() if self.buffer else {},
             "step_credit": self.step_credit,
+            "credit_increment": self.credit_increment,
+            "lost_batches": self.lost_batches,
+            "episode_ends": self.episode_ends,
         }
 
     # -- replying --------------------------------------------------------------------------
-    def _ack(self, session: RobotSession, stream: StreamState, gap: bool = False) -> None:
-        """Cumulative ack of the stream's durable batches; after a gap, also where to resume."""
+    def _ack(self, session: RobotSession, stream: StreamState, gap: bool = False, to: bytes | None = None) -> None:
+        """Cumulative ack of the stream's durable batches; after a gap, also where to resume.
+
+        Sent to `to` (the connection that asked), or to every connection of the session."""
         if self.failure is not None:  # after a buffer write error no ack may cover what was not committed
             return
         ack = pb.Ack(stream_epoch=stream.record.epoch, seq=stream.durable_seq,
                      next_seq=stream.record.last_seq + 1 if gap else 0,
-                     step_credit=self.step_credit, policy_version=self.policy_version)
-        self.socket.send_multipart([session.identity, *encode(envelope(session.robot_id, ack=ack))])
+                     step_credit=self._step_credit(stream), policy_version=self.policy_version)
+        frames = encode(envelope(session.robot_id, ack=ack))
+        for identity in [to] if to is not None else list(session.connections):
+            self.socket.send_multipart([identity, *frames])
+
+    def _step_credit(self, stream: StreamState) -> int:
+        """The env steps this stream epoch may have taken: what is stored of it plus the increment
+        (0: unpaced), so a restart of the learner or the edge never leaves it below what is done."""
+        if self.credit_increment is None:
+            return self.step_credit
+        if self.credit_increment == 0:
+            return 0
+        return stream.records + self.credit_increment
 
     def push_credit(self) -> None:
         """Tell every robot its new step credit and the newest policy version."""
@@ -430,17 +518,8 @@ class Ingest:
         if self.forgotten <= self._max_logged:
             log.info("forgot robot %s (%s, last heard %.0f s ago)", session.robot_id, why,
                      time.monotonic() - session.last_seen)
-        if hasattr(self.buffer, "release_stream"):  # the buffer reloads a released stream from its index
-            self._unused_streams.append(session.stream)
-
-    def _release_unused_streams(self) -> None:
-        """Release forgotten robots' streams from the buffer's memory once nothing of theirs awaits a commit."""
-        unused, self._unused_streams = self._unused_streams, []
-        for stream in unused:
-            if stream.durable_seq == stream.record.last_seq and stream.record.robot not in self.robots:
-                self.buffer.release_stream(stream)
-            elif stream.record.robot not in self.robots:
-                self._unused_streams.append(stream)  # still committing: next time
+        if self.buffer is not None:  # its stream leaves RAM (at the next seal if it has uncommitted data)
+            self.buffer.release_stream(session.stream)  # a hello reloads it from the index
 
     def close(self) -> None:
         """Stop serving; seal and close the buffer (everything acked is on disk already).

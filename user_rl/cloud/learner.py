@@ -109,7 +109,7 @@ class Learner:
         fleet, algo = self.cfg.fleet, self.cfg.algo
         self._credit_robots = self.active_robots
         if not fleet.pace_to_learner:
-            self.ingest.step_credit = 0
+            self.ingest.step_credit = self.ingest.credit_increment = 0
             return
         # Credit counts the steps of the edges started with this learner: a resumed run's
         # earlier steps (`steps_at_start`) are already in the buffer.
@@ -118,6 +118,14 @@ class Learner:
         per_robot = math.ceil(max(0.0, allowed) / n) + fleet.batch_transitions
         cap = math.ceil(max(0, self.cfg.stop.max_env_steps - self.steps_at_start) / n)
         self.ingest.step_credit = max(1, min(per_robot, cap))
+        # Per stream (protocol branch stand-in; the learner branch owns this): how far each edge may
+        # run ahead of what is stored of its own stream, so a resumed learner cannot strand edges that
+        # kept running. A fresh learner, and the end of the run (stop.max_env_steps), keep the
+        # fleet-wide credit above (None: the ingest uses it).
+        ahead = max(0, math.ceil((algo.learning_starts + self.updates / algo.utd_ratio - self.env_steps) / n))
+        increment = ahead + fleet.batch_transitions
+        left = math.ceil((self.cfg.stop.max_env_steps - self.env_steps) / n)
+        self.ingest.credit_increment = increment if self.steps_at_start and increment <= left else None
 
     def _may_update(self) -> bool:
         buffer = self.ingest.buffer

@@ -236,6 +236,8 @@ class EdgeDaemon:
             "dropped_transitions": self.link.dropped_transitions,
             "batch_transitions": self.batch.capacity,
             "resends": self.link.resends,
+            "lost_batches": self.link.lost_batches,  # unreadable spool files, sent as explicit gaps
+            "reconnects": self.link.reconnects,      # connections replaced after ack_timeout_s of silence
             "safety_violations": dict(self.safety.violations),
             "watchdog_holds": self.watchdog.holds,
             "estopped": self.estop.tripped(),

@@ -42,13 +42,18 @@ def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
     return EdgeDaemon(robot, actor, data_address, weights_address, settings)
 
 
-def link_settings(cfg: Config, spool_dir: Path | None, curve: ClientKeys | None = None) -> LinkSettings:
+def link_settings(cfg: Config, spool_dir: Path | None, curve: ClientKeys | None = None,
+                  real_robot: bool = False) -> LinkSettings:
+    """The link's settings from the fleet config. `real_robot`: the edge drives real hardware
+    (`device_kind == "robot"`): `fleet.spool_fsync: null` then fsyncs every spooled batch."""
     fleet = cfg.fleet
     return LinkSettings(
         spool_dir=str(spool_dir) if spool_dir else None,
         spool_max_bytes=int(fleet.spool_max_mb * 2**20),
+        spool_fsync=real_robot if fleet.spool_fsync is None else fleet.spool_fsync,
         max_in_flight=fleet.max_in_flight,
         resend_after_s=fleet.resend_after_s,
+        ack_timeout_s=fleet.ack_timeout_s,
         compression={k: ImageCompression(c.format, c.quality) for k, c in fleet.compression.items()},
         curve=curve,
     )

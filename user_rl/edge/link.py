@@ -6,11 +6,19 @@ wire unacknowledged; the rest wait in the spool, so a learner outage costs disk,
 the control loop never blocks. With no ack progress for `resend_after_s` (a lost message, a
 dropped connection, a restarted learner), the link sends again from the first unacked batch;
 the learner drops duplicates. Batches spooled by an earlier run of this daemon (another
-epoch) are sent too, before the current ones.
+epoch) are sent too: the hello names those epochs (`spooled_epochs`), so a learner that never
+heard of a life that started and died while it was down still takes them. Unacked data is
+never deleted because the learner does not know it: the link introduces itself again.
+
+A batch the spool cannot read back is sent as an explicit gap (`lost`, no frames): the
+learner records it, acks it, and the stream moves past it; both sides count it.
 
 When the TCP connection drops (a restarted learner, a broken uplink), the link stops sending
 batches and introduces itself again as soon as it reconnects, so a new learner hears a hello
-first instead of rejecting a window of batches from a robot it does not know yet.
+first instead of rejecting a window of batches from a robot it does not know yet. When the
+connection stays up but the learner says nothing for `ack_timeout_s` while batches or a hello
+wait for an answer, the link drops that connection and opens a new one (a new routing id,
+which ZeroMQ assigns: the link never chooses one, so no other peer can take it over).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from user_rl.edge.epochs import next_epoch
 from user_rl.edge.spool import Spool
 from user_rl.hal.descriptor import DeviceDescriptor
 from user_rl.security.curve import ClientKeys
@@ -48,14 +57,18 @@ HANDSHAKE_FAILED = ("handshake_failed: the learner and this robot disagree on en
                     "connections; the link keeps trying)")
 HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+# Older epochs announced in one hello; the rest follow once these have arrived.
+MAX_ANNOUNCED_EPOCHS = 64
 
 
 @dataclass
 class LinkSettings:
     spool_dir: str | None = None      # None: a fresh temporary directory (sims)
     spool_max_bytes: int = 2 * 2**30
+    spool_fsync: bool = False         # fsync every spooled batch (real robots: it survives a power cut)
     max_in_flight: int = 64
     resend_after_s: float = 2.0
+    ack_timeout_s: float = 10.0       # connected, answers awaited, not a word from the learner: reconnect
     compression: dict[str, ImageCompression] | None = None
     curve: ClientKeys | None = None   # CurveZMQ keys; None: the link runs in the clear
 
@@ -82,26 +95,21 @@ class DataLink:
     ) -> None:
         self.robot_id = descriptor.id
         self.settings = s = settings or LinkSettings()
-        self.epoch = epoch if epoch is not None else time.time_ns()
-        self.socket = context.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.IMMEDIATE, 1)  # no queueing into a dead connection: the spool holds it
-        self.socket.setsockopt(zmq.ROUTING_ID, f"{self.robot_id}:{self.epoch}".encode())
-        self.socket.setsockopt(zmq.SNDHWM, 4 * s.max_in_flight)
-        self._connection_events = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | HANDSHAKE_EVENTS)
+        spool_dir = Path(s.spool_dir) if s.spool_dir else None
+        self.spool = Spool(spool_dir or tempfile.mkdtemp(prefix=f"user-rl-spool-{self.robot_id}-"),
+                           s.spool_max_bytes, fsync=s.spool_fsync)
+        self.epoch = epoch if epoch is not None else next_epoch(spool_dir, self.robot_id, self.spool.epochs())
+        self._context, self._address = context, address
+        self.reconnects = 0
         self._failed_handshakes = 0
         self.handshake_error: str | None = None  # set while handshakes keep failing (not a refusal)
-        if s.curve is not None:
-            s.curve.apply(self.socket)
-        self.socket.connect(address)
+        self._open_socket()
         self._hello = pb.Hello(
             descriptor=descriptor_to_proto(descriptor),
             observation_space=dict_space_to_proto(obs_space),
             action_space=box_to_proto(action_space),
             stream_epoch=self.epoch,
         )
-        spool_dir = s.spool_dir or tempfile.mkdtemp(prefix=f"user-rl-spool-{self.robot_id}-")
-        self.spool = Spool(Path(spool_dir), s.spool_max_bytes)
         self.cursors: dict[int, _Cursor] = {}
         for old_epoch in self.spool.epochs():  # left by an earlier run of this daemon
             first = self.spool.first_pending(old_epoch)
@@ -119,6 +127,40 @@ class DataLink:
         self._hello_at = 0.0
         self.refused: str | None = None  # the learner will not take this robot (e.g. other spaces)
 
+    def _open_socket(self) -> None:
+        """A fresh DEALER to the learner; ZeroMQ picks its routing id (a peer cannot claim it)."""
+        s = self.settings
+        self.socket = self._context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.IMMEDIATE, 1)  # no queueing into a dead connection: the spool holds it
+        self.socket.setsockopt(zmq.SNDHWM, 4 * s.max_in_flight)
+        self._connection_events = self.socket.get_monitor_socket(
+            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | HANDSHAKE_EVENTS)
+        self._connected = False
+        self._heard_at = time.monotonic()  # the last message from the learner (or when none was awaited)
+        if s.curve is not None:
+            s.curve.apply(self.socket)
+        self.socket.connect(self._address)
+
+    def _close_socket(self) -> None:
+        self.socket.disable_monitor()
+        self._connection_events.close(0)
+        self.socket.close(0)
+
+    def _reconnect(self) -> None:
+        """The learner went silent on a live connection: drop it and start over on a new one."""
+        log.warning("%s: no reply from the learner for %.1f s with %d batches waiting: reconnecting",
+                    self.robot_id, self.settings.ack_timeout_s, self.unacked)
+        self._close_socket()
+        self._open_socket()
+        self.reconnects += 1
+        self._reintroduce()
+
+    @property
+    def lost_batches(self) -> int:
+        """Batches the spool could not read back, sent to the learner as explicit gaps."""
+        return self.spool.lost_batches
+
     @property
     def unacked(self) -> int:
         """Batches spooled and not yet acknowledged (the backlog)."""
@@ -127,8 +169,14 @@ class DataLink:
     def hello(self, policy_version: int = -1) -> None:
         """Introduce this robot; until the learner answers, `pump` repeats it (at once if not yet connected)."""
         self._hello.policy_version = policy_version
+        del self._hello.spooled_epochs[:]
+        self._hello.spooled_epochs.extend(self._announced())
         if self._send(encode(envelope(self.robot_id, hello=self._hello))):
             self._hello_at = time.monotonic()
+
+    def _announced(self) -> list[int]:
+        """The older epochs whose spooled batches this link sends now (named in the hello)."""
+        return sorted(e for e in self.cursors if e != self.epoch)[:MAX_ANNOUNCED_EPOCHS]
 
     def send_batch(self, count: int, columns: dict[str, np.ndarray]) -> int | None:
         """Spool a batch and send it when the window allows; None if the spool is full (dropped)."""
@@ -151,19 +199,26 @@ class DataLink:
             if now - self._hello_at > 0.5 and self.refused is None:
                 self.hello(self._hello.policy_version)
             return
+        announced = set(self._hello.spooled_epochs)
         for epoch, cursor in list(self.cursors.items()):
+            if epoch != self.epoch and epoch not in announced:
+                continue  # the learner opens an older epoch's stream only once a hello named it
             if cursor.sent > cursor.acked and now - cursor.progress_at > self.settings.resend_after_s:
                 cursor.sent = cursor.acked  # no progress: go back and send again from the first unacked
                 cursor.progress_at = now
                 self.resends += 1
             last = self.seq if epoch == self.epoch else self.spool.last_pending(epoch)
             while cursor.sent < (last or 0) and cursor.sent - cursor.acked < self.settings.max_in_flight:
-                frames = self.spool.load_or_drop(epoch, cursor.sent + 1)
-                if frames is not None and not self._send(frames):
+                seq = cursor.sent + 1
+                frames = self.spool.load_or_lost(epoch, seq)
+                if frames is None:  # unreadable: tell the learner it is lost, so the stream moves on
+                    frames = encode(envelope(self.robot_id, batch=pb.TransitionBatch(
+                        stream_epoch=epoch, seq=seq, count=0, lost=True, send_time=time.time())))
+                if not self._send(frames):
                     return  # no connection: keep it spooled, try again later
                 if cursor.sent == cursor.acked:
                     cursor.progress_at = now
-                cursor.sent += 1
+                cursor.sent = seq
 
     def heartbeat(self, **stats: float) -> None:
         """Report backlog and rates; only once welcomed (before, the learner would reject it as no_hello)."""
@@ -197,6 +252,7 @@ class DataLink:
         handled = 0
         while self.socket.poll(timeout_ms if handled == 0 else 0):
             handled += 1
+            self._heard_at = time.monotonic()
             try:
                 msg = decode(self.socket.recv_multipart(copy=False))
             except WireError as exc:
@@ -209,14 +265,27 @@ class DataLink:
                 self._on_reject(msg.body.reason)
             elif msg.kind == "command" and msg.body.kind == pb.Command.KIND_STOP:
                 self.stop_requested = True
+        self._check_silence()
         self.pump()
         return handled
+
+    def _check_silence(self) -> None:
+        """Reconnect when answers are awaited on a live connection and none came for `ack_timeout_s`
+        (a learner that lost track of this connection, a half-open TCP link)."""
+        now = time.monotonic()
+        if self.refused is not None or (self.welcomed and not self.unacked):
+            self._heard_at = now  # nothing awaited: silence means nothing
+        elif self._connected and now - self._heard_at > self.settings.ack_timeout_s:
+            self._reconnect()
 
     def _check_connection(self) -> None:
         """After a disconnect, hold batches until the learner (perhaps a new one) welcomes us again."""
         while self._connection_events.poll(0):
             event = recv_monitor_message(self._connection_events)["event"]
-            if event == zmq.EVENT_DISCONNECTED:
+            if event == zmq.EVENT_CONNECTED:
+                self._connected, self._heard_at = True, time.monotonic()
+            elif event == zmq.EVENT_DISCONNECTED:
+                self._connected = False
                 self._reintroduce()
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._failed_handshakes, self.handshake_error = 0, None
@@ -250,35 +319,31 @@ class DataLink:
             cursor.acked = ack.seq
             cursor.progress_at = time.monotonic()
         cursor.sent = max(cursor.sent, cursor.acked)
-        if ack.next_seq and ack.next_seq - 1 < cursor.sent and ack.next_seq - 1 >= cursor.acked:
+        if ack.next_seq and ack.next_seq - 1 < cursor.acked:
+            # The learner lacks batches this spool no longer holds (found missing at a restart):
+            # go back, and `pump` tells it they are lost.
+            cursor.acked = cursor.sent = ack.next_seq - 1
+        elif ack.next_seq and ack.next_seq - 1 < cursor.sent:
             cursor.sent = ack.next_seq - 1  # the learner missed a batch: resume right after what it has
         if ack.stream_epoch != self.epoch and cursor.acked >= (self.spool.last_pending(ack.stream_epoch) or 0):
             del self.cursors[ack.stream_epoch]  # an earlier run's spool has fully arrived
+            if len(self.cursors) > len(self._hello.spooled_epochs):  # more older epochs wait: name them
+                self.hello(self._hello.policy_version)
 
     def _on_reject(self, reason: str) -> None:
         key = reason.split(":")[0]
         self.rejects[key] += 1
-        if key == "no_hello":  # the learner restarted and does not know us: introduce ourselves again
-            self._reintroduce()
-            self.hello(self._hello.policy_version)
+        if key in ("no_hello", "unknown_stream"):
+            # The learner restarted, or does not know this connection or an older epoch of ours:
+            # introduce ourselves again (the hello names every spooled epoch). Nothing is deleted.
+            self._reintroduce()  # `pump` says hello once, however many rejects came in
             return
         if key in ("spaces_mismatch", "bad_hello", "not_enrolled", "wrong_robot"):  # retrying cannot help
             if self.refused is None:
                 log.error("%s: the learner refused this robot: %s", self.robot_id, reason)
             self.refused = reason
             return
-        if key == "unknown_stream":  # an earlier run's batches the learner never heard of
-            for epoch in [e for e in self.cursors if e != self.epoch and str(e) in reason]:
-                log.warning("%s: learner does not know epoch %d; dropping its %d spooled batches",
-                            self.robot_id, epoch, len(self.spool.pending(epoch)))
-                last = self.spool.last_pending(epoch)
-                if last:
-                    self.spool.ack_through(epoch, last)
-                del self.cursors[epoch]
-            return
         log.warning("%s: learner rejected a message: %s", self.robot_id, reason)
 
     def close(self) -> None:
-        self.socket.disable_monitor()
-        self._connection_events.close(0)
-        self.socket.close(0)
+        self._close_socket()

@@ -6,6 +6,11 @@ epoch, so `ack_through` drops a prefix of one epoch; an in-memory sorted index k
 cheap. The spool is bounded: a refused `put` makes the caller drop the batch *before* it
 gets a seq, so the stream never has a hole that can never be filled.
 
+A batch whose file cannot be read back (a flipped bit, a torn write after a power cut) is
+*lost*, never silently forgotten: its file stays as a tombstone until the learner has
+acknowledged the seq, so even after a restart the link knows to send an explicit gap for it
+and the stream moves past it.
+
 File layout (little-endian): magic, epoch, seq, frame count, each frame's length, then a
 crc32 over all of that and the frames, then the frames concatenated.
 """
@@ -70,6 +75,8 @@ class Spool:
         self._dropped_while_full = 0
         self._seqs: dict[int, list[int]] = {}
         self._sizes: dict[tuple[int, int], int] = {}
+        self._lost: set[tuple[int, int]] = set()  # unreadable batches, kept until acked
+        self.lost_batches = 0  # batches found unreadable since this spool was opened
         self._scan()
 
     def __len__(self) -> int:
@@ -109,15 +116,6 @@ class Spool:
                 bisect.insort(seqs, seq)
         self.bytes_used += size - (old or 0)
         self._sizes[(epoch, seq)] = size
-
-    def _forget(self, epoch: int, seq: int) -> None:
-        self.bytes_used -= self._sizes.pop((epoch, seq), 0)
-        seqs = self._seqs.get(epoch, [])
-        i = bisect.bisect_left(seqs, seq)
-        if i < len(seqs) and seqs[i] == seq:
-            del seqs[i]
-        if not seqs:
-            self._seqs.pop(epoch, None)
 
     def put(self, epoch: int, seq: int, frames: Sequence[bytes | memoryview]) -> bool:
         """Store a batch; False (nothing written) when it would push the spool past its bound."""
@@ -182,6 +180,7 @@ class Spool:
         for s in seqs[:cut]:
             self.path(epoch, s).unlink(missing_ok=True)
             self.bytes_used -= self._sizes.pop((epoch, s))
+            self._lost.discard((epoch, s))
         del seqs[:cut]  # one slice, not `cut` deletes from the front
         if not seqs:
             del self._seqs[epoch]
@@ -193,15 +192,27 @@ class Spool:
             raise KeyError(f"({epoch}, {seq}) is not in the spool at {self.directory}")
         return self._read(self.path(epoch, seq), epoch, seq)
 
-    def load_or_drop(self, epoch: int, seq: int) -> list[bytes] | None:
-        """Like `load`, but a corrupt batch is deleted with a warning and None comes back."""
+    def is_lost(self, epoch: int, seq: int) -> bool:
+        return (epoch, seq) in self._lost
+
+    def load_or_lost(self, epoch: int, seq: int) -> list[bytes] | None:
+        """Like `load`, but a batch that cannot be read (corrupt, missing) is marked lost and None
+        comes back: the caller sends an explicit gap for it. Its file stays until `ack_through`."""
+        if (epoch, seq) in self._lost:
+            return None
         try:
             return self.load(epoch, seq)
-        except SpoolCorrupt as exc:
-            log.warning("%s; dropping it, the learner will never get this batch", exc)
-            exc.path.unlink(missing_ok=True)
-            self._forget(epoch, seq)
+        except (SpoolCorrupt, KeyError, OSError) as exc:
+            reason = exc if isinstance(exc, SpoolCorrupt) else f"batch ({epoch}, {seq}) cannot be read: {exc}"
+            log.warning("%s; the learner will be told this batch is lost", reason)
+            self._mark_lost(epoch, seq)
             return None
+
+    def _mark_lost(self, epoch: int, seq: int) -> None:
+        if (epoch, seq) not in self._sizes:  # gone without a trace: remember the seq itself
+            self._index(epoch, seq, 0)
+        self._lost.add((epoch, seq))
+        self.lost_batches += 1
 
     def _read(self, path: Path, epoch: int, seq: int) -> list[bytes]:
         try:
@@ -235,7 +246,7 @@ class Spool:
         return frames
 
     def _scan(self) -> None:
-        """Index what a previous run left; delete half-written temp files and corrupt batches."""
+        """Index what a previous run left; delete half-written temp files; mark corrupt batches lost."""
         for path in sorted(self.directory.iterdir()):
             if path.name.endswith(_TMP_SUFFIX):
                 log.info("edge spool: deleting %s, a batch cut off mid-write", path)
@@ -248,8 +259,9 @@ class Spool:
             try:
                 self._read(path, epoch, seq)
             except (SpoolCorrupt, OSError) as exc:
-                log.warning("edge spool: %s; deleting it, the learner will never get this batch", exc)
-                path.unlink(missing_ok=True)
+                log.warning("edge spool: %s; the learner will be told this batch is lost", exc)
+                self._index(epoch, seq, path.stat().st_size)
+                self._mark_lost(epoch, seq)
                 continue
             self._index(epoch, seq, path.stat().st_size)
             self.recovered += 1

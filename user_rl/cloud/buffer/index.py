@@ -195,13 +195,13 @@ class BufferIndex:
         lost: Iterable[tuple[int, int, int]] = (),
     ) -> None:
         """Make a sealed segment and everything it holds visible, atomically. Without a segment:
-        only batches the edges lost (the open segment held no rows)."""
+        only row-less batches (lost ones, episode-end markers), under segment 0."""
         with self.db:
             if segment is not None:
                 self.db.execute("INSERT OR REPLACE INTO segments VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                                 tuple(segment.__dict__.values()))
-                self.db.executemany("INSERT OR IGNORE INTO batches VALUES (?,?,?,?)",
-                                    [(stream, seq, segment.id, n) for stream, seq, n in batches])
+            self.db.executemany("INSERT OR IGNORE INTO batches VALUES (?,?,?,?)",
+                                [(stream, seq, segment.id if segment else 0, n) for stream, seq, n in batches])
             self.db.executemany("INSERT OR IGNORE INTO lost VALUES (?,?,?)", list(lost))
             self._upsert_streams(streams)
             self._upsert_episodes(episodes)

@@ -159,11 +159,12 @@ class PersistentReplay(StreamRegistry):
         self._pending_commits.append((stream, seq, n, self.writer.rows, False))
         return True
 
-    def record_lost(self, stream: StreamState, seq: int) -> bool:
+    def record_lost(self, stream: StreamState, seq: int, counted: bool = True) -> bool:
         """The edge lost batch `seq` (its spool file was unreadable): the stream moves past it.
 
         The record waiting for a successor gets none; the seq becomes durable at the next commit
-        like a batch (a re-send of it is a duplicate). False if `seq` is not past the last one."""
+        like a batch (a re-send of it is a duplicate). False if `seq` is not past the last one.
+        `counted=False` takes a seq that carries no rows on purpose (an episode-end marker)."""
         self._check_writable()
         if seq <= stream.record.last_seq:
             self.duplicates += 1
@@ -171,8 +172,10 @@ class PersistentReplay(StreamRegistry):
         stream.dropped += int(stream.pending is not None)
         stream.pending, stream.pending_at = None, None
         stream.record.last_seq = seq
+        self._pending_commits.append((stream, seq, 0, self.writer.rows, counted))
+        if not counted:
+            return True
         self.lost_batches += 1
-        self._pending_commits.append((stream, seq, 0, self.writer.rows, True))
         log.warning("robot %s (epoch %d) lost batch %d before sending it", stream.record.robot, stream.record.epoch, seq)
         return True
 
@@ -207,7 +210,7 @@ class PersistentReplay(StreamRegistry):
         self.commit()
         with self._disk("seal"):
             if self.writer.rows == 0:
-                if self._open_batches:  # only lost batches: the index still learns of them
+                if self._open_batches:  # only row-less batches (lost, markers): the index still learns of them
                     self._register(None, {})
                 self._release_deferred()
                 return
