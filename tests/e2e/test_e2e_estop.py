@@ -46,11 +46,10 @@ def test_an_estop_ends_the_episode_as_truncated_and_nothing_pairs_across_it(tmp_
         edge = built[0]
         wait_until(lambda: 10 <= edge._episode_step <= 80, 10, "the robot to be inside an episode")
         latch = EStopLatch.for_robot(spool_root, edge.robot.descriptor.id)
-        tripped_at = time.time()
+        cut, tripped_at = edge.episodes, time.time()  # the episode in progress (20 steps or more from its end)
         latch.trip("operator: test")
         wait_until(lambda: edge.estops == 1, 5, "the edge to stop")
-        cut, cut_length = edge.episodes - 1, edge.steps  # steps so far: every episode before was 100 long
-        cut_length -= 100 * cut
+        cut_length = edge.steps - 100 * cut  # every episode before it ran its 100 steps
         time.sleep(1.0)
         rearmed_at = time.time()
         latch.clear()

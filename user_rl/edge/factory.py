@@ -32,10 +32,8 @@ def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
         options["robot_id"] = robot_id
     robot = make_robot(cfg.robot.type, **options)
     real_robot = robot.device_kind == "robot"
-    if real_robot and cfg.fleet.pace_to_learner:  # said aloud when the config asks for it, not by default
-        level = logging.WARNING if "pace_to_learner" in cfg.fleet.model_fields_set else logging.INFO
-        log.log(level, "%s: a real robot never waits for the learner: fleet.pace_to_learner is ignored",
-                options["robot_id"])
+    if real_robot and cfg.fleet.pace_to_learner:  # the default (for sims): not a mistake, so not a warning
+        log.info("%s: a real robot never waits for the learner: fleet.pace_to_learner is ignored", options["robot_id"])
     actor = make_actor(cfg.policy.type, robot.observation_space, robot.action_space, hidden=cfg.policy.hidden)
     settings = EdgeSettings(
         control_hz=cfg.fleet.control_hz,
