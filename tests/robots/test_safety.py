@@ -288,10 +288,17 @@ def test_a_hold_that_raises_is_reported_and_the_watchdog_keeps_watching(caplog) 
 
 def test_a_hold_never_runs_during_a_stalled_step_and_a_hold_ends_the_episode() -> None:
     context = zmq.Context()
-    # Step 30 hangs past the deadline and the hold's wait (blocked: reported), step 60 only past the deadline
-    # (the hold waits for it, then holds: that episode ends there and the next step starts a new one).
+    # Step 30 hangs past the deadline and the hold's wait (the hold gives up: reported); step 60 only past
+    # the deadline (the hold waits for it, and is not needed once it returned); the policy stalls before
+    # step 80 (no robot call in progress: held at once, so that episode ends there and a new one starts).
     robot = CallLog(stalls={30: 1.5, 60: 0.35}, robot_id="stalls", seed=0, episode_steps=100)
-    edge = offline_edge(robot, lambda n: np.zeros(3), SafetySettings(deadline_s=0.2, hold_wait_s=0.5), context)
+
+    def script(n: int) -> np.ndarray:
+        if n == 80:
+            time.sleep(0.5)
+        return np.zeros(3)
+
+    edge = offline_edge(robot, script, SafetySettings(deadline_s=0.2, hold_wait_s=0.5), context)
     status = edge.run(max_steps=100)
     batches = spooled(edge)
     edge.close()
@@ -302,13 +309,13 @@ def test_a_hold_never_runs_during_a_stalled_step_and_a_hold_ends_the_episode() -
     assert status["safety_violations"]["hold_failed"] == 1
     assert re.fullmatch(r"watchdog: HoldBlocked: a call to the robot \(a step or reset\) has not returned for "
                         r"\d+\.\d\d s; not held", status["hold_error"])
-    # The hold after step 60 ended episode 0 there (a count-0 batch "hold" right after its last step) and
+    # The hold before step 80 ended episode 0 there (a count-0 batch "hold" right after its last step) and
     # the robot was reset: episode 1 starts at step 0 with the step after it.
     ends = [(i, reason) for i, (_, count, reason, _) in enumerate(batches) if count == 0]
     assert [reason for _, reason in ends] == ["hold"]
     before = episode_steps_in_order(batches[: ends[0][0]])
     after = episode_steps_in_order(batches[ends[0][0] + 1:])
-    assert before == [(0, s) for s in range(60)] and after == [(1, s) for s in range(40)]
+    assert before == [(0, s) for s in range(79)] and after == [(1, s) for s in range(21)]
     assert [c[0] for c in robot.calls].count("reset") == 2 and status["episodes"] == 1
 
 

@@ -78,7 +78,9 @@ class EdgeDaemon:
         self.safety = ActionFilter(robot.action_space, s.safety, robot)
         self._robot_lock = threading.Lock()  # one call to the robot at a time: reset, step, hold
         self._held = False  # the robot was held since its last step: that episode is over
-        self.watchdog = Watchdog(s.safety.deadline_s, self._hold_robot, self._on_hold, name=robot.descriptor.id)
+        self._answers = 0   # robot calls that returned
+        self.watchdog = Watchdog(s.safety.deadline_s, self._hold_unless_answered, self._on_hold,
+                                 name=robot.descriptor.id)
         self.estop = EStopLatch(self.link.spool.directory / LATCH_NAME)  # next to the spool: survives restarts
         self.estops = 0
         self.rng = np.random.default_rng(s.seed)
@@ -171,16 +173,26 @@ class EdgeDaemon:
                 return call(*args, **kwargs)
             finally:
                 self._robot_since = None
+                self._answers += 1
 
-    def _hold_robot(self) -> None:
+    def _hold_unless_answered(self) -> bool:
+        """The watchdog's hold: not needed (False) if the call it waited for returned meanwhile, since
+        the loop then has a fresh observation and goes on; a stalled policy gets the robot held."""
+        return self._hold_robot(unless_answered=True)
+
+    def _hold_robot(self, unless_answered: bool = False) -> bool:
         """The robot's hold, never during another robot call: waits for one `hold_wait_s` at most."""
+        answers = self._answers
         if not self._robot_lock.acquire(timeout=self.settings.safety.hold_wait_s):
             since = self._robot_since
             busy = f"for {time.monotonic() - since:.2f} s" if since else "still"
             raise HoldBlocked(f"a call to the robot (a step or reset) has not returned {busy}; not held")
         try:
+            if unless_answered and self._answers != answers:
+                return False
             self._held = True
             self.robot.hold()
+            return True
         finally:
             self._robot_lock.release()
 
@@ -317,14 +329,14 @@ class EdgeDaemon:
         """Emergency stop: hold the robot, end its episode, take no step, keep the link alive, until
         re-armed (the loop then starts a new episode with a reset). A failed hold is retried every second."""
         self.watchdog.pause()
-        held = self.watchdog.hold_now("estop")
+        held = self.watchdog.hold_now("estop", self._hold_robot)
         self.estops += 1
         log.warning("%s: EMERGENCY STOP (%s): holding until re-armed", self.robot.descriptor.id, self.estop.tripped())
         self._end_episode("estop")
         retry_at = time.monotonic() + 1.0
         while self.estop.tripped() and not self._stop.is_set():
             if not held and time.monotonic() >= retry_at:
-                held, retry_at = self.watchdog.hold_now("estop"), retry_at + 1.0
+                held, retry_at = self.watchdog.hold_now("estop", self._hold_robot), retry_at + 1.0
             self._flush()
             self._service_link(time.monotonic())
             self.link.poll(20)

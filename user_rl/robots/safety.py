@@ -105,12 +105,13 @@ class Watchdog:
     """Holds the robot when no action reached it within `deadline_s` (a stalled policy, an
     overloaded edge). `due()` whenever the next action is due (after each step or reset), `pause()`
     while the robot is not meant to step; the hold happens once per stall, from this watchdog's own
-    thread, through `hold` (the edge's serialised call of the driver's `Robot.hold`).
+    thread, through `hold` (the edge's serialised call of the driver's `Robot.hold`), which returns
+    False when the hold is no longer needed (the late call returned while the hold waited for it).
 
     A hold that fails (the driver raises, or `HoldBlocked`) is logged with its cause, counted in
     `failures` and kept in `last_failure`; the watchdog goes on watching."""
 
-    def __init__(self, deadline_s: float, hold: Callable[[], None], on_hold: Callable[[], None],
+    def __init__(self, deadline_s: float, hold: Callable[[], bool | None], on_hold: Callable[[], None],
                  name: str = "robot") -> None:
         self.deadline_s = deadline_s
         self.name = name
@@ -119,7 +120,7 @@ class Watchdog:
         self._armed = False  # armed by the first `due()`: the robot's first reset may take long
         self._held = False
         self._stop = threading.Event()
-        self.holds = 0
+        self.holds = 0      # stalls the watchdog acted on (held, or tried to)
         self.failures = 0
         self.last_failure: str | None = None
         self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
@@ -139,12 +140,12 @@ class Watchdog:
         """Not stepping on purpose (waiting for credit, stopped): no action is due."""
         self._armed = False
 
-    def hold_now(self, why: str) -> bool:
-        """Hold the robot now (a stall, an e-stop); True if held. A failure is logged, counted and
-        kept, never raised: whoever asked for the hold must go on (and may ask again)."""
+    def hold_now(self, why: str, hold: Callable[[], bool | None] | None = None) -> bool | None:
+        """Hold the robot now (a stall, an e-stop) through `hold` (default: the watchdog's own): True if
+        held, None if the hold found itself no longer needed, False if it failed. A failure is logged,
+        counted and kept, never raised: whoever asked for the hold must go on (and may ask again)."""
         try:
-            self._hold()
-            return True
+            return None if (hold or self._hold)() is False else True
         except Exception as exc:  # a driver's hold may raise anything; the caller must survive it
             self.failures += 1
             self.last_failure = f"{why}: {type(exc).__name__}: {exc}"
@@ -157,8 +158,10 @@ class Watchdog:
         while not self._stop.wait(tick):
             if self._armed and not self._held and time.monotonic() - self._last > self.deadline_s:
                 self._held = True
-                self.holds += 1
-                if self.hold_now("watchdog"):
+                held = self.hold_now("watchdog")
+                if held is not None:
+                    self.holds += 1
+                if held:
                     try:
                         self._on_hold()
                     except Exception:  # reporting a hold must never stop the watching
