@@ -102,3 +102,58 @@ def test_unpaced_edge_keeps_acting_while_no_learner_answers(tmp_path: Path) -> N
     assert len(list(Path(edge.link.spool.directory).glob("*.batch"))) == 20
     edge.close()
     context.term()
+
+
+def test_a_failing_weight_receiver_shows_in_the_status_and_starts_over(tmp_path: Path) -> None:
+    """A policy version the receiver cannot assemble (a tensor of shape (-2, 2)) used to kill its thread
+    with no trace: now the failure is logged, shown in the edge's status, and the next version arrives."""
+    from user_rl.wire import user_rl_pb2 as pb
+    from user_rl.wire.codec import decode, encode, envelope
+    from user_rl.wire.weights import pack
+
+    context = zmq.Context()
+    server = context.socket(zmq.ROUTER)  # a weights server that first sends a malformed version
+    server.setsockopt(zmq.LINGER, 0)
+    port = server.bind_to_random_port("tcp://127.0.0.1")
+    robot = make_robot("gym", env_id="InvertedPendulum-v5", robot_id="w", seed=0)
+    actor = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
+    edge = EdgeDaemon(robot, actor, "tcp://127.0.0.1:1", f"tcp://127.0.0.1:{port}", EdgeSettings(), context)
+
+    def send_version(version: int, state: dict, bad_shape: bool = False) -> None:
+        assert server.poll(10_000), "the receiver did not ask for weights"
+        identity, *frames = server.recv_multipart()
+        assert decode(frames).kind == "weights_request"
+        packed = pack(version, state)
+        if bad_shape:
+            packed.announce.tensors[0].shape[:] = [-2, 2]
+        server.send_multipart([identity, *encode(envelope(weights_announce=packed.announce))])
+        for index, chunk in enumerate(packed.chunks):
+            head = envelope(weights_chunk=pb.WeightsChunk(version=version, index=index))
+            server.send_multipart([identity, *encode(head, {"bytes": np.frombuffer(chunk, np.uint8)})])
+
+    try:
+        assert edge.status()["errors"] == {}
+        send_version(1, actor.state_dict(), bad_shape=True)
+        wait_until(lambda: edge.status()["errors"], 10, "the failure to show")
+        error = edge.status()["errors"]["weights"]
+        print("status errors:", edge.status()["errors"])
+        assert error.startswith("RuntimeError: ") and error.endswith("(failed 1x, started over each time)")
+        send_version(2, actor.state_dict())  # the receiver started over: it asks again and gets the next version
+        version, _ = edge.weights.wait_for(2, timeout=10)
+        assert version == 2
+    finally:
+        edge.close()
+        server.close(0)
+        context.term()
+
+
+def test_a_real_robot_is_never_paced() -> None:
+    """Pacing holds a robot between steps while the learner is behind or away: only a sim may do that."""
+    class Arm(type(make_robot("gym", env_id="InvertedPendulum-v5"))):
+        device_kind = "robot"
+
+    robot = Arm(env_id="InvertedPendulum-v5", robot_id="real")
+    actor = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
+    with pytest.raises(ValueError, match="real: pace_to_learner is for simulators; a real robot never waits"):
+        EdgeDaemon(robot, actor, "tcp://127.0.0.1:1", "tcp://127.0.0.1:1", EdgeSettings(pace_to_learner=True))
+    robot.close()

@@ -38,12 +38,16 @@ class ToyArm(Robot):
     device_kind = "robot"
 
     def __init__(self, *, port: str, robot_id: str = "toy-0", seed: int | None = None, episode_steps: int = 20,
-                 hang_robot: str = "", hang_after: int = 0):
+                 hang_robot: str = "", hang_after: int = 0, rate_hz: float = 0.0):
+        """`rate_hz` > 0: each step waits for the arm's next control tick, as a real controller does."""
         self.port = Path(port)
+        self.period = 1.0 / rate_hz if rate_hz > 0 else 0.0
+        self.next_tick = time.monotonic()
+        self.holds = 0
         self.hangs_at = hang_after if robot_id == hang_robot else None  # a cable pulled mid-run
         self.steps = 0
         self.firmware = self.port.read_text().strip()  # a missing port raises: the probe reports it
-        self.descriptor = DeviceDescriptor(kind="robot", model="toy_arm", id=robot_id, control_hz=50.0,
+        self.descriptor = DeviceDescriptor(kind="robot", model="toy_arm", id=robot_id, control_hz=rate_hz or 50.0,
                                            instruction="hold the joints at zero", extra={"firmware": self.firmware})
         self.observation_space = gym.spaces.Dict({"joints": gym.spaces.Box(-3.0, 3.0, (2,), np.float32)})
         self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
@@ -63,11 +67,17 @@ class ToyArm(Robot):
         self.steps += 1
         if self.hangs_at is not None and self.steps > self.hangs_at:
             time.sleep(3600)  # the robot no longer answers
+        if self.period:
+            self.next_tick = max(self.next_tick + self.period, time.monotonic() - self.period)
+            time.sleep(max(0.0, self.next_tick - time.monotonic()))
         applied = np.clip(action, -1, 1).astype(np.float32)
         self.joints = np.clip(self.joints + 0.1 * applied, -3, 3).astype(np.float32)
         self.t += 1
         return StepResult({"joints": self.joints.copy()}, -float(np.abs(self.joints).sum()), False,
                           self.t >= self.episode_steps, applied)
+
+    def hold(self):
+        self.holds += 1  # the servos keep the joints where they are (they move only when stepped)
 '''
 
 

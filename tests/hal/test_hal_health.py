@@ -1,5 +1,7 @@
 """A real robot (the toy driver) that stops answering mid-run: its edge daemon is restarted,
-and when it hangs again with the budget spent the robot is failed; the other robot trains on."""
+and when it hangs again with the budget spent the robot is failed; the other robot trains on.
+The toy steps at 50 Hz like a real arm: a real robot is not paced to the learner, so a toy stepping as
+fast as it can would take the run's whole step budget before the hang is noticed."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ def test_a_robot_that_stops_answering_is_restarted_then_failed(tmp_path: Path, t
     config = tmp_path / "toy.yaml"
     config.write_text(yaml.safe_dump({
         "name": "toy", "robot": {"type": "toy_arm", "options": {"port": str(port), "hang_robot": "toy_arm-0",
-                                                                 "hang_after": 60}},
+                                                                 "hang_after": 60, "rate_hz": 50}},
         "fleet": {"num_robots": 2, "batch_transitions": 16, "stall_s": 2.0, "max_restarts": 1},
         "policy": {"hidden": [32]}, "algo": {"learning_starts": 100, "batch_size": 32},
         "stop": {"max_env_steps": 1500, "max_wall_s": 180, "eval_every_s": 1000, "eval_episodes": 2}}))

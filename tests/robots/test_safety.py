@@ -5,6 +5,7 @@ is counted and reported in the heartbeat, and a stalled policy gets the arm held
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from user_rl.policies import make_actor
 from user_rl.robots.safety import ActionFilter, SafetySettings
 from user_rl.sim.reach import ReachRobot
 from user_rl.testing.wait import wait_until
+from user_rl.wire.codec import decode
 
 
 class RecordingArm(ReachRobot):
@@ -206,3 +208,147 @@ def test_estop_holds_until_rearmed_even_across_an_edge_restart(tmp_path: Path) -
     runner.join(10)
     edge.close()
     context.term()
+
+
+# -- robot calls never overlap; a failed hold is reported; a stop ends the episode ------------------
+class CallLog(RecordingArm):
+    """The reach arm, logging when each reset / step / hold ran, so overlaps can be checked; steps
+    listed in `stalls` hang that long (a servo bus timeout), and `hold_raises` makes every hold fail."""
+
+    def __init__(self, stalls: dict[int, float] | None = None, hold_raises: bool = False, **options) -> None:
+        super().__init__(**options)
+        self.calls: list[tuple[str, float, float]] = []
+        self.stalls = stalls or {}
+        self.hold_raises = hold_raises
+
+    def _logged(self, name: str, call, *args, **kwargs):
+        start = time.monotonic()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            self.calls.append((name, start, time.monotonic()))
+
+    def step(self, action: np.ndarray):
+        def stepping():
+            time.sleep(self.stalls.get(len(self.received) + 1, 0.0))
+            return super(CallLog, self).step(action)
+        return self._logged("step", stepping)
+
+    def reset(self, seed=None):
+        return self._logged("reset", super().reset, seed)
+
+    def hold(self) -> None:
+        def holding():
+            super(CallLog, self).hold()
+            if self.hold_raises:
+                raise RuntimeError("servo bus: no answer to the hold command")
+        self._logged("hold", holding)
+
+    def overlaps(self) -> list[tuple]:
+        ordered = sorted(self.calls, key=lambda c: c[1])
+        return [(a, b) for a, b in zip(ordered, ordered[1:]) if b[1] < a[2]]
+
+
+def spooled(edge: EdgeDaemon) -> list[tuple[int, int, str, dict[str, np.ndarray]]]:
+    """(seq, count, end_reason, columns) of every batch in the edge's spool, in order."""
+    link = edge.link
+    out = []
+    for epoch, seq in link.spool.pending(link.epoch):
+        msg = decode(link.spool.load(epoch, seq))
+        out.append((seq, msg.body.count, msg.body.end_reason, msg.arrays))
+    return out
+
+
+def episode_steps_in_order(batches) -> list[tuple[int, int]]:
+    return [(int(e), int(s)) for _, count, _, cols in batches if count for e, s in zip(cols["episode"], cols["step"])]
+
+
+def test_a_hold_that_raises_is_reported_and_the_watchdog_keeps_watching(caplog) -> None:
+    context = zmq.Context()
+    robot = CallLog(hold_raises=True, robot_id="bad-hold", seed=0, episode_steps=100)
+
+    def script(n: int) -> np.ndarray:
+        if n in (30, 60):
+            time.sleep(0.6)  # the policy stalls twice: two holds, both fail
+        return np.zeros(3)
+
+    edge = offline_edge(robot, script, SafetySettings(deadline_s=0.2), context)
+    status = edge.run(max_steps=100)
+    alive = edge.watchdog.alive
+    edge.close()
+    context.term()
+    print(f"holds {status['watchdog_holds']}, violations {status['safety_violations']}, last: {status['hold_error']}")
+    assert alive, "the watchdog thread died"
+    assert status["watchdog_holds"] == 2 and len(robot.holds) == 2  # it tried both times: it kept watching
+    assert status["safety_violations"]["hold_failed"] == 2
+    assert status["hold_error"] == "watchdog: RuntimeError: servo bus: no answer to the hold command"
+    failed = [r for r in caplog.records if "could not hold the robot" in r.getMessage()]
+    assert len(failed) == 2 and all(r.exc_info for r in failed)  # logged with the traceback
+
+
+def test_a_hold_never_runs_during_a_stalled_step_and_a_hold_ends_the_episode() -> None:
+    context = zmq.Context()
+    # Step 30 hangs past the deadline and the hold's wait (the hold gives up: reported); step 60 only past
+    # the deadline (the hold waits for it, and is not needed once it returned); the policy stalls before
+    # step 80 (no robot call in progress: held at once, so that episode ends there and a new one starts).
+    robot = CallLog(stalls={30: 1.5, 60: 0.35}, robot_id="stalls", seed=0, episode_steps=100)
+
+    def script(n: int) -> np.ndarray:
+        if n == 80:
+            time.sleep(0.5)
+        return np.zeros(3)
+
+    edge = offline_edge(robot, script, SafetySettings(deadline_s=0.2, hold_wait_s=0.5), context)
+    status = edge.run(max_steps=100)
+    batches = spooled(edge)
+    edge.close()
+    context.term()
+    print(f"holds {status['watchdog_holds']}, violations {status['safety_violations']}, last: {status['hold_error']}")
+    assert robot.overlaps() == [], "a hold ran during another robot call"
+    assert status["watchdog_holds"] == 2 and len(robot.holds) == 1
+    assert status["safety_violations"]["hold_failed"] == 1
+    assert re.fullmatch(r"watchdog: HoldBlocked: a call to the robot \(a step or reset\) has not returned for "
+                        r"\d+\.\d\d s; not held", status["hold_error"])
+    # The hold before step 80 ended episode 0 there (a count-0 batch "hold" right after its last step) and
+    # the robot was reset: episode 1 starts at step 0 with the step after it.
+    ends = [(i, reason) for i, (_, count, reason, _) in enumerate(batches) if count == 0]
+    assert [reason for _, reason in ends] == ["hold"]
+    before = episode_steps_in_order(batches[: ends[0][0]])
+    after = episode_steps_in_order(batches[ends[0][0] + 1:])
+    assert before == [(0, s) for s in range(79)] and after == [(1, s) for s in range(21)]
+    assert [c[0] for c in robot.calls].count("reset") == 2 and status["episodes"] == 1
+
+
+def test_an_estop_ends_the_episode_and_rearming_starts_a_new_one(tmp_path: Path) -> None:
+    """The edge's half of "an e-stop ends the episode as truncated": a count-0 end batch with reason
+    "estop" follows the last step before the stop, and after re-arming the robot is reset and a new
+    episode (next number, step 0) begins. (tests/e2e/test_e2e_estop.py checks what the learner stores.)"""
+    context = zmq.Context()
+    robot = CallLog(robot_id="arm-s", seed=0, episode_steps=100)
+    inner = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
+    edge = EdgeDaemon(robot, inner, "tcp://127.0.0.1:1", "tcp://127.0.0.1:1",
+                      EdgeSettings(control_hz=100, batch_transitions=16, safety=SafetySettings(deadline_s=0.5),
+                                   link=LinkSettings(spool_dir=str(tmp_path / "arm-s"))), context)
+    runner = threading.Thread(target=edge.run, daemon=True)
+    runner.start()
+    wait_until(lambda: edge.steps >= 37, 30, "the arm to move")
+    edge.estop.trip("operator")
+    wait_until(lambda: robot.holds, 2, "the arm to be held")
+    stopped_at = edge.steps
+    time.sleep(0.5)
+    assert edge.steps == stopped_at and edge.status()["episodes"] == 1  # episode 0 ended at the stop
+    edge.estop.clear()
+    wait_until(lambda: edge.steps >= stopped_at + 30, 10, "the arm to move again after re-arming")
+    edge.stop()
+    runner.join(10)
+    batches = spooled(edge)
+    edge.close()
+    context.term()
+    ends = [i for i, (_, count, _, _) in enumerate(batches) if count == 0]
+    assert len(ends) == 1 and batches[ends[0]][2] == "estop"
+    assert [seq for seq, *_ in batches] == list(range(1, len(batches) + 1))  # in order with the batches
+    before, after = episode_steps_in_order(batches[: ends[0]]), episode_steps_in_order(batches[ends[0] + 1:])
+    assert before == [(0, s) for s in range(stopped_at)]
+    assert after == [(1, s) for s in range(len(after))] and len(after) >= 30
+    resets = [start for name, start, _ in robot.calls if name == "reset"]
+    assert len(resets) == 2 and resets[1] > robot.holds[0]  # a new episode, from a reset after the stop

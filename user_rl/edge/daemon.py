@@ -3,7 +3,13 @@
 Each turn: swap in new weights if any arrived (a safe point between steps), pick an action
 (random until the first policy version arrives), pass it through the safety filter, step the
 robot, record the transition, and service the link (flush batches, heartbeats, acks). The
-link is never waited on, except by a sim paced to the learner's update rate.
+link is never waited on, except by a sim paced to the learner's update rate (a real robot is
+never paced).
+
+Calls to the robot (reset, step, hold) never overlap: one lock serialises them, and the
+watchdog's hold waits for it only `safety.hold_wait_s`. An e-stop or a watchdog hold ends the
+episode (the learner stores it as truncated, `end_reason` "estop" / "hold") and the robot starts
+a new one with `reset()` once it may move again, so no transition spans a stop.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from user_rl.edge.link import DataLink, LinkSettings
 from user_rl.edge.weights import WeightReceiver
 from user_rl.hal.robot import Robot
 from user_rl.robots.estop import LATCH_NAME, EStopLatch
-from user_rl.robots.safety import ActionFilter, SafetySettings, Watchdog
+from user_rl.robots.safety import ActionFilter, HoldBlocked, SafetySettings, Watchdog
 from user_rl.wire import user_rl_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -37,7 +43,7 @@ class RobotRefused(RuntimeError):
 @dataclass
 class EdgeSettings:
     control_hz: float = 0.0          # 0: as fast as the robot steps (sims in training)
-    pace_to_learner: bool = False    # sims only: wait for step credit from the learner
+    pace_to_learner: bool = False    # sims only (refused for a real robot): wait for step credit from the learner
     batch_transitions: int = 64
     max_batch_delay_s: float = 0.1
     heartbeat_s: float = 1.0
@@ -60,6 +66,9 @@ class EdgeDaemon:
         self.robot = robot
         self.actor = actor.eval()
         self.settings = s = settings or EdgeSettings()
+        if s.pace_to_learner and robot.device_kind == "robot":
+            raise ValueError(f"{robot.descriptor.id}: pace_to_learner is for simulators; a real robot never "
+                             "waits for the learner")
         self.context = context or zmq.Context.instance()
         self.link = DataLink(self.context, data_address, robot.descriptor, robot.observation_space,
                              robot.action_space, settings=s.link)
@@ -67,13 +76,18 @@ class EdgeDaemon:
         self.batch = BatchBuilder(robot.observation_space, robot.action_space, s.batch_transitions)
         self.adapter = BacklogAdapter(s.batch_transitions, s.link.compression or {}, s.link.max_in_flight)
         self.safety = ActionFilter(robot.action_space, s.safety, robot)
-        self.watchdog = Watchdog(s.safety.deadline_s, robot.hold, self._on_hold)
+        self._robot_lock = threading.Lock()  # one call to the robot at a time: reset, step, hold
+        self._held = False  # the robot was held since its last step: that episode is over
+        self._answers = 0   # robot calls that returned
+        self.watchdog = Watchdog(s.safety.deadline_s, self._hold_unless_answered, self._on_hold,
+                                 name=robot.descriptor.id)
         self.estop = EStopLatch(self.link.spool.directory / LATCH_NAME)  # next to the spool: survives restarts
         self.estops = 0
         self.rng = np.random.default_rng(s.seed)
         self.policy_version = -1
         self.steps = 0
-        self.episodes = 0
+        self.episodes = 0  # episodes ended; also the number of the one in progress
+        self._episode_step = 0
         self._batch_started = 0.0
         self._last_heartbeat = 0.0
         self._rate_window = (time.monotonic(), 0)
@@ -117,7 +131,7 @@ class EdgeDaemon:
             self._update_rate(now)
             self.link.heartbeat(env_steps=self.steps, episodes=self.episodes,
                                 policy_version=self.policy_version, steps_per_second=self.steps_per_second,
-                                safety_violations=dict(self.safety.violations), watchdog_holds=self.watchdog.holds,
+                                safety_violations=self._violations(), watchdog_holds=self.watchdog.holds,
                                 estopped=self.estop.tripped() or "")
             self._last_heartbeat = now
         self.link.poll(0)
@@ -148,20 +162,67 @@ class EdgeDaemon:
         if self.link.refused is not None:
             raise RobotRefused(f"the learner refused robot {self.robot.descriptor.id}: {self.link.refused}")
 
-    def _robot_call(self, call, *args, **kwargs):
-        """Call the robot, noting since when: a robot that stops answering shows in `status()`."""
-        self._robot_since = time.monotonic()
+    def _robot_call(self, call, *args, unless_held: bool = False, **kwargs):
+        """Call the robot, alone and noting since when: a robot that stops answering shows in `status()`.
+        With `unless_held`, None instead if the watchdog held the robot since its last step."""
+        with self._robot_lock:
+            if unless_held and self._held:
+                return None
+            self._robot_since = time.monotonic()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self._robot_since = None
+                self._answers += 1
+
+    def _hold_unless_answered(self) -> bool:
+        """The watchdog's hold: not needed (False) if the call it waited for returned meanwhile, since
+        the loop then has a fresh observation and goes on; a stalled policy gets the robot held."""
+        return self._hold_robot(unless_answered=True)
+
+    def _hold_robot(self, unless_answered: bool = False) -> bool:
+        """The robot's hold, never during another robot call: waits for one `hold_wait_s` at most."""
+        answers = self._answers
+        if not self._robot_lock.acquire(timeout=self.settings.safety.hold_wait_s):
+            since = self._robot_since
+            busy = f"for {time.monotonic() - since:.2f} s" if since else "still"
+            raise HoldBlocked(f"a call to the robot (a step or reset) has not returned {busy}; not held")
         try:
-            return call(*args, **kwargs)
+            if unless_answered and self._answers != answers:
+                return False
+            self._held = True
+            self.robot.hold()
+            return True
         finally:
-            self._robot_since = None
+            self._robot_lock.release()
+
+    def _start_episode(self, seed: int | None) -> dict[str, np.ndarray]:
+        """Reset the robot: a new episode starts (any hold before it belongs to the last one)."""
+        def reset() -> dict[str, np.ndarray]:
+            self._held = False
+            return self.robot.reset(seed=seed)
+
+        self.watchdog.pause()  # a reset is not a stall
+        obs = self._robot_call(reset)
+        self.watchdog.due()
+        return obs
+
+    def _end_episode(self, reason: str) -> None:
+        """Cut the episode in progress here: the learner stores it as truncated with `reason`."""
+        if self._episode_step == 0:
+            return  # none in progress (nothing sent since the last one ended)
+        self._flush()
+        self.link.send_episode_end(reason)
+        log.warning("%s: episode %d ended after %d steps (%s)", self.robot.descriptor.id, self.episodes,
+                    self._episode_step, reason)
+        self.episodes += 1
+        self._episode_step = 0
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self, max_steps: int | None = None) -> dict:
         s = self.settings
         self.link.hello(self.policy_version)
-        obs = self._robot_call(self.robot.reset, seed=s.seed)
-        step_in_episode = 0
+        obs, seed = None, s.seed  # None: a new episode starts (reset) before the next step
         period = 1.0 / s.control_hz if s.control_hz > 0 else 0.0
         next_tick = time.monotonic()
         while not self._stop.is_set() and not self.link.stop_requested:
@@ -173,10 +234,17 @@ class EdgeDaemon:
             self._check_refused()
             if self.estop.tripped():
                 self._stay_stopped()
+                obs = None
                 continue
+            if obs is None:
+                obs, seed = self._start_episode(seed), None
             self._maybe_swap_weights()
             proposed, actor = self._choose_action(obs)
-            result = self._robot_call(self.robot.step, self.safety(proposed))
+            result = self._robot_call(self.robot.step, self.safety(proposed), unless_held=True)
+            if result is None:  # the watchdog held the robot after `obs`: that episode is over
+                self._end_episode("hold")
+                obs = None
+                continue
             self.watchdog.due()
             ended = result.terminated or result.truncated
             label = pb.LABEL_NONE
@@ -186,19 +254,17 @@ class EdgeDaemon:
                 self._batch_started = time.monotonic()
             self.batch.add(
                 obs, result.action_applied, result.reward, result.terminated, result.truncated,
-                episode=self.episodes, step=step_in_episode, policy_version=self.policy_version,
+                episode=self.episodes, step=self._episode_step, policy_version=self.policy_version,
                 actor=actor, label=label, sensor_time=time.time(),
                 final_obs=result.observation if ended else None,
             )
             self.steps += 1
-            step_in_episode += 1
+            self._episode_step += 1
             obs = result.observation
             if ended:
                 self.episodes += 1
-                step_in_episode = 0
-                self.watchdog.pause()  # a reset is not a stall
-                obs = self._robot_call(self.robot.reset)
-                self.watchdog.due()
+                self._episode_step = 0
+                obs = None
             now = time.monotonic()
             self._service_link(now)
             if period:
@@ -238,29 +304,46 @@ class EdgeDaemon:
             "resends": self.link.resends,
             "lost_batches": self.link.lost_batches,  # unreadable spool files, sent as explicit gaps
             "reconnects": self.link.reconnects,      # connections replaced after ack_timeout_s of silence
-            "safety_violations": dict(self.safety.violations),
+            "safety_violations": self._violations(),
             "watchdog_holds": self.watchdog.holds,
+            "hold_error": self.watchdog.last_failure,  # the last hold that failed (counted as hold_failed)
+            "errors": self.errors(),
             "estopped": self.estop.tripped(),
             "estops": self.estops,
             "robot_unanswered_s": round(time.monotonic() - since, 2) if (since := self._robot_since) else 0.0,
         }
 
+    def _violations(self) -> dict[str, int]:
+        """The safety filter's interventions by kind, and holds that failed as "hold_failed"."""
+        counts = dict(self.safety.violations)
+        if self.watchdog.failures:
+            counts["hold_failed"] = self.watchdog.failures
+        return counts
+
+    def errors(self) -> dict[str, str]:
+        """Background parts that failed (e.g. the weight receiver), by part: empty while all is well."""
+        return {"weights": self.weights.error} if self.weights.error else {}
+
     def stop(self) -> None:
         self._stop.set()
 
     def _stay_stopped(self) -> None:
-        """Emergency stop: hold the robot, take no step, keep the link alive, until re-armed."""
+        """Emergency stop: hold the robot, end its episode, take no step, keep the link alive, until
+        re-armed (the loop then starts a new episode with a reset). A failed hold is retried every second."""
         self.watchdog.pause()
-        self.robot.hold()
+        held = self.watchdog.hold_now("estop", self._hold_robot)
         self.estops += 1
         log.warning("%s: EMERGENCY STOP (%s): holding until re-armed", self.robot.descriptor.id, self.estop.tripped())
+        self._end_episode("estop")
+        retry_at = time.monotonic() + 1.0
         while self.estop.tripped() and not self._stop.is_set():
+            if not held and time.monotonic() >= retry_at:
+                held, retry_at = self.watchdog.hold_now("estop", self._hold_robot), retry_at + 1.0
             self._flush()
             self._service_link(time.monotonic())
             self.link.poll(20)
         if not self._stop.is_set():
             log.warning("%s: re-armed", self.robot.descriptor.id)
-            self.watchdog.due()
 
     def _on_hold(self) -> None:
         log.warning("%s: no action for %.2f s (policy stalled?): holding the robot", self.robot.descriptor.id,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from user_rl.config import Config
@@ -15,29 +17,36 @@ from user_rl.policies import make_actor
 from user_rl.robots.safety import SafetySettings
 from user_rl.security.curve import ClientKeys, robot_client_keys
 
+log = logging.getLogger(__name__)
+
 
 def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
               spool_root: str | Path | None = None, robot_id: str | None = None) -> EdgeDaemon:
     """`spool_root/<robot id>` keeps unacked batches across restarts of this edge (None: a temp dir).
 
-    The robot is the fleet's `index`-th (id `<type>-<index>`) unless `robot_id` names it."""
+    The robot is the fleet's `index`-th (id `<type>-<index>`) unless `robot_id` names it. Pacing to the
+    learner is for simulators: a real robot (driver `device_kind = "robot"`) never waits for the learner."""
     torch.set_num_threads(1)  # an edge runs a small policy; more threads only fight the learner
     options = cfg.robot_options(index)
     if robot_id is not None:
         options["robot_id"] = robot_id
     robot = make_robot(cfg.robot.type, **options)
+    real_robot = robot.device_kind == "robot"
+    if real_robot and cfg.fleet.pace_to_learner:  # the default (for sims): not a mistake, so not a warning
+        log.info("%s: a real robot never waits for the learner: fleet.pace_to_learner is ignored", options["robot_id"])
     actor = make_actor(cfg.policy.type, robot.observation_space, robot.action_space, hidden=cfg.policy.hidden)
     settings = EdgeSettings(
         control_hz=cfg.fleet.control_hz,
-        pace_to_learner=cfg.fleet.pace_to_learner,
+        pace_to_learner=cfg.fleet.pace_to_learner and not real_robot,
         batch_transitions=cfg.fleet.batch_transitions,
         max_batch_delay_s=cfg.fleet.max_batch_delay_s,
         heartbeat_s=cfg.fleet.heartbeat_s,
         seed=options["seed"],
         link=link_settings(cfg, Path(spool_root) / options["robot_id"] if spool_root else None,
-                           robot_client_keys(cfg.security, data_address, options["robot_id"])),
+                           robot_client_keys(cfg.security, data_address, options["robot_id"]),
+                           real_robot=real_robot),
         adapt=cfg.fleet.adapt,
-        safety=SafetySettings(cfg.safety.max_action_delta, cfg.safety.deadline_s),
+        safety=SafetySettings(max_action_delta=cfg.safety.max_action_delta, deadline_s=cfg.safety.deadline_s),
     )
     return EdgeDaemon(robot, actor, data_address, weights_address, settings)
 

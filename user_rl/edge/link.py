@@ -192,6 +192,18 @@ class DataLink:
         self.pump()
         return seq
 
+    def send_episode_end(self, reason: str) -> int | None:
+        """Spool and send a count-0 batch that ends the stream's open episode here (the learner stores
+        it as truncated with `reason`, e.g. "estop"); in order with the batches, durable like one."""
+        seq = self.seq + 1
+        body = pb.TransitionBatch(stream_epoch=self.epoch, seq=seq, count=0, send_time=time.time(), end_reason=reason)
+        if not self.spool.put(self.epoch, seq, encode(envelope(self.robot_id, batch=body))):
+            log.error("%s: spool full: the end of an episode (%s) was not recorded", self.robot_id, reason)
+            return None
+        self.seq = seq
+        self.pump()
+        return seq
+
     def pump(self) -> None:
         """Send spooled batches while fewer than `max_in_flight` are unacknowledged."""
         now = time.monotonic()

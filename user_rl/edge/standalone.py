@@ -84,5 +84,9 @@ def _report(edge, stop: threading.Event, out: Printer, every_s: float = 5.0) -> 
                 else f"edge {s['robot_id']}: link to the learner is back")
         if time.monotonic() - last_print >= every_s:
             last_print = time.monotonic()
+            problems = [f"{part} failed: {error}" for part, error in s["errors"].items()]
+            if s["hold_error"]:
+                problems.append(f"{s['safety_violations'].get('hold_failed', 0)} holds failed, last: {s['hold_error']}")
             out(f"edge {s['robot_id']}: {s['steps']:,} steps ({s['steps_per_second']:.0f}/s), "
-                f"policy v{s['policy_version']}, backlog {s['unacked_batches']} batches")
+                f"policy v{s['policy_version']}, backlog {s['unacked_batches']} batches"
+                + "".join(f"; {p}" for p in problems))

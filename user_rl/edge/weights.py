@@ -2,6 +2,10 @@
 
 `poll_new()` never blocks: it hands over a complete state dict when one has arrived since the
 last call. `wait_for(version)` is the explicit blocking path (evaluation, start-up).
+
+A message that fails to decode is dropped and counted (`errors`). Anything else that goes wrong
+in the thread is logged with its traceback and kept in `error` (the edge's status shows it);
+the receiver then starts over with a fresh socket, so the robot keeps getting new policies.
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ class WeightReceiver:
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
         self._stop = threading.Event()
-        self.errors = 0
+        self.errors = 0     # messages dropped (undecodable, rejected)
+        self.failures = 0   # times the receiver failed and started over
+        self.last_failure: str | None = None
         self._thread = threading.Thread(target=self._run, name="weights", daemon=True)
         self._thread.start()
 
@@ -54,7 +60,29 @@ class WeightReceiver:
             pending, self._pending = self._pending, None
         return pending
 
+    @property
+    def error(self) -> str | None:
+        """What stopped the receiver last (it started over since), or None if it never failed."""
+        if self.last_failure is None:
+            return None
+        return f"{self.last_failure} (failed {self.failures}x, started over each time)"
+
     def _run(self) -> None:
+        """Serve until closed; whatever goes wrong is logged, kept for the status, and the receiver starts over."""
+        while not self._stop.is_set():
+            try:
+                self._serve()
+            except Exception as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+                self.failures += 1
+                if failure != self.last_failure:  # the traceback once per kind of failure, not every second
+                    log.exception("weights: the receiver failed; starting over")
+                else:
+                    log.error("weights: the receiver failed again (%s); starting over", failure)
+                self.last_failure = failure
+                self._stop.wait(1.0)
+
+    def _serve(self) -> None:
         socket = self.context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         if self.curve is not None:

@@ -53,7 +53,13 @@ def robot_option_names(name: str) -> list[str]:
 
 
 def make_robot(name: str, **options: Any) -> Robot:
-    return robot_factory(name)(**options)
+    """Build a robot; a real-robot driver without a hold() is refused (before it connects, if it is a class)."""
+    factory = robot_factory(name)
+    if isinstance(factory, type) and issubclass(factory, Robot):
+        factory.check_holds(name)
+    robot = factory(**options)
+    type(robot).check_holds(name)
+    return robot
 
 
 def driver_kind(name: str) -> str:

@@ -67,7 +67,9 @@ class Robot(abc.ABC):
 
     @abc.abstractmethod
     def reset(self, seed: int | None = None) -> Observation:
-        """Start a new episode and return its first observation."""
+        """Start a new episode and return its first observation. The edge also calls it after an
+        e-stop is re-armed and after a watchdog hold (those end the episode): a real driver decides
+        what starting over means, e.g. return to a start pose, or just read the current state."""
 
     @abc.abstractmethod
     def step(self, action: np.ndarray) -> StepResult:
@@ -86,8 +88,19 @@ class Robot(abc.ABC):
         return None
 
     def hold(self) -> None:
-        """Stop moving and keep the current pose. Called by the watchdog from another thread while
-        the control loop is stalled, so it must be safe to call concurrently with nothing else."""
+        """Stop moving and keep the current pose. Called on an e-stop, and by the watchdog from its
+        own thread while the control loop is stalled; the edge never calls it during another call
+        to the robot. A real robot's driver must implement it (`make_robot` refuses a
+        `device_kind = "robot"` driver that does not); for a sim, which does not move between
+        steps, doing nothing is a hold."""
+
+    @classmethod
+    def check_holds(cls, name: str) -> None:
+        """Refuse a real-robot driver that does not say how it holds (the base hold does nothing)."""
+        if cls.device_kind == "robot" and cls.hold is Robot.hold:
+            raise TypeError(f"robot driver {name!r} ({cls.__module__}.{cls.__qualname__}) is a real robot "
+                            f"(device_kind = \"robot\") but does not implement hold(): the e-stop and the "
+                            f"watchdog need it to stop the arm and keep its pose")
 
     def __enter__(self) -> "Robot":
         return self

@@ -13,6 +13,7 @@ cannot are filtered by 1-3 only. Every intervention is counted by kind for the h
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -24,11 +25,14 @@ import numpy as np
 
 from user_rl.hal.robot import Robot
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class SafetySettings:
     max_action_delta: float | None = None  # per step and component, in action units; None: no rate limit
     deadline_s: float = 0.0                # watchdog: no action for this long means hold; 0: off
+    hold_wait_s: float = 0.5               # a hold waits this long for a robot call in progress, then gives up
 
 
 class ActionFilter:
@@ -93,23 +97,39 @@ class ActionFilter:
         return self.hold.copy()
 
 
+class HoldBlocked(RuntimeError):
+    """The robot could not be held: another call to it (a stalled step) did not return in time."""
+
+
 class Watchdog:
     """Holds the robot when no action reached it within `deadline_s` (a stalled policy, an
     overloaded edge). `due()` whenever the next action is due (after each step or reset), `pause()`
     while the robot is not meant to step; the hold happens once per stall, from this watchdog's own
-    thread, through `hold` (the driver's `Robot.hold`)."""
+    thread, through `hold` (the edge's serialised call of the driver's `Robot.hold`), which returns
+    False when the hold is no longer needed (the late call returned while the hold waited for it).
 
-    def __init__(self, deadline_s: float, hold: Callable[[], None], on_hold: Callable[[], None]) -> None:
+    A hold that fails (the driver raises, or `HoldBlocked`) is logged with its cause, counted in
+    `failures` and kept in `last_failure`; the watchdog goes on watching."""
+
+    def __init__(self, deadline_s: float, hold: Callable[[], bool | None], on_hold: Callable[[], None],
+                 name: str = "robot") -> None:
         self.deadline_s = deadline_s
+        self.name = name
         self._hold, self._on_hold = hold, on_hold
         self._last = time.monotonic()
         self._armed = False  # armed by the first `due()`: the robot's first reset may take long
         self._held = False
         self._stop = threading.Event()
-        self.holds = 0
+        self.holds = 0      # stalls the watchdog acted on (held, or tried to)
+        self.failures = 0
+        self.last_failure: str | None = None
         self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
         if deadline_s > 0:
             self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def due(self) -> None:
         """The next action is due within the deadline from now."""
@@ -120,14 +140,32 @@ class Watchdog:
         """Not stepping on purpose (waiting for credit, stopped): no action is due."""
         self._armed = False
 
+    def hold_now(self, why: str, hold: Callable[[], bool | None] | None = None) -> bool | None:
+        """Hold the robot now (a stall, an e-stop) through `hold` (default: the watchdog's own): True if
+        held, None if the hold found itself no longer needed, False if it failed. A failure is logged,
+        counted and kept, never raised: whoever asked for the hold must go on (and may ask again)."""
+        try:
+            return None if (hold or self._hold)() is False else True
+        except Exception as exc:  # a driver's hold may raise anything; the caller must survive it
+            self.failures += 1
+            self.last_failure = f"{why}: {type(exc).__name__}: {exc}"
+            log.error("%s: could not hold the robot (%s)", self.name, self.last_failure,
+                      exc_info=not isinstance(exc, HoldBlocked))
+            return False
+
     def _run(self) -> None:
         tick = min(0.02, self.deadline_s / 4)
         while not self._stop.wait(tick):
             if self._armed and not self._held and time.monotonic() - self._last > self.deadline_s:
                 self._held = True
-                self.holds += 1
-                self._hold()
-                self._on_hold()
+                held = self.hold_now("watchdog")
+                if held is not None:
+                    self.holds += 1
+                if held:
+                    try:
+                        self._on_hold()
+                    except Exception:  # reporting a hold must never stop the watching
+                        log.exception("%s: watchdog: reporting a hold failed", self.name)
 
     def close(self) -> None:
         self._stop.set()
