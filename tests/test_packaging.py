@@ -112,13 +112,13 @@ def test_the_edge_only_install_streams_to_a_learner_and_takes_its_policy(edge_ve
 
 @pytest.mark.parametrize(("args", "expected"), [
     (["train", "configs/reach.yaml"], "user-rl train needs the cluster extra (ray is not installed here): "
-                                      "pip install 'user-rl[cluster,sim]'"),
+                                      "pip install -e '.[cluster,sim]' in the user-rl checkout"),
     (["edge", "configs/reach.yaml", "--robot", "arm-0", "--learner", "tcp://127.0.0.1:9", "--weights",
       "tcp://127.0.0.1:9"], "user-rl edge needs the sim extra (mujoco is not installed here): "
-                            "pip install 'user-rl[sim]'"),
+                            "pip install -e '.[sim]' in the user-rl checkout"),
     (["edge", "configs/inverted_pendulum.yaml", "--robot", "pole-0", "--learner", "tcp://127.0.0.1:9", "--weights",
       "tcp://127.0.0.1:9"], "user-rl edge needs the sim extra (mujoco is not installed here): "
-                            "pip install 'user-rl[sim]'"),
+                            "pip install -e '.[sim]' in the user-rl checkout"),
 ])
 def test_a_command_whose_extra_is_missing_names_the_extra_to_install(edge_venv: Path, tmp_path: Path,
                                                                       args: list[str], expected: str) -> None:

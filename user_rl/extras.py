@@ -1,4 +1,4 @@
-"""Optional extras: which package comes with which `pip install 'user-rl[...]'` extra, and the
+"""Optional extras: which package comes with which extra (`pip install -e '.[sim]'`), and the
 one-line error a command gives when its extra is missing.
 
 A robot controller installs only the base package (`user-rl[edge]`): no Ray, no MuJoCo. So
@@ -33,8 +33,8 @@ def missing_module(exc: BaseException) -> str | None:
 
 
 def missing_extra_message(command: str, exc: BaseException) -> str | None:
-    """"user-rl train needs the cluster extra (ray is not installed): pip install 'user-rl[cluster,sim]'",
-    or None when `exc` is not about a missing optional package."""
+    """"user-rl train needs the cluster extra (ray is not installed here): pip install -e '.[cluster,sim]'
+    in the user-rl checkout", or None when `exc` is not about a missing optional package."""
     module = missing_module(exc)
     if module is None:
         return None
@@ -42,4 +42,4 @@ def missing_extra_message(command: str, exc: BaseException) -> str | None:
     extras = COMMAND_EXTRAS.get(command, ())
     extras = extras if extra in extras else (extra, *extras)
     return (f"user-rl {command} needs the {extra} extra ({module} is not installed here): "
-            f"pip install 'user-rl[{','.join(extras)}]'")
+            f"pip install -e '.[{','.join(extras)}]' in the user-rl checkout")
