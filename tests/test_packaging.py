@@ -70,19 +70,22 @@ def test_an_edge_only_install_has_neither_ray_nor_mujoco(edge_venv: Path, tmp_pa
 def test_the_edge_only_install_streams_to_a_learner_and_takes_its_policy(edge_venv: Path, tmp_path: Path) -> None:
     """`user-rl edge` from the venv drives a gymnasium classic-control robot (no MuJoCo), streams
     every step to a learner in this environment, loads the policy the learner publishes, and
-    detaches cleanly on Ctrl-C."""
-    cfg_dict = {"robot": {"type": "gym", "options": {"env_id": "Pendulum-v1"}},
-                "fleet": {"num_robots": 1, "pace_to_learner": False, "control_hz": 200, "batch_transitions": 16},
+    detaches cleanly on Ctrl-C. Its config also has a MuJoCo embodiment, which the controller
+    never runs: the config still validates there."""
+    cfg_dict = {"embodiments": {"pend": {"robot": {"type": "gym", "options": {"env_id": "Pendulum-v1"}}},
+                                "arm": {"robot": {"type": "mujoco_reach", "options": {"arm": "3dof"}}}},
+                "fleet": {"pace_to_learner": False, "control_hz": 200, "batch_transitions": 16},
                 "policy": {"hidden": [32]}, "algo": {"learning_starts": 200, "batch_size": 32},
-                "learner": {"data_port": free_port(), "weights_port": free_port(), "torch_threads": 1}}
+                "learner": {"torch_threads": 1}}
     config = tmp_path / "edge.yaml"
     config.write_text(yaml.safe_dump(cfg_dict))
-    learner = Learner(build_config(cfg_dict), tmp_path / "run")
+    learner = Learner(build_config(cfg_dict).embodiment("pend"), tmp_path / "run")
     serving = threading.Thread(target=learner.run, daemon=True)
     serving.start()
     try:
         edge = subprocess.Popen([edge_venv / "bin" / "user-rl", "edge", config, "--robot", "pendulum-ctl",
-                                 "--learner", learner.addresses["data"], "--spool", tmp_path / "spool"],
+                                 "--embodiment", "pend", "--learner", learner.addresses["data"],
+                                 "--weights", learner.addresses["weights"], "--spool", tmp_path / "spool"],
                                 cwd=tmp_path, env=_venv_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)
 
