@@ -76,6 +76,25 @@ def test_messages_pass_both_ways_unchanged(dealer: MakeDealer, router: zmq.Socke
         assert proxy.bytes_up > 356_000 and proxy.bytes_down > 3_000_000
 
 
+def test_byte_counts_are_final_once_the_bytes_have_arrived(dealer: MakeDealer, router: zmq.Socket) -> None:
+    """A test reads `bytes_up` / `bytes_down` as soon as a message arrives: by then the proxy must
+    have counted it (it once counted after writing, and a reader could beat it)."""
+    with FaultProxy(upstream(router)) as proxy:
+        edge = dealer(proxy.address)
+        sent_up = sent_down = 0
+        for i in range(300):
+            request = os.urandom(100 + i)
+            edge.send(request)
+            sent_up += len(request)
+            ident, received = recv(router, 5.0)
+            assert received == request and proxy.bytes_up >= sent_up, f"round {i}: {proxy.bytes_up} < {sent_up}"
+            reply = os.urandom(64) * (1000 + i % 7)
+            router.send_multipart([ident, reply])
+            sent_down += len(reply)
+            assert recv(edge, 5.0) == [reply]
+            assert proxy.bytes_down >= sent_down, f"round {i}: {proxy.bytes_down} < {sent_down}"
+
+
 def test_many_connections_and_throughput(dealer: MakeDealer, router: zmq.Socket) -> None:
     # Ten edges push 4 MB each through one proxy; every message arrives whole, from its own edge.
     with FaultProxy(upstream(router)) as proxy:

@@ -7,6 +7,7 @@ import json
 import sys
 
 from user_rl.config import ConfigError, load_config
+from user_rl.extras import missing_extra_message
 from user_rl.hal.resources import NODE_LABEL, PlacementError
 
 
@@ -254,6 +255,12 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (ConfigError, PlacementError, FileNotFoundError) as exc:
         print(f"user-rl: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # e.g. `user-rl train` on a robot controller installed without Ray
+        message = missing_extra_message(args.command, exc)
+        if message is None:
+            raise
+        print(f"user-rl: {message}", file=sys.stderr)
         return 2
 
 

@@ -31,7 +31,10 @@ class RobotConfig(Section):
 
         if self.type not in robot_names():
             raise ValueError(f"unknown robot type {self.type!r}; allowed: {', '.join(robot_names())}")
-        allowed = [n for n in robot_option_names(self.type) if n not in ("robot_id", "seed")]
+        names = robot_option_names(self.type)
+        if names is None:  # the driver cannot be imported here (e.g. no mujoco on a robot controller)
+            return self
+        allowed = [n for n in names if n not in ("robot_id", "seed")]
         unknown = sorted(set(self.options) - set(allowed))
         if unknown:
             raise ValueError(f"unknown option {unknown[0]!r} for {self.type}; allowed: {', '.join(allowed)}")

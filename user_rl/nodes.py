@@ -8,6 +8,7 @@ advertises it as custom resources so launches can place edges next to their robo
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -58,5 +59,7 @@ def start_node(cfg: Config | None, head: bool, address: str | None, name: str | 
     out("$ " + " ".join(cmd))
     if dry_run:
         return 0
+    if importlib.util.find_spec("ray") is None:  # a robot controller's install has no Ray (the cluster extra)
+        raise ModuleNotFoundError("No module named 'ray'", name="ray")
     env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}  # one token for every node
     return subprocess.call(cmd, env=env)

@@ -11,11 +11,18 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from user_rl.cloud.checkpoint import load_checkpoint, spaces_from_text
 from user_rl.testing.wait import wait_for_run_dir, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "MUJOCO_GL": "egl"}
+# A learning test's budget is env steps, not wall time: a busy machine only makes it slower. Seed 0
+# reached 0.8 success at ~13k (arm3) and ~28k (arm4) env steps per embodiment; paced edges keep
+# the update ratio, so that holds at any speed. The wall limit is only there to catch a hang.
+ENV_STEP_BUDGET = 70_000
+HANG_S = 1800
 
 
 def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -23,10 +30,12 @@ def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
+@pytest.mark.timeout(HANG_S + 300)
 def test_a_3dof_and_a_4dof_arm_train_one_run(tmp_path: Path) -> None:
     train = subprocess.Popen(
         [sys.executable, "-m", "user_rl.cli", "train", "configs/reach_mixed.yaml", f"run_root={tmp_path}",
-         "stop.success_rate=0.8", "stop.confirm_evals=1", "stop.max_wall_s=600"],
+         "stop.success_rate=0.8", "stop.confirm_evals=1", f"stop.max_env_steps={ENV_STEP_BUDGET}",
+         f"stop.max_wall_s={HANG_S}"],
         cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(train.stdout.readline, "")), daemon=True)
@@ -46,14 +55,17 @@ def test_a_3dof_and_a_4dof_arm_train_one_run(tmp_path: Path) -> None:
                     str(run_dir), "--spool", str(tmp_path / "spool"), "--max-steps", "100")
         assert extra.returncode == 0 and "edge arm4-extra: detached after 100 steps" in extra.stdout, \
             extra.stdout + extra.stderr
-        assert train.wait(700) == 0, "".join(lines[-60:])
+        assert train.wait(HANG_S + 120) == 0, "".join(lines[-60:])
     finally:
         if train.poll() is None:
             train.kill()
     reader.join(10)
     output = "".join(lines)
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["stop_reason"] == "goal_reached", output[-4000:]
+    for name, fleet in summary["embodiments"].items():
+        print(f"{name}: {fleet['final_eval']['success_rate']:.2f} success after {fleet['learner']['env_steps']:,} "
+              f"env steps ({fleet['stop_reason']}, {fleet['final_eval']['time_s']:.0f} s)")
+    assert summary["stop_reason"] == "goal_reached", output[-4000:]  # both, within the env-step budget
     assert set(summary["embodiments"]) == {"arm3", "arm4"}
     assert summary["placement"].keys() == {"learner:arm3", "learner:arm4", "edge:arm3-0", "edge:arm3-1",
                                            "edge:arm4-0", "edge:arm4-1"}

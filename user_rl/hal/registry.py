@@ -46,9 +46,15 @@ def robot_factory(name: str) -> RobotFactory:
     return _factories[name]
 
 
-def robot_option_names(name: str) -> list[str]:
-    """The keyword options a driver accepts, for config validation before anything starts."""
-    params = inspect.signature(robot_factory(name)).parameters.values()
+def robot_option_names(name: str) -> list[str] | None:
+    """The keyword options a driver accepts, for config validation before anything starts; None
+    when the driver needs a package this machine lacks (a robot controller without the sim extra
+    reading a config that also has sim robots): its options are checked where it runs."""
+    try:
+        factory = robot_factory(name)
+    except ModuleNotFoundError:
+        return None
+    params = inspect.signature(factory).parameters.values()
     return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 

@@ -142,7 +142,7 @@ class FaultProxy:
         self.bandwidth_bps: float | None = None
         self.set(delay_s=delay_s, bandwidth_bps=bandwidth_bps)
         self.port = 0
-        self.bytes_up = self.bytes_down = 0  # forwarded to upstream / to clients
+        self.bytes_up = self.bytes_down = 0  # forwarded to upstream / to clients (counted before sent)
         self.connections_accepted = self.connections_refused = 0  # refused: reset during a drop
         self.drops = 0
         self._refuse_until = 0.0
@@ -309,11 +309,13 @@ class FaultProxy:
             view, sent = memoryview(data), 0
             while sent < len(view):
                 n = await bucket.take(len(view) - sent)
-                writer.write(view[sent:sent + n])
-                sent += n
+                # Count before writing: the peer may hold these bytes (and the test read the
+                # counter) before this thread runs another line.
                 if pipe.upward:
                     self.bytes_up += n
                 else:
                     self.bytes_down += n
+                writer.write(view[sent:sent + n])
+                sent += n
                 await writer.drain()
             pipe.pop()
