@@ -32,8 +32,8 @@ def serve_learner(cfg: Config, run_dir: str | Path, out: Callable[[str], None] =
     learner = Learner(cfg, run_dir)
     write_status_json(run_dir / "addresses.json", learner.addresses)
     resumed = learner.resumed_from
-    out(f"learner at {learner.addresses['data']} (weights {learner.addresses['weights']}); "
-        + (f"resumed from {resumed}" if resumed else "fresh run"))
+    out(f"learner at {learner.addresses['data']} (weights {learner.addresses['weights']}) trains on "
+        f"{learner.device_name}; " + (f"resumed from {resumed}" if resumed else "fresh run"))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
