@@ -392,6 +392,9 @@ class Learner:
         return path
 
     def close(self) -> None:
+        self._stop.set()
+        for thread in self._threads.values():  # only they touch the sockets: they end before the sockets close
+            thread.join(timeout=30)
         self.checkpoints.close()
         self.lease.release()  # a clean stop gives back the unused reserved versions
         self.ingest.close()
