@@ -79,6 +79,13 @@ class BatchPreparer:
                 except queue.Full:
                     continue
 
+    def take_now(self) -> dict | None:
+        """A ready batch if there is one, without waiting."""
+        try:
+            return self.ready.get_nowait()
+        except queue.Empty:
+            return None
+
     def take(self, timeout: float) -> dict | None:
         """The next ready batch, or None if none came within `timeout` seconds."""
         try:

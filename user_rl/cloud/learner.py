@@ -72,12 +72,16 @@ def credit_increment(learning_starts: int, updates: int, utd_ratio: float, env_s
     return max(batch_transitions, min(share, left), 1)
 
 
+def learner_torch_threads(cfg: Config) -> int:
+    """`learner.torch_threads`, or the cores the fleet's edges leave free (at least one)."""
+    return cfg.learner.torch_threads or max(1, (os.cpu_count() or 1) - cfg.fleet.num_robots)
+
+
 class Learner:
     def __init__(self, cfg: Config, run_dir: str | Path) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
-        threads = cfg.learner.torch_threads or max(1, (os.cpu_count() or 1) - cfg.fleet.num_robots)
-        torch.set_num_threads(threads)
+        torch.set_num_threads(learner_torch_threads(cfg))
         self.device = pick_device(cfg.learner.device)
         self.device_name = describe_device(self.device)
         self.context = zmq.Context()
@@ -105,6 +109,7 @@ class Learner:
         self._to_publish: tuple[int, dict] | None = None  # (request number, actor snapshot) for the ingest thread
         self._requested = self._published = 0
         self.last_metrics: dict[str, torch.Tensor] = {}
+        self.waited_s = {"batch": 0.0, "data": 0.0}  # update thread idle after learning starts: sampler behind / paced fleet
         self.active_robots = cfg.fleet.num_robots  # fewer once a robot has failed: its share of credit moves on
         self.lease = VersionLease(self.run_dir)
         if self.checkpoint_path.is_file():
@@ -209,14 +214,21 @@ class Learner:
             while not self._stop.is_set():
                 self._raise_if_a_thread_died()
                 if self._may_update():
-                    batch = self.sampler.take(timeout=0.05)
+                    batch = self.sampler.take_now()
+                    if batch is None:  # the sampler is behind: the update thread waits (counted)
+                        waited = time.perf_counter()
+                        batch = self.sampler.take(timeout=0.05)
+                        self.waited_s["batch"] += time.perf_counter() - waited
                     if batch is not None:
                         self._train_step(batch)
                 elif self._pause_requested.is_set() and not self._paused.is_set():
                     self._publish(wait=True)
                     self._paused.set()
                 else:
+                    waited = time.perf_counter()
                     self._stop.wait(0.002)
+                    if self._learning_started():  # waiting for data the paced fleet has not sent yet
+                        self.waited_s["data"] += time.perf_counter() - waited
                 if self.algo is not None and time.monotonic() - self._last_checkpoint > self.cfg.learner.checkpoint_every_s:
                     self.checkpoints.submit(self._checkpoint_payload())
                     self._last_checkpoint = time.monotonic()
@@ -226,6 +238,10 @@ class Learner:
                 thread.join(timeout=30)
             if not self._threads["ingest"].is_alive():  # its sockets and counters are ours now
                 self._status = self._snapshot()
+
+    def _learning_started(self) -> bool:
+        buffer = self.ingest.buffer
+        return buffer is not None and len(buffer) >= self.cfg.algo.learning_starts and not self._pause_requested.is_set()
 
     def _raise_if_a_thread_died(self) -> None:
         for name, thread in self._threads.items():
@@ -361,6 +377,7 @@ class Learner:
             "checkpoint_error": self.checkpoints.error,
             "resumed_from": self.resumed_from,
             "metrics": metrics_to_floats(self.last_metrics),
+            "update_waits_s": {why: round(seconds, 2) for why, seconds in self.waited_s.items()},
             "errors": {f"buffer {name}": error for name, error in buffer_errors.items()},
         }
 
