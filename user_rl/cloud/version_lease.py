@@ -17,7 +17,7 @@ LEASE_FILE = "policy_versions.lease"
 
 
 class VersionLease:
-    def __init__(self, run_dir: Path, at_least: int = 0, block: int = 1000) -> None:
+    def __init__(self, run_dir: Path, at_least: int = 0, block: int = 100) -> None:
         """Versions handed out start above `at_least` and above anything reserved before."""
         self.path = Path(run_dir) / LEASE_FILE
         self.block = block
