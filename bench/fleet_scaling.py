@@ -10,8 +10,9 @@ Baselines:
              ceiling: the learner cannot do more than the same optimiser step on the same
              threads, and everything it does besides (ingest, acks, sampling, publishing,
              checkpoints) runs in its other threads. The baseline is measured on an idle fleet
-             before and after the streaming run, each in a process of its own session (Linux shares CPU
-             between sessions, and the learner runs in Ray's); the ratio is against the faster.
+             before and after the streaming run, each time in a fresh process with no fleet running;
+             the ratio is against the faster of the two. On a shared machine the other users'
+             load moves both numbers: the 1-minute load average is reported with them.
 
 The learner's rate is read from the run's metrics.jsonl over a window while the fleet streams:
 after the first update (learning_starts reached) plus `--warmup` seconds, excluding every
@@ -113,11 +114,10 @@ def run_fleet(config: str, overrides: list[str], root: str) -> dict:
 
 
 def raw_update_rate_apart(args, seconds: float = 8.0) -> float:
-    """`raw_update_rate` in a process of its own session: Linux shares CPU between sessions
-    (autogroup), and the learner runs in Ray's session, so the baseline must not run in ours."""
+    """`raw_update_rate` in a fresh process (no Ray driver threads, torch state of its own)."""
     cmd = [sys.executable, __file__, "--config", args.config, "--rate-robots", str(args.rate_robots),
            "--raw-sac-only", str(seconds)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, start_new_session=True).stdout
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return float(out.strip().splitlines()[-1])
 
 
