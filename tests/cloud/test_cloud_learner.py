@@ -17,7 +17,7 @@ import zmq
 
 from user_rl.cloud.learner import Learner, credit_increment
 from user_rl.cloud.threads import GuardedThread
-from user_rl.cloud.version_lease import LEASE_FILE
+from user_rl.cloud.version_lease import LEASE_FILE, VersionLease
 from user_rl.config import build_config
 from user_rl.edge.weights import WeightReceiver
 from user_rl.hal.registry import robot_spaces
@@ -189,6 +189,15 @@ def test_a_crashed_learner_never_publishes_a_version_number_again(tmp_path: Path
     print(f"published before the crash {before_crash}; after it: served {served}, next {after}; "
           f"lease file {(run_dir / LEASE_FILE).read_text().strip()}")
     assert served > max(before_crash) and after > served
+
+
+def test_a_clean_stop_gives_back_unused_versions_and_a_crash_skips_them(tmp_path: Path) -> None:
+    lease = VersionLease(tmp_path)
+    assert [lease.next() for _ in range(3)] == [1, 2, 3]
+    lease.release()  # a clean stop: the next start goes on from 4
+    crashed = VersionLease(tmp_path)
+    assert crashed.next() == 4  # reserves 4..103 on disk, then the process dies without releasing
+    assert VersionLease(tmp_path, at_least=2).next() == 104
 
 
 # -- failing threads are reported --------------------------------------------------------------
