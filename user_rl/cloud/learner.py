@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -38,8 +39,8 @@ from user_rl.security.curve import learner_gate
 log = logging.getLogger(__name__)
 
 STATUS_EVERY_S = 0.5
-CREDIT_PUSH_EVERY_UPDATES = 8
-INGEST_MESSAGES_PER_TURN = 16  # the buffer lock is held this long at most, so the sampler never waits long
+INGEST_MESSAGES_PER_TURN = 16
+GIL_SWITCH_INTERVAL_S = 0.0005  # the buffer lock is held this long at most, so the sampler never waits long
 
 
 def pick_device(name: str) -> torch.device:
@@ -120,6 +121,11 @@ class Learner:
         self._status: dict = {}
         self._started = time.monotonic()
         self._credit_pushed_at = (-1, -1)  # (updates, robots) at the last push of credit to every robot
+        # Push credit to every robot once each may take half a batch more: often enough that the
+        # learner never runs out of paced lead (a batch per robot), rarely enough not to wake
+        # every edge for a step or two (acks after each commit carry fresh credit anyway).
+        fleet = cfg.fleet
+        self._credit_push_every = max(1, int(fleet.num_robots * fleet.batch_transitions * cfg.algo.utd_ratio / 2))
         self._update_ingest_credit()
         self.sampler = BatchPreparer(lambda: self.ingest.buffer, cfg.algo.batch_size, cfg.algo.learning_starts,
                                      self.rng, self.device, lc.prefetch_batches, self._stop, self._buffer_lock)
@@ -206,6 +212,9 @@ class Learner:
     # -- the update thread -----------------------------------------------------------------
     def run(self) -> None:
         """Train until `stop()`; the ingest and sampler threads run alongside and end with it."""
+        # The update thread drops the GIL inside every backward pass; with the default 5 ms switch
+        # interval it can then wait that long for the sampler or the ingest to give it back.
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         self._threads = {"ingest": GuardedThread("learner-ingest", self._ingest_loop),
                          "sampler": GuardedThread("learner-sampler", self.sampler.run)}
         for thread in self._threads.values():
@@ -307,7 +316,7 @@ class Learner:
             self._publish_pending()
             self._update_ingest_credit()
             pushed_updates, pushed_robots = self._credit_pushed_at
-            if self.active_robots != pushed_robots or self.updates - pushed_updates >= CREDIT_PUSH_EVERY_UPDATES:
+            if self.active_robots != pushed_robots or self.updates - pushed_updates >= self._credit_push_every:
                 self.ingest.push_credit()  # a robot waiting for credit sends nothing, so it hears it here
                 self._credit_pushed_at = (self.updates, self.active_robots)
             if time.monotonic() - last_status > STATUS_EVERY_S:
