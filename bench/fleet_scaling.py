@@ -1,12 +1,26 @@
-"""Time to 90% reach success with 1, 2 and 4 sim robots, with rates as ratios to raw baselines.
+"""Time to 90% reach success with 1, 2 and 4 sim robots, and the learner's update rate with the
+fleet streaming, each as a ratio to a raw baseline measured in the same run on the same machine.
 
-Baselines, measured in the same run on the same machine:
+Baselines:
 - raw sim:   `ReachRobot.step` with random actions in one process (no policy, no network);
 - raw actor: the same plus local actor inference (what an edge does, minus the link);
-- raw SAC:   `SAC.update` on an in-memory batch in one process (what the learner does, minus
-             ingest, sampling and publishing).
+- raw SAC:   `SAC.update` on one in-memory batch of the config's batch size, in one thread, with
+             the torch thread count the learner itself uses (`learner.torch_threads`, else the
+             cores the edges leave free: 1 on a 2-core machine with 4 sims). That is the fair
+             ceiling: the learner cannot do more than the same optimiser step on the same
+             threads, and everything it does besides (ingest, acks, sampling, publishing,
+             checkpoints) runs in its other threads. The baseline is measured on an idle fleet
+             before and after the streaming run, each time in a fresh process with no fleet running;
+             the ratio is against the faster of the two. On a shared machine the other users'
+             load moves both numbers: the 1-minute load average is reported with them.
 
-    python bench/fleet_scaling.py [--robots 1 2 4] [--goal 0.9] [--out bench/results.json]
+The learner's rate is read from the run's metrics.jsonl over a window while the fleet streams:
+after the first update (learning_starts reached) plus `--warmup` seconds, excluding every
+interval that holds an evaluation (the learner is paused then). The rate run sets no goal, so
+nothing pauses it; the goal runs report the same windowed rate.
+
+    python bench/fleet_scaling.py [--robots 1 2 4] [--rate-robots 4] [--rate-seconds 120] [--out bench/results.json]
+    python bench/fleet_scaling.py --robots        # the update-rate run only
 """
 
 from __future__ import annotations
@@ -14,8 +28,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
@@ -23,6 +40,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from user_rl.algos import SAC  # noqa: E402
+from user_rl.cloud.learner import learner_torch_threads  # noqa: E402
 from user_rl.config import load_config  # noqa: E402
 from user_rl.hal.registry import make_robot  # noqa: E402
 from user_rl.launch import train  # noqa: E402
@@ -47,7 +65,8 @@ def raw_sim_rate(cfg, with_actor: bool, seconds: float = 3.0) -> float:
 
 
 def raw_update_rate(cfg, seconds: float = 5.0) -> float:
-    torch.set_num_threads(1)
+    """Plain `SAC.update` steps per second on the learner's torch thread count."""
+    torch.set_num_threads(learner_torch_threads(cfg))
     robot = make_robot(cfg.robot.type, **cfg.robot_options(0))
     sac = SAC(robot.observation_space, robot.action_space, cfg.policy.type, {"hidden": cfg.policy.hidden})
     b = cfg.algo.batch_size
@@ -64,32 +83,102 @@ def raw_update_rate(cfg, seconds: float = 5.0) -> float:
     return n / (time.perf_counter() - start)
 
 
+def windowed_update_rate(metrics_path: Path, warmup_s: float) -> dict:
+    """Updates/s while training: progress records from `warmup_s` after the first update, over the
+    intervals that hold no evaluation (an evaluation pauses the learner)."""
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+    started = next((r["time_s"] for r in records if "eval" not in r and r["updates"] > 0), None)
+    if started is None:
+        return {"updates_per_s": 0.0, "window_s": 0.0, "updates": 0}
+    updates = seconds = steps = 0.0
+    previous = None
+    for record in records:
+        if "eval" in record:
+            previous = None  # the interval around an evaluation does not count
+            continue
+        if record["time_s"] < started + warmup_s:
+            continue
+        if previous is not None:
+            updates += record["updates"] - previous["updates"]
+            steps += record["env_steps"] - previous["env_steps"]
+            seconds += record["time_s"] - previous["time_s"]
+        previous = record
+    return {"updates_per_s": round(updates / max(seconds, 1e-9), 1), "window_s": round(seconds, 1),
+            "updates": int(updates), "env_steps_per_s": round(steps / max(seconds, 1e-9), 1)}
+
+
+def run_fleet(config: str, overrides: list[str], root: str) -> dict:
+    cfg = load_config(config, [*overrides, f"run_root={root}"])
+    summary = train(cfg, out=lambda line: None)
+    return summary
+
+
+def raw_update_rate_apart(args, seconds: float = 8.0) -> float:
+    """`raw_update_rate` in a fresh process (no Ray driver threads, torch state of its own)."""
+    cmd = [sys.executable, __file__, "--config", args.config, "--rate-robots", str(args.rate_robots),
+           "--raw-sac-only", str(seconds)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return float(out.strip().splitlines()[-1])
+
+
+def update_rate_run(args, base) -> dict:
+    """The learner's updates/s with `--rate-robots` streaming (no goal: nothing pauses it)."""
+    before = raw_update_rate_apart(args)
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as root:
+        summary = run_fleet(args.config, [f"fleet.num_robots={args.rate_robots}", "stop.success_rate=null",
+                                          f"stop.max_wall_s={args.rate_seconds}", "stop.max_env_steps=10000000"], root)
+        window = windowed_update_rate(Path(summary["run_dir"]) / "metrics.jsonl", args.warmup)
+    load_during = os.getloadavg()[0]
+    after = raw_update_rate_apart(args)
+    raw = max(before, after)
+    row = {"robots": args.rate_robots, "torch_threads": learner_torch_threads(base),
+           "raw_sac_updates_per_s_before": round(before, 1), "raw_sac_updates_per_s_after": round(after, 1),
+           "learner_updates_per_s": window["updates_per_s"], "window_s": window["window_s"],
+           "fleet_env_steps_per_s": window.get("env_steps_per_s"),
+           "update_thread_waits_s": summary["learner"].get("update_waits_s"),
+           "learner_vs_raw_sac": round(window["updates_per_s"] / raw, 3),
+           "loadavg_1min_before": round(load_before, 2), "loadavg_1min_after": round(load_during, 2),
+           "cpus": os.cpu_count()}
+    print(json.dumps(row))
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/reach.yaml")
-    parser.add_argument("--robots", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--robots", type=int, nargs="*", default=[1, 2, 4], help="time-to-goal runs")
     parser.add_argument("--goal", type=float, default=0.9)
+    parser.add_argument("--rate-robots", type=int, default=4, help="robots streaming in the update-rate run (0: none)")
+    parser.add_argument("--rate-seconds", type=float, default=120.0)
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds after the first update before the window")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--raw-sac-only", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.raw_sac_only:
+        print(raw_update_rate(load_config(args.config, [f"fleet.num_robots={args.rate_robots or 4}"]), args.raw_sac_only))
+        return
 
-    base = load_config(args.config)
+    base = load_config(args.config, [f"fleet.num_robots={args.rate_robots or 4}"])
+    result: dict = {}
+    if args.rate_robots:
+        result["update_rate"] = update_rate_run(args, base)
     sim = raw_sim_rate(base, with_actor=False)
     sim_actor = raw_sim_rate(base, with_actor=True)
     updates = raw_update_rate(base)
-    print(f"raw baselines: sim {sim:.0f} steps/s, sim+actor {sim_actor:.0f} steps/s, SAC {updates:.0f} updates/s")
+    print(f"raw baselines: sim {sim:.0f} steps/s, sim+actor {sim_actor:.0f} steps/s, SAC {updates:.0f} updates/s "
+          f"({learner_torch_threads(base)} torch threads)")
+    result["baselines"] = {"sim_steps_per_s": sim, "sim_actor_steps_per_s": sim_actor, "sac_updates_per_s": updates}
 
     rows = []
     for n in args.robots:
         with tempfile.TemporaryDirectory() as root:
-            cfg = load_config(args.config, [
-                f"fleet.num_robots={n}", f"stop.success_rate={args.goal}", "stop.eval_episodes=20",
-                "stop.eval_every_s=10", f"run_root={root}",
-            ])
-            summary = train(cfg, out=lambda line: None)
+            summary = run_fleet(args.config, [f"fleet.num_robots={n}", f"stop.success_rate={args.goal}",
+                                              "stop.eval_episodes=20", "stop.eval_every_s=10"], root)
+            window = windowed_update_rate(Path(summary["run_dir"]) / "metrics.jsonl", args.warmup)
         learner = summary["learner"]
         train_s = max(summary["wall_s"], 1e-9)
         total_rate = learner["env_steps"] / train_s
-        update_rate = learner["updates"] / train_s
         row = {
             "robots": n,
             "stop_reason": summary["stop_reason"],
@@ -97,21 +186,27 @@ def main() -> None:
             "env_steps": learner["env_steps"],
             "env_steps_per_s_total": round(total_rate, 1),
             "env_steps_per_s_per_robot": round(total_rate / n, 1),
-            "updates_per_s": round(update_rate, 1),
+            "updates_per_s": window["updates_per_s"],
             "per_robot_vs_raw_sim_actor": round(total_rate / n / sim_actor, 4),
-            "updates_vs_raw_sac": round(update_rate / updates, 3),
+            "updates_vs_raw_sac": round(window["updates_per_s"] / updates, 3),
         }
         rows.append(row)
         print(json.dumps(row))
 
-    print()
-    print("| robots | time to {:.0%} (s) | env steps | steps/s total | steps/s per robot | updates/s | updates vs raw SAC |".format(args.goal))
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['robots']} | {r['time_to_goal_s']} | {r['env_steps']:,} | {r['env_steps_per_s_total']} | "
-              f"{r['env_steps_per_s_per_robot']} | {r['updates_per_s']} | {r['updates_vs_raw_sac']} |")
-    result = {"baselines": {"sim_steps_per_s": sim, "sim_actor_steps_per_s": sim_actor, "sac_updates_per_s": updates},
-              "runs": rows}
+    if rows:
+        print()
+        print("| robots | time to {:.0%} (s) | env steps | steps/s total | steps/s per robot | updates/s | updates vs raw SAC |".format(args.goal))
+        print("|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['robots']} | {r['time_to_goal_s']} | {r['env_steps']:,} | {r['env_steps_per_s_total']} | "
+                  f"{r['env_steps_per_s_per_robot']} | {r['updates_per_s']} | {r['updates_vs_raw_sac']} |")
+    if "update_rate" in result:
+        r = result["update_rate"]
+        print(f"\nlearner with {r['robots']} robots streaming: {r['learner_updates_per_s']} updates/s over "
+              f"{r['window_s']} s = {r['learner_vs_raw_sac']}x raw SAC ({r['raw_sac_updates_per_s_before']} / "
+              f"{r['raw_sac_updates_per_s_after']} updates/s before / after, {r['torch_threads']} torch threads; "
+              f"load {r['loadavg_1min_before']} -> {r['loadavg_1min_after']} on {r['cpus']} cores)")
+    result["runs"] = rows
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

@@ -19,6 +19,11 @@ def write_status_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def error_lines(status: dict) -> list[str]:
+    """`ERROR <thread>: <why>` for every learner thread that stopped or is failing."""
+    return [f"ERROR {name}: {why}" for name, why in sorted((status.get("errors") or {}).items())]
+
+
 def _backlog(status: dict) -> str:
     """Batches the robots hold unacknowledged (from their heartbeats): a slow or broken uplink shows here."""
     waiting = sum(r.get("backlog_batches", 0) for r in status.get("robots", {}).values())
@@ -54,6 +59,8 @@ class ProgressPrinter:
                 f"success {_fmt(status.get('recent_success'))} | return {_fmt(status.get('recent_return'), '.1f')} | "
                 f"robots {len(status.get('robots', {}))}{_backlog(status)}"
             )
+            for line in error_lines(status):
+                self.out(line)
 
     def evaluation(self, record: dict) -> None:
         self.metrics.write(json.dumps({"eval": record}) + "\n")

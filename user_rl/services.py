@@ -52,6 +52,10 @@ class LearnerService(_Threaded):
     def addresses(self) -> dict[str, str]:
         return self.learner.addresses
 
+    def device(self) -> str:
+        """Where the learner trains, e.g. "cpu" or "cuda:0 (NVIDIA H100)"."""
+        return self.learner.device_name
+
     def status(self) -> dict:
         return {**self.learner.status(), "error": self.error, "pid": os.getpid()}
 

@@ -1,4 +1,5 @@
-"""SAC learns: a one-step task whose best action depends on the observation."""
+"""SAC learns a one-step task whose best action depends on the observation, and its critics
+regress on the right bootstrapped target for terminated, truncated and n-step rows."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from user_rl.algos import SAC, SACSettings
+import torch.nn.functional as F
+
+from user_rl.algos import SAC, SACSettings, metrics_to_floats
 
 
 def test_sac_learns_an_observation_dependent_bandit() -> None:
@@ -38,11 +41,59 @@ def test_sac_state_dict_round_trip_and_image_observations() -> None:
     obs = {"image": torch.randint(0, 256, (8, 32, 32, 3), dtype=torch.uint8), "state": torch.rand(8, 4)}
     batch = {"obs": obs, "next_obs": obs, "action": torch.rand(8, 3), "reward": torch.rand(8),
              "terminated": torch.zeros(8)}
-    metrics = sac.update(batch)
-    assert np.isfinite(list(metrics.values())).all()
+    metrics = metrics_to_floats(sac.update(batch))
+    assert set(metrics) == {"critic_loss", "actor_loss", "alpha", "q"} and np.isfinite(list(metrics.values())).all()
     clone = SAC(obs_space, action_space, policy_options={"hidden": [32]})
     clone.load_state_dict(sac.state_dict())
     assert clone.updates == 1
     a = sac.actor.act(obs, deterministic=True)
     assert torch.equal(a, clone.actor.act(obs, deterministic=True))
     assert a.shape == (8, 3) and (a.abs() <= 1).all()
+
+
+def test_td_target_bootstraps_truncated_and_n_step_rows_and_not_terminated_ones() -> None:
+    """Four rows, computed by hand from the networks' own outputs at the same sampled a':
+    a terminated row (no bootstrap), a time-limit truncation (terminated = 0: bootstraps with
+    gamma), an ordinary step, and an n-step row whose `discount` column is gamma ** 3."""
+    torch.manual_seed(0)
+    gamma = 0.9
+    obs_space = gym.spaces.Dict({"state": gym.spaces.Box(-1, 1, (3,), np.float32)})
+    action_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    sac = SAC(obs_space, action_space, policy_options={"hidden": [16]}, settings=SACSettings(gamma=gamma, init_alpha=0.3))
+    with torch.no_grad():  # target critics that differ from the online ones, as after training
+        for p in sac.critic_target.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    obs, next_obs = {"state": torch.rand(4, 3) * 2 - 1}, {"state": torch.rand(4, 3) * 2 - 1}
+    reward = torch.tensor([1.0, 2.0, -0.5, 0.25])
+    terminated = torch.tensor([1.0, 0.0, 0.0, 0.0])   # row 0 ends for real; row 1 was truncated
+    batch = {"obs": obs, "next_obs": next_obs, "action": torch.rand(4, 2) * 2 - 1, "reward": reward,
+             "terminated": terminated}
+
+    torch.manual_seed(123)  # the same a' ~ pi(s') for the hand computation and for SAC
+    with torch.no_grad():
+        next_action, next_logp = sac.actor.sample(next_obs)
+        q1_next, q2_next = sac.critic_target(next_obs, next_action)
+        alpha = 0.3  # init_alpha: no update has changed it yet
+        soft_v = [min(float(q1_next[i]), float(q2_next[i])) - alpha * float(next_logp[i]) for i in range(4)]
+    by_hand = [1.0,                              # terminated: the reward alone
+               2.0 + gamma * soft_v[1],          # truncated: bootstraps
+               -0.5 + gamma * soft_v[2]]         # an ordinary step
+    torch.manual_seed(123)
+    target = sac.td_target(batch).squeeze(-1)
+    assert torch.allclose(target[:3], torch.tensor(by_hand), atol=1e-5), (target, by_hand)
+    assert torch.allclose(target[3], torch.tensor(0.25 + gamma * soft_v[3]), atol=1e-5)
+
+    n_step = {**batch, "discount": torch.tensor([gamma, gamma, gamma ** 3, gamma ** 2])}
+    torch.manual_seed(123)
+    target = sac.td_target(n_step).squeeze(-1)
+    expected = torch.tensor([1.0, 2.0 + gamma * soft_v[1], -0.5 + gamma ** 3 * soft_v[2], 0.25 + gamma ** 2 * soft_v[3]])
+    assert torch.allclose(target, expected, atol=1e-5), (target, expected)
+
+    # And `update` regresses both critics on exactly that target.
+    with torch.no_grad():
+        q1, q2 = sac.critic(obs, sac.actor.normalize(batch["action"]))
+        loss_by_hand = F.mse_loss(q1.squeeze(-1), expected) + F.mse_loss(q2.squeeze(-1), expected)
+    torch.manual_seed(123)
+    metrics = metrics_to_floats(sac.update(n_step))
+    print(f"td targets {expected.tolist()}, critic loss {metrics['critic_loss']:.6f} (by hand {float(loss_by_hand):.6f})")
+    assert abs(metrics["critic_loss"] - float(loss_by_hand)) < 1e-5

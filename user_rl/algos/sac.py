@@ -27,6 +27,11 @@ class SACSettings:
     target_entropy_scale: float = 1.0
 
 
+def metrics_to_floats(metrics: dict[str, torch.Tensor | float]) -> dict[str, float]:
+    """Plain floats for a status or a log line (this is where the host waits for the device)."""
+    return {name: float(value) for name, value in metrics.items()}
+
+
 class SAC:
     def __init__(
         self,
@@ -54,23 +59,32 @@ class SAC:
     def alpha(self) -> torch.Tensor:
         return self.log_alpha.exp()
 
-    def update(self, batch: dict) -> dict[str, float]:
+    def td_target(self, batch: dict) -> torch.Tensor:
+        """The critics' regression target per row: r + discount * (1 - terminated) * soft V(s').
+
+        `discount` is the row's own column when there is one (gamma ** n for n-step returns),
+        else gamma. Only a real termination stops bootstrapping; a time-limit truncation does not.
+        V(s') = min of the target critics at a' ~ pi(s') minus alpha * log pi(a' | s').
+        """
+        with torch.no_grad():
+            next_obs = batch["next_obs"]
+            next_action, next_log_prob = self.actor.sample(next_obs)
+            soft_value = torch.min(*self.critic_target(next_obs, next_action)) - self.alpha * next_log_prob
+            discount = batch["discount"].unsqueeze(-1) if "discount" in batch else self.settings.gamma
+            not_done = 1.0 - batch["terminated"].float().unsqueeze(-1)
+            return batch["reward"].unsqueeze(-1) + discount * not_done * soft_value
+
+    def update(self, batch: dict) -> dict[str, torch.Tensor]:
         """One gradient step on a batch of tensors: obs, action, reward, next_obs, terminated.
 
         An optional `discount` per row (gamma ** n for n-step returns) replaces `gamma`.
+        The metrics come back as detached 0-d tensors on the training device: reading them
+        (`metrics_to_floats`) waits for the device, so the caller does it only when it reports.
         """
         s = self.settings
-        obs, next_obs = batch["obs"], batch["next_obs"]
+        obs = batch["obs"]
         action = self.actor.normalize(batch["action"])
-        reward = batch["reward"].unsqueeze(-1)
-        # Only a real termination stops bootstrapping; a time-limit truncation does not.
-        not_done = 1.0 - batch["terminated"].float().unsqueeze(-1)
-
-        with torch.no_grad():
-            next_action, next_log_prob = self.actor.sample(next_obs)
-            target_q = torch.min(*self.critic_target(next_obs, next_action)) - self.alpha * next_log_prob
-            discount = batch["discount"].unsqueeze(-1) if "discount" in batch else s.gamma
-            td_target = reward + discount * not_done * target_q
+        td_target = self.td_target(batch)
         q1, q2 = self.critic(obs, action)
         critic_loss = F.mse_loss(q1, td_target) + F.mse_loss(q2, td_target)
         self.critic_optim.zero_grad(set_to_none=True)
@@ -94,10 +108,10 @@ class SAC:
                 target.lerp_(source, s.tau)
         self.updates += 1
         return {
-            "critic_loss": critic_loss.item(),
-            "actor_loss": actor_loss.item(),
-            "alpha": self.alpha.item(),
-            "q": q1.mean().item(),
+            "critic_loss": critic_loss.detach(),
+            "actor_loss": actor_loss.detach(),
+            "alpha": self.alpha.detach(),
+            "q": q1.detach().mean(),
         }
 
     def state_dict(self) -> dict:

@@ -83,6 +83,13 @@ class BackgroundCheckpointer:
             self._cond.notify()
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # not a failed write (those are caught below): the thread itself broke
+            self.last_error = f"the checkpoint writer died: {type(exc).__name__}: {exc}"
+            log.exception("the checkpoint writer thread died; no more background checkpoints")
+
+    def _serve(self) -> None:
         while True:
             with self._cond:
                 while self._next is None and not self._closed:
@@ -93,9 +100,17 @@ class BackgroundCheckpointer:
             try:
                 save_checkpoint(self.path, payload)
                 self.written += 1
-            except OSError as exc:  # a full disk must not stop training; it is reported in status
-                self.last_error = str(exc)
-                log.error("checkpoint write to %s failed (training goes on): %s", self.path, exc)
+                self.last_error = None
+            except Exception as exc:  # a full disk (or anything else) must not stop training: reported in status
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("checkpoint write to %s failed (training goes on)", self.path)
+
+    @property
+    def error(self) -> str | None:
+        """Why the last write failed (cleared by the next good one), or that the writer thread died."""
+        if not self._thread.is_alive() and not self._closed:
+            return self.last_error or "the checkpoint writer thread died"
+        return self.last_error
 
     def close(self) -> None:
         """Finish the pending write, then stop."""

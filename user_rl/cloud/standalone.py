@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from user_rl.cloud.learner import Learner
+from user_rl.cloud.threads import GuardedThread
 from user_rl.config import Config, dump_config
 from user_rl.progress import ProgressPrinter, write_status_json
 
@@ -32,25 +33,27 @@ def serve_learner(cfg: Config, run_dir: str | Path, out: Callable[[str], None] =
     learner = Learner(cfg, run_dir)
     write_status_json(run_dir / "addresses.json", learner.addresses)
     resumed = learner.resumed_from
-    out(f"learner at {learner.addresses['data']} (weights {learner.addresses['weights']}); "
-        + (f"resumed from {resumed}" if resumed else "fresh run"))
+    out(f"learner at {learner.addresses['data']} (weights {learner.addresses['weights']}) trains on "
+        f"{learner.device_name}; " + (f"resumed from {resumed}" if resumed else "fresh run"))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    loop = threading.Thread(target=learner.run, name="learner", daemon=True)
+    loop = GuardedThread("learner", learner.run)  # keeps why it stopped, for the status and the log
     loop.start()
     printer = ProgressPrinter(run_dir / "metrics.jsonl", out)
     started = time.monotonic()
     while not stop.is_set() and loop.is_alive():
         status = learner.status()
         write_status_json(run_dir / "learner_status.json", {"resumed_from": learner.resumed_from, **status, "pid": os.getpid()})
-        if status:  # the loop's first snapshot comes within half a second
-            printer.progress(time.monotonic() - started, status)
+        printer.progress(time.monotonic() - started, status)
         stop.wait(1.0)
     learner.stop()
     loop.join(timeout=60)
     path = learner.save()
     status = learner.status()
+    if loop.error:
+        status["errors"] = {**status.get("errors", {}), "learner": loop.error}
+        out(f"ERROR learner: {loop.error}")
     learner.close()
     write_status_json(run_dir / "learner_status.json", {**status, "pid": os.getpid(), "stopped": True})
     out(f"learner stopped; checkpoint {path}")

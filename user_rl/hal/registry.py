@@ -71,3 +71,25 @@ def make_robot(name: str, **options: Any) -> Robot:
 def driver_kind(name: str) -> str:
     """"robot" or "sim": how the scheduler counts a driver's devices (read from the class)."""
     return getattr(robot_factory(name), "device_kind", "robot")
+
+
+def robot_spaces(name: str, options: dict[str, Any]) -> tuple[Any, Any]:
+    """(observation_space, action_space) of a driver with these options, without running it.
+
+    A driver may answer through a `spaces(**options)` classmethod. Otherwise a simulator is
+    built, read and closed; a real robot's driver is never opened here (that would take the
+    hardware from its edge), so it raises LookupError. Raises KeyError/ImportError when the
+    driver is not installed on this machine.
+    """
+    factory = robot_factory(name)
+    spaces = getattr(factory, "spaces", None)
+    if callable(spaces):
+        return spaces(**options)
+    if driver_kind(name) != "sim":
+        raise LookupError(f"robot driver {name!r} has no spaces() classmethod and is not a simulator: "
+                          "its spaces are known only from its edge's hello")
+    robot = factory(**options)
+    try:
+        return robot.observation_space, robot.action_space
+    finally:
+        robot.close()

@@ -17,10 +17,30 @@ from user_rl.hal.registry import driver_kind
 from user_rl.hal.resources import Demand, NodeView, check_placement, device_resource, sim_resource
 
 
-def learner_demand(cfg: Config) -> Demand:
-    """What one learner holds; `cfg` is a one-model config (an embodiment's, or a plain run's)."""
+def learner_wants_gpu(device: str, cluster_resources: dict[str, float]) -> bool:
+    """Whether a learner asks Ray for a GPU: always for `cuda`, for `auto` when the cluster has one.
+
+    Ray hides GPUs from an actor that asked for none, so `auto` must ask to be able to use one.
+    """
+    return device == "cuda" or (device == "auto" and cluster_resources.get("GPU", 0.0) >= 1.0)
+
+
+def cluster_totals(nodes: list[dict[str, Any]]) -> dict[str, float]:
+    """What the live nodes hold in all (as `ray.cluster_resources()`), from `ray.nodes()`."""
+    totals: dict[str, float] = {}
+    for node in nodes:
+        if node.get("Alive", True):
+            for name, amount in (node.get("Resources") or {}).items():
+                totals[name] = totals.get(name, 0.0) + float(amount)
+    return totals
+
+
+def learner_demand(cfg: Config, cluster_resources: dict[str, float] | None = None) -> Demand:
+    """What one learner holds; `cfg` is a one-model config (an embodiment's, or a plain run's).
+
+    `cluster_resources` (`ray.cluster_resources()`) decides whether `device: auto` takes a GPU."""
     resources = dict(cfg.learner.resources)
-    if cfg.learner.device == "cuda":
+    if learner_wants_gpu(cfg.learner.device, cluster_resources or {}):
         resources["GPU"] = max(resources.get("GPU", 0.0), 1.0)
     name = f"learner {cfg.fleet.robot_id_prefix}" if cfg.fleet.robot_id_prefix else "learner"
     return Demand(name, resources, dict(cfg.learner.labels))
@@ -36,11 +56,11 @@ def edge_demands(cfg: Config) -> list[Demand]:
     return demands
 
 
-def launch_demands(cfg: Config) -> list[Demand]:
+def launch_demands(cfg: Config, cluster_resources: dict[str, float] | None = None) -> list[Demand]:
     """Every process of a launch: a learner and its edges per embodiment (one for a plain run)."""
     demands = []
     for one_model in cfg.embodiment_configs().values():
-        demands += [learner_demand(one_model), *edge_demands(one_model)]
+        demands += [learner_demand(one_model, cluster_resources), *edge_demands(one_model)]
     return demands
 
 
@@ -60,7 +80,7 @@ def local_resources(cfg: Config) -> dict[str, float]:
 def check_cluster(cfg: Config, nodes: list[dict[str, Any]]) -> None:
     """Raise PlacementError if every learner and every edge cannot all be placed on these nodes."""
     alive = [n for n in nodes if n.get("Alive", True)]
-    check_placement(launch_demands(cfg), alive)
+    check_placement(launch_demands(cfg, cluster_totals(alive)), alive)
 
 
 def actor_options(demand: Demand) -> dict[str, Any]:

@@ -148,9 +148,11 @@ def _place(run: FleetRun) -> None:
     from user_rl.services import EdgeService, LearnerService
 
     cfg = run.cfg
-    run.learner = ray.remote(LearnerService).options(**actor_options(learner_demand(cfg))).remote(
+    demand = learner_demand(cfg, ray.cluster_resources())  # `device: auto` takes a GPU when there is one
+    run.learner = ray.remote(LearnerService).options(**actor_options(demand)).remote(
         cfg.model_dump(), str(run.run_dir.resolve()))
     run.addresses = addresses = ray.get(run.learner.addresses.remote())
+    device = ray.get(run.learner.device.remote())
     (run.run_dir / "addresses.json").write_text(json.dumps(addresses))  # `user-rl attach --run-dir` reads it
     spool_root = str((run.run_dir / "spool").resolve())
     demands = edge_demands(cfg)
@@ -162,7 +164,7 @@ def _place(run: FleetRun) -> None:
     run.fleet = FleetHealth(spawn, [cfg.robot_options(i)["robot_id"] for i in range(len(demands))],
                             cfg.fleet.max_restarts, run.out, cfg.fleet.stall_s)
     run.fleet.wait_started()
-    run.out(f"learner at {addresses['data']} (weights {addresses['weights']}); "
+    run.out(f"learner at {addresses['data']} (weights {addresses['weights']}) trains on {device}; "
             f"{len(run.fleet.active)} edge daemons started")
     run.evaluator = Evaluator(cfg, addresses["weights"])
     run.printer = ProgressPrinter(run.run_dir / "metrics.jsonl", run.out)
