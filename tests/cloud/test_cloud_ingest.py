@@ -475,14 +475,13 @@ def test_step_credit_is_per_stream_what_is_stored_plus_the_increment(context: zm
     peer = RawPeer(context, ingest.endpoint)
     robot = Episodes(100)
     try:
-        ingest.step_credit = 77  # the learner has not set an increment: the old, fleet-wide credit
-        assert hello_ack(peer, "paced-0", epoch=1)[-1].body.step_credit == 77
-        ingest.credit_increment = 100
+        assert hello_ack(peer, "paced-0", epoch=1)[-1].body.step_credit == 0  # not paced (yet): no limit
+        ingest.credit.increment = 100
         assert send_batch(peer, "paced-0", 1, 1, robot.batch(8)).body.step_credit == 108
         assert send_batch(peer, "paced-0", 1, 2, robot.batch(5)).body.step_credit == 113
         # A new life of the edge counts from its own stream: its steps since its start.
         assert hello_ack(peer, "paced-0", epoch=2)[-1].body.step_credit == 100
-        ingest.credit_increment = 0  # unpaced
+        ingest.credit.increment = 0  # unpaced
         assert send_batch(peer, "paced-0", 2, 1, robot.batch(4)).body.step_credit == 0
     finally:
         peer.close()
@@ -492,7 +491,7 @@ def test_step_credit_counts_what_was_stored_before_a_learner_restart(context: zm
     robot = Episodes(100)
     for life in range(2):
         ing = Ingest(context, "tcp://127.0.0.1:0", tmp_path / "buffer")
-        ing.credit_increment = 50
+        ing.credit.increment = 50
         with serving(lambda: ing.poll(50)):
             peer = RawPeer(context, ing.endpoint)
             try:
@@ -564,3 +563,27 @@ def test_a_replayed_hello_or_an_old_style_routing_id_cannot_silence_a_robot(cont
         link.close()
         for attacker in attackers:
             attacker.close()
+
+
+def test_step_credit_never_promises_more_than_the_step_budget_and_never_shrinks(tmp_path) -> None:
+    """Per-stream credit (cloud/credit.py): grants only grow (an edge may already have stepped on
+    one), and steps promised but not yet stored never exceed what is left of stop.max_env_steps."""
+    from user_rl.cloud.buffer.index import StreamRecord
+    from user_rl.cloud.buffer.rows import StreamState
+    from user_rl.cloud.credit import StepCredit
+
+    a, b = (StreamState(StreamRecord(i, f"sim-{i}", 1, ""), i, 0) for i in (1, 2))
+    credit = StepCredit()
+    credit.increment, credit.max_records = 100, 600
+    assert credit.grant(a, stored=0) == 100 and credit.grant(b, stored=0) == 100
+    a.records, b.records = 260, 240  # uneven: a ran ahead
+    # b's earlier grant (100) is all stored already, so it holds back nothing of the budget.
+    assert credit.grant(a, stored=500) == 260 + (600 - 500 - 0)  # = 360: all that is left
+    assert credit.grant(b, stored=500) == 240  # nothing left for b now: a holds the rest
+    credit.increment = 10  # the learner slows the fleet: a's grant does not shrink
+    assert credit.grant(a, stored=500) == 360
+    assert credit.outstanding() == 100
+    credit.forget(a)  # a's edge restarted: its unused promise goes back to the budget
+    assert credit.grant(b, stored=500) == 250
+    credit.increment = 0
+    assert credit.grant(b, stored=500) == 0  # unpaced: no limit on the wire

@@ -45,13 +45,13 @@ class BatchPreparer:
     """The sampler thread's work: `run()` fills the queue until `stop` is set.
 
     `buffer()` returns the buffer once it exists (the first hello may open it); sampling starts
-    once it holds `min_rows`. `lock` is held around each sample, and by whoever else must not
-    touch the buffer or the RNG at the same time (the checkpoint reads the RNG's state).
+    once it holds `min_rows`. `rng_lock` is held around each sample (the buffer is safe for one
+    writer and one sampler thread; the lock guards the RNG, whose state a checkpoint reads).
     """
 
     def __init__(self, buffer: Callable[[], PersistentReplay | None], batch_size: int, min_rows: int,
                  rng: np.random.Generator, device: torch.device, depth: int, stop: threading.Event,
-                 lock: threading.Lock) -> None:
+                 rng_lock: threading.Lock) -> None:
         self.buffer = buffer
         self.batch_size = batch_size
         self.min_rows = max(1, min_rows)
@@ -59,7 +59,7 @@ class BatchPreparer:
         self.device = device
         self.ready: queue.Queue[dict] = queue.Queue(maxsize=depth)
         self.stop = stop
-        self.lock = lock
+        self.rng_lock = rng_lock
         self.prepared = 0
 
     def run(self) -> None:
@@ -68,7 +68,7 @@ class BatchPreparer:
             if buffer is None or len(buffer) < self.min_rows:
                 self.stop.wait(0.01)
                 continue
-            with self.lock:
+            with self.rng_lock:
                 rows = buffer.sample(self.batch_size, self.rng)
             batch = to_training_batch(rows, self.device)
             while not self.stop.is_set():

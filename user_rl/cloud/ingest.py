@@ -38,6 +38,7 @@ import zmq
 
 from user_rl.cloud.buffer.rows import StreamState
 from user_rl.cloud.buffer.store import PersistentReplay
+from user_rl.cloud.credit import StepCredit
 from user_rl.cloud.peer_guard import PeerGuard
 from user_rl.config import BufferConfig
 from user_rl.hal.descriptor import DeviceDescriptor
@@ -155,8 +156,7 @@ class Ingest:
         self._last_commit = time.monotonic()
         self.obs_space: gym.spaces.Dict | None = None
         self.action_space: gym.spaces.Box | None = None
-        self.step_credit = 0  # the same for every stream; used while `credit_increment` is None
-        self.credit_increment: int | None = None  # per stream: steps stored + this (0: unpaced)
+        self.credit = StepCredit()  # paced fleets: the learner sets its increment and the step budget
         self.lost_batches = 0
         self.episode_ends = 0  # count-0 batches that ended an episode (e-stop, hold)
         self.policy_version = -1
@@ -269,6 +269,7 @@ class Ingest:
             if hb.leaving and not session.detached:  # everything it sent is acked: close its episode
                 self.buffer.end_open_episodes(session.stream, reason="detached")
                 session.detached = True
+                self.credit.forget(session.stream)
                 log.info("robot %s detached (epoch %d)", session.robot_id, session.epoch)
             self._ack(session, session.stream, to=identity)
         else:
@@ -301,6 +302,7 @@ class Ingest:
                                    identity=identity, descriptor=descriptor, epoch=hello.stream_epoch, stream=stream)
             session.admit(identity)
             if old is not None:  # a restarted edge: counters carry on, its open episode was cut short
+                self.credit.forget(old.stream)
                 session.transitions, session.episodes, session.versions = old.transitions, old.episodes, old.versions
                 session.streams = old.streams + 1
             self.robots[robot_id] = session
@@ -435,8 +437,8 @@ class Ingest:
             "duplicates": self.duplicates,
             "out_of_order": self.out_of_order,
             "buffer_stats": self.buffer.stats() if self.buffer else {},
-            "step_credit": self.step_credit,
-            "credit_increment": self.credit_increment,
+            "credit_increment": self.credit.increment,
+            "credit_outstanding": self.credit.outstanding(),
             "lost_batches": self.lost_batches,
             "episode_ends": self.episode_ends,
         }
@@ -450,19 +452,17 @@ class Ingest:
             return
         ack = pb.Ack(stream_epoch=stream.record.epoch, seq=stream.durable_seq,
                      next_seq=stream.record.last_seq + 1 if gap else 0,
-                     step_credit=self._step_credit(stream), policy_version=self.policy_version)
+                     step_credit=self._step_credit(session, stream), policy_version=self.policy_version)
         frames = encode(envelope(session.robot_id, ack=ack))
         for identity in [to] if to is not None else list(session.connections):
             self.socket.send_multipart([identity, *frames])
 
-    def _step_credit(self, stream: StreamState) -> int:
-        """The env steps this stream epoch may have taken: what is stored of it plus the increment
-        (0: unpaced), so a restart of the learner or the edge never leaves it below what is done."""
-        if self.credit_increment is None:
-            return self.step_credit
-        if self.credit_increment == 0:
+    def _step_credit(self, session: RobotSession, stream: StreamState) -> int:
+        """The env steps the robot's live stream epoch may have taken (credit.py); an older epoch's
+        edge is gone, so its acks promise nothing."""
+        if stream is not session.stream or self.buffer is None:
             return 0
-        return stream.records + self.credit_increment
+        return self.credit.grant(stream, self.buffer.records)
 
     def push_credit(self) -> None:
         """Tell every robot its new step credit and the newest policy version."""
@@ -514,6 +514,7 @@ class Ingest:
         """Drop a robot from memory and the status; its stored data stays. If it comes back, it
         says hello again and continues (its counters here restart)."""
         del self.robots[session.robot_id]
+        self.credit.forget(session.stream)
         self.forgotten += 1
         if self.forgotten <= self._max_logged:
             log.info("forgot robot %s (%s, last heard %.0f s ago)", session.robot_id, why,

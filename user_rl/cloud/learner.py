@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 STATUS_EVERY_S = 0.5
 INGEST_MESSAGES_PER_TURN = 16
-GIL_SWITCH_INTERVAL_S = 0.0005  # the buffer lock is held this long at most, so the sampler never waits long
+GIL_SWITCH_INTERVAL_S = 0.0005  # the update thread gets the GIL back soon after the ingest or sampler took it
 
 
 def pick_device(name: str) -> torch.device:
@@ -90,7 +90,8 @@ class Learner:
         self.gate = learner_gate(self.context, cfg.security, host)  # None: links in the clear (loopback)
         self.ingest = Ingest(self.context, f"tcp://{host}:{lc.data_port}", self.run_dir / "buffer", cfg.buffer,
                              cfg.algo.gamma, gate=self.gate, max_messages_per_s=lc.max_messages_per_s,
-                             max_message_bytes=int(lc.max_message_mb * 2**20))
+                             max_message_bytes=int(lc.max_message_mb * 2**20), max_robots=lc.max_robots,
+                             forget_idle_s=lc.forget_idle_s)
         cast = torch.bfloat16 if cfg.learner.weight_dtype == "bfloat16" else None
         self.weights = WeightServer(self.context, f"tcp://{host}:{lc.weights_port}", cast, gate=self.gate)
         self.rng = np.random.default_rng(cfg.seed)
@@ -100,9 +101,7 @@ class Learner:
         self.resumed_from: dict | None = None
         self.checkpoints = BackgroundCheckpointer(self.checkpoint_path)
         self._last_checkpoint = time.monotonic()
-        # Stopgap until PersistentReplay is safe for one writer and one sampler thread: the
-        # ingest thread holds this around everything that touches the buffer, the sampler around sample.
-        self._buffer_lock = threading.Lock()
+        self._rng_lock = threading.Lock()  # the sampler draws from self.rng; a checkpoint reads its state
         self._stop = threading.Event()
         self._pause_requested = threading.Event()
         self._paused = threading.Event()
@@ -128,7 +127,7 @@ class Learner:
         self._credit_push_every = max(1, int(fleet.num_robots * fleet.batch_transitions * cfg.algo.utd_ratio / 2))
         self._update_ingest_credit()
         self.sampler = BatchPreparer(lambda: self.ingest.buffer, cfg.algo.batch_size, cfg.algo.learning_starts,
-                                     self.rng, self.device, lc.prefetch_batches, self._stop, self._buffer_lock)
+                                     self.rng, self.device, lc.prefetch_batches, self._stop, self._rng_lock)
         self._threads: dict[str, GuardedThread] = {}
         self._status = self._snapshot()  # no thread runs yet: the first status (it names the device) is ready now
         log.warning("learner trains on %s", self.device_name)
@@ -183,29 +182,15 @@ class Learner:
         return self.ingest.buffer.records if self.ingest.buffer else 0
 
     def _update_ingest_credit(self) -> None:
-        """Set the credit the next acks carry (ingest thread)."""
-        fleet, algo = self.cfg.fleet, self.cfg.algo
+        """Set the credit the next acks carry (ingest thread): per stream, see cloud/credit.py."""
+        fleet, algo, credit = self.cfg.fleet, self.cfg.algo, self.ingest.credit
         if not fleet.pace_to_learner:
-            self.ingest.step_credit = self.ingest.credit_increment = 0
+            credit.increment, credit.max_records = 0, None
             return
-        robots = max(1, self.active_robots)
-        self.ingest.credit_increment = credit_increment(
-            algo.learning_starts, self.updates, algo.utd_ratio, self.env_steps, robots,
+        credit.max_records = self.cfg.stop.max_env_steps
+        credit.increment = credit_increment(
+            algo.learning_starts, self.updates, algo.utd_ratio, self.env_steps, max(1, self.active_robots),
             fleet.batch_transitions, self.cfg.stop.max_env_steps)
-        # Legacy absolute credit (steps per robot since its edge started), until every edge reads
-        # the increment: it counts only the steps stored since this learner started.
-        allowed = algo.learning_starts + self.updates / algo.utd_ratio - self.steps_at_start
-        per_robot = math.ceil(max(0.0, allowed) / robots) + fleet.batch_transitions
-        cap = math.ceil(max(0, self.cfg.stop.max_env_steps - self.steps_at_start) / robots)
-        self.ingest.step_credit = max(1, min(per_robot, cap))
-        # Per stream (protocol branch stand-in; the learner branch owns this): how far each edge may
-        # run ahead of what is stored of its own stream, so a resumed learner cannot strand edges that
-        # kept running. A fresh learner, and the end of the run (stop.max_env_steps), keep the
-        # fleet-wide credit above (None: the ingest uses it).
-        ahead = max(0, math.ceil((algo.learning_starts + self.updates / algo.utd_ratio - self.env_steps) / n))
-        increment = ahead + fleet.batch_transitions
-        left = math.ceil((self.cfg.stop.max_env_steps - self.env_steps) / n)
-        self.ingest.credit_increment = increment if self.steps_at_start and increment <= left else None
 
     def _may_update(self) -> bool:
         buffer = self.ingest.buffer
@@ -315,10 +300,8 @@ class Learner:
         while not self._stop.is_set():
             ready = dict(sockets.poll(5))
             if self.ingest.socket in ready:
-                with self._buffer_lock:
-                    self.ingest.poll(0, max_messages=INGEST_MESSAGES_PER_TURN)
-            with self._buffer_lock:
-                self.ingest.maybe_commit()
+                self.ingest.poll(0, max_messages=INGEST_MESSAGES_PER_TURN)
+            self.ingest.maybe_commit()
             if self.weights.socket in ready:
                 self.weights.poll(0)
             self._publish_pending()
@@ -371,9 +354,8 @@ class Learner:
 
     def _snapshot(self) -> dict:
         """The status (ingest thread: the ingest's state is read only there)."""
-        with self._buffer_lock:
-            ingest = self.ingest.report()
-            buffer_errors = getattr(self.ingest.buffer, "thread_errors", dict)() if self.ingest.buffer else {}
+        ingest = self.ingest.report()
+        buffer_errors = self.ingest.buffer.thread_errors() if self.ingest.buffer else {}
         robots = ingest["robots"]
         successes = [r["recent_success"] for r in robots.values() if r["recent_success"] is not None]
         returns = [r["recent_return"] for r in robots.values() if r["recent_return"] is not None]
@@ -389,7 +371,6 @@ class Learner:
             "recent_success": float(np.mean(successes)) if successes else None,
             "recent_return": float(np.mean(returns)) if returns else None,
             **ingest,
-            "credit_increment": getattr(self.ingest, "credit_increment", 0),
             "checkpoints_written": self.checkpoints.written,
             "checkpoint_error": self.checkpoints.error,
             "resumed_from": self.resumed_from,
@@ -401,7 +382,7 @@ class Learner:
     # -- persistence -----------------------------------------------------------------------
     def _checkpoint_payload(self) -> dict:
         """Everything a resume needs, snapshotted now (safe to write from another thread)."""
-        with self._buffer_lock:  # the sampler draws from this RNG
+        with self._rng_lock:  # the sampler draws from this RNG
             rng_state = snapshot(self.rng.bit_generator.state)
         return {
             "format": 2,
