@@ -13,6 +13,11 @@ Baselines:
              before and after the streaming run, each time in a fresh process with no fleet running;
              the ratio is against the faster of the two. On a shared machine the other users'
              load moves both numbers: the 1-minute load average is reported with them.
+- raw SAC beside sims: the same plain loop, measured while `--rate-robots` processes step the
+             sim with the actor at the per-robot rate the fleet had in the streaming run. On 2
+             cores 4 sims take CPU from any learner, however it is built; this baseline keeps
+             that share and leaves out only what is the learner's own (ingest, storage,
+             sampling, acks, publishing), so its ratio is the learner's overhead.
 
 The learner's rate is read from the run's metrics.jsonl over a window while the fleet streams:
 after the first update (learning_starts reached) plus `--warmup` seconds, excluding every
@@ -47,7 +52,8 @@ from user_rl.launch import train  # noqa: E402
 from user_rl.policies import make_actor  # noqa: E402
 
 
-def raw_sim_rate(cfg, with_actor: bool, seconds: float = 3.0) -> float:
+def raw_sim_rate(cfg, with_actor: bool, seconds: float = 3.0, pace_hz: float = 0.0) -> float:
+    """Sim steps/s (random actions, or the actor's); `pace_hz` caps the rate like a paced edge."""
     torch.set_num_threads(1)
     robot = make_robot(cfg.robot.type, **cfg.robot_options(0))
     actor = make_actor(cfg.policy.type, robot.observation_space, robot.action_space, hidden=cfg.policy.hidden)
@@ -60,6 +66,8 @@ def raw_sim_rate(cfg, with_actor: bool, seconds: float = 3.0) -> float:
         result = robot.step(action)
         obs = robot.reset() if result.truncated or result.terminated else result.observation
         steps += 1
+        if pace_hz:
+            time.sleep(max(0.0, start + steps / pace_hz - time.perf_counter()))
     robot.close()
     return steps / (time.perf_counter() - start)
 
@@ -121,6 +129,20 @@ def raw_update_rate_apart(args, seconds: float = 8.0) -> float:
     return float(out.strip().splitlines()[-1])
 
 
+def raw_update_rate_beside_sims(args, sims: int, steps_per_s: float, seconds: float = 12.0) -> float:
+    """`raw_update_rate` while `sims` processes step the sim with its actor at the rate each robot
+    had in the fleet run: the plain loop on a machine exactly as busy with simulation as the
+    learner's was, minus everything that is the learner's own (ingest, storage, sampling, acks)."""
+    cmd = [sys.executable, __file__, "--config", args.config, "--sim-load", str(steps_per_s), str(seconds + 4)]
+    load = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL) for _ in range(sims)]
+    try:
+        time.sleep(2.0)  # the sims are up and stepping
+        return raw_update_rate_apart(args, seconds)
+    finally:
+        for process in load:
+            process.wait(timeout=60)
+
+
 def update_rate_run(args, base) -> dict:
     """The learner's updates/s with `--rate-robots` streaming (no goal: nothing pauses it)."""
     before = raw_update_rate_apart(args)
@@ -132,12 +154,16 @@ def update_rate_run(args, base) -> dict:
     load_during = os.getloadavg()[0]
     after = raw_update_rate_apart(args)
     raw = max(before, after)
+    per_robot = (window.get("env_steps_per_s") or 0.0) / args.rate_robots
+    beside = raw_update_rate_beside_sims(args, args.rate_robots, per_robot) if per_robot else 0.0
     row = {"robots": args.rate_robots, "torch_threads": learner_torch_threads(base),
            "raw_sac_updates_per_s_before": round(before, 1), "raw_sac_updates_per_s_after": round(after, 1),
            "learner_updates_per_s": window["updates_per_s"], "window_s": window["window_s"],
            "fleet_env_steps_per_s": window.get("env_steps_per_s"),
            "update_thread_waits_s": summary["learner"].get("update_waits_s"),
            "learner_vs_raw_sac": round(window["updates_per_s"] / raw, 3),
+           "raw_sac_beside_sims_updates_per_s": round(beside, 1),
+           "learner_vs_raw_sac_beside_sims": round(window["updates_per_s"] / beside, 3) if beside else None,
            "loadavg_1min_before": round(load_before, 2), "loadavg_1min_after": round(load_during, 2),
            "cpus": os.cpu_count()}
     print(json.dumps(row))
@@ -154,7 +180,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds after the first update before the window")
     parser.add_argument("--out", default=None)
     parser.add_argument("--raw-sac-only", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--sim-load", type=float, nargs=2, default=None, help=argparse.SUPPRESS)  # steps/s, seconds
     args = parser.parse_args()
+    if args.sim_load:
+        rate, seconds = args.sim_load
+        raw_sim_rate(load_config(args.config, []), with_actor=True, seconds=seconds, pace_hz=rate)
+        return
     if args.raw_sac_only:
         print(raw_update_rate(load_config(args.config, [f"fleet.num_robots={args.rate_robots or 4}"]), args.raw_sac_only))
         return
@@ -203,9 +234,11 @@ def main() -> None:
     if "update_rate" in result:
         r = result["update_rate"]
         print(f"\nlearner with {r['robots']} robots streaming: {r['learner_updates_per_s']} updates/s over "
-              f"{r['window_s']} s = {r['learner_vs_raw_sac']}x raw SAC ({r['raw_sac_updates_per_s_before']} / "
+              f"{r['window_s']} s = {r['learner_vs_raw_sac']}x raw SAC on an idle machine ({r['raw_sac_updates_per_s_before']} / "
               f"{r['raw_sac_updates_per_s_after']} updates/s before / after, {r['torch_threads']} torch threads; "
-              f"load {r['loadavg_1min_before']} -> {r['loadavg_1min_after']} on {r['cpus']} cores)")
+              f"load {r['loadavg_1min_before']} -> {r['loadavg_1min_after']} on {r['cpus']} cores); "
+              f"{r['learner_vs_raw_sac_beside_sims']}x raw SAC beside {r['robots']} sims stepping at the fleet's rate "
+              f"({r['raw_sac_beside_sims_updates_per_s']} updates/s)")
     result["runs"] = rows
     if args.out:
         with open(args.out, "w") as f:

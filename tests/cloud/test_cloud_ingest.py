@@ -9,7 +9,6 @@ from typing import Callable
 
 import gymnasium as gym
 import numpy as np
-import pytest
 import zmq
 
 from user_rl.cloud.ingest import Ingest
@@ -78,23 +77,6 @@ def hello_envelope(robot_id: str, epoch: int, obs_space: gym.spaces.Dict = OBS_S
         stream_epoch=epoch,
     )
     return envelope(robot_id, hello=hello)
-
-
-@pytest.fixture
-def context():
-    ctx = zmq.Context()
-    yield ctx
-    ctx.term()
-
-
-@pytest.fixture
-def ingest(context: zmq.Context, tmp_path):
-    ing = Ingest(context, "tcp://127.0.0.1:0", tmp_path / "buffer")
-    assert ing.endpoint.startswith("tcp://127.0.0.1:") and not ing.endpoint.endswith(":0")
-    with serving(lambda: ing.poll(50)) as crashed:  # the test fails if the serving loop ever dies
-        yield ing
-    ing.close()
-    assert not crashed, crashed
 
 
 class RawPeer:

@@ -7,34 +7,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pytest
 import zmq
 
 from tests.cloud.test_cloud_ingest import ACTION_SPACE, OBS_SPACE, Episodes, wait_until
 from user_rl.cloud.ingest import Ingest
 from user_rl.edge.link import DataLink, LinkSettings
 from user_rl.hal.descriptor import DeviceDescriptor
-from user_rl.testing.wait import serving
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import Message, decode, encode, envelope
 
 NOWHERE = "tcp://127.0.0.1:9"  # nobody listens: batches stay in the spool
-
-
-@pytest.fixture
-def context():
-    ctx = zmq.Context()
-    yield ctx
-    ctx.term()
-
-
-@pytest.fixture
-def ingest(context: zmq.Context, tmp_path: Path):
-    ing = Ingest(context, "tcp://127.0.0.1:0", tmp_path / "buffer")
-    with serving(lambda: ing.poll(20)) as crashed:
-        yield ing
-    ing.close()
-    assert not crashed, crashed
 
 
 def make_link(context: zmq.Context, address: str, spool: Path, **settings) -> DataLink:

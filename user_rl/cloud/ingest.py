@@ -28,20 +28,18 @@ import errno
 import logging
 import sqlite3
 import time
-from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass, field
+from collections import Counter, OrderedDict
 from pathlib import Path
 
 import gymnasium as gym
-import numpy as np
 import zmq
 
 from user_rl.cloud.buffer.rows import StreamState
 from user_rl.cloud.buffer.store import PersistentReplay
 from user_rl.cloud.credit import StepCredit
 from user_rl.cloud.peer_guard import PeerGuard
+from user_rl.cloud.sessions import RobotSession
 from user_rl.config import BufferConfig
-from user_rl.hal.descriptor import DeviceDescriptor
 from user_rl.security.curve import Gatekeeper, secure_server, split_user_id
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import MAX_ARRAYS_PER_MESSAGE, Message, WireError, decode, encode, envelope
@@ -57,68 +55,7 @@ STORAGE_FAILED = "learner_storage_failed"  # the reject reason edges retry on (t
 DECODED_PER_MESSAGE = 4  # compressed images in a message may decode to this many times max_message_bytes
 FORGET_CHECK_S = 1.0  # how often idle robots are looked for
 
-MAX_CONNECTIONS = 4        # connections that said hello for one session and may speak for it
 MAX_SPOOLED_EPOCHS = 256   # older epochs one hello may announce (an edge names at most 64)
-
-
-@dataclass
-class RobotSession:
-    """What the learner knows of one connected robot."""
-
-    robot_id: str
-    index: int
-    identity: bytes
-    descriptor: DeviceDescriptor
-    epoch: int
-    stream: StreamState
-    transitions: int = 0
-    episodes: int = 0
-    versions: set[int] = field(default_factory=set)
-    recent_returns: deque = field(default_factory=lambda: deque(maxlen=20))
-    recent_success: deque = field(default_factory=lambda: deque(maxlen=20))
-    episode_return: float = 0.0
-    last_seen: float = field(default_factory=time.monotonic)
-    heartbeat: dict = field(default_factory=dict)
-    streams: int = 1  # stream epochs seen: each restart of the robot's edge daemon starts a new one
-    detached: bool = False  # the robot said it is leaving (a clean detach, not a failure)
-    lost_batches: int = 0  # batches the edge could not read back from its spool (explicit gaps)
-    connections: dict[bytes, None] = field(default_factory=dict)  # said hello for it; least recently heard first
-
-    def admit(self, identity: bytes) -> None:
-        """A connection said hello for this session. Beyond `MAX_CONNECTIONS`, the one heard from least
-        recently is forgotten: a streaming robot is heard all the time, a replayed hello only once."""
-        self.heard(identity)
-        while len(self.connections) > MAX_CONNECTIONS:
-            del self.connections[next(iter(self.connections))]
-        self.identity = identity
-
-    def heard(self, identity: bytes) -> None:
-        self.connections.pop(identity, None)
-        self.connections[identity] = None
-
-    def summary(self) -> dict:
-        return {
-            "transitions": self.transitions,  # stored by this learner since it last heard this robot's hello
-            "edge_steps": self.heartbeat.get("env_steps"),  # the edge's own count at its last heartbeat
-            "stream_epoch": self.epoch,
-            "acked_seq": self.stream.durable_seq,
-            "episodes": self.episodes,
-            "policy_versions": len([v for v in self.versions if v >= 0]),  # -1: random warm-up
-            "latest_version": max(self.versions, default=-1),
-            "recent_return": float(np.mean(self.recent_returns)) if self.recent_returns else None,
-            "recent_success": float(np.mean(self.recent_success)) if self.recent_success else None,
-            "steps_per_second": self.heartbeat.get("steps_per_second", 0.0),
-            "backlog_batches": self.heartbeat.get("unacked", 0),
-            "backlog_bytes": self.heartbeat.get("backlog_bytes", 0),
-            "dropped_transitions": self.heartbeat.get("dropped_transitions", 0),
-            "safety_violations": self.heartbeat.get("safety_violations", {}),
-            "watchdog_holds": self.heartbeat.get("watchdog_holds", 0),
-            "estopped": self.heartbeat.get("estopped"),
-            "seconds_since_seen": round(time.monotonic() - self.last_seen, 2),
-            "edge_restarts": self.streams - 1,
-            "detached": self.detached,
-            "lost_batches": self.lost_batches,
-        }
 
 
 class Ingest:
@@ -376,7 +313,7 @@ class Ingest:
         arrays = decode_columns(msg.arrays, self.obs_space, body.count, DECODED_PER_MESSAGE * self.max_message_bytes)
         validate_batch(arrays, body.count, self.obs_space, self.action_space)
         self.buffer.add(stream, body.seq, arrays)
-        self._account(session, arrays)
+        session.account(arrays)
 
     def _stream(self, session: RobotSession, epoch: int) -> StreamState:
         """The stream a batch belongs to: the session's, or an older epoch its hello announced."""
@@ -406,21 +343,6 @@ class Ingest:
             self.buffer.record_lost(stream, body.seq, counted=False)
             self.episode_ends += 1
             session.episode_return = 0.0
-
-    def _account(self, session: RobotSession, cols: dict[str, np.ndarray]) -> None:
-        session.transitions += len(cols["reward"])
-        session.versions.update(np.unique(cols["policy_version"]).tolist())
-        ended = np.flatnonzero(cols["terminated"] | cols["truncated"])
-        start = 0
-        for row in ended:
-            session.episode_return += float(cols["reward"][start : row + 1].sum())
-            session.recent_returns.append(session.episode_return)
-            session.episode_return = 0.0
-            session.episodes += 1
-            if cols["label"][row] != pb.LABEL_NONE:
-                session.recent_success.append(float(cols["label"][row] == pb.LABEL_SUCCESS))
-            start = row + 1
-        session.episode_return += float(cols["reward"][start:].sum())
 
     # -- reporting -------------------------------------------------------------------------
     def report(self) -> dict:

@@ -1,0 +1,95 @@
+"""What the learner knows of one connected robot: its hello, connections and counters.
+
+The ingest keeps one `RobotSession` per robot (its newest stream epoch); `summary()` is the
+robot's entry in the learner's status.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from user_rl.cloud.buffer.rows import StreamState
+from user_rl.hal.descriptor import DeviceDescriptor
+from user_rl.wire import user_rl_pb2 as pb
+
+MAX_CONNECTIONS = 4        # connections that said hello for one session and may speak for it
+
+
+@dataclass
+class RobotSession:
+    """What the learner knows of one connected robot."""
+
+    robot_id: str
+    index: int
+    identity: bytes
+    descriptor: DeviceDescriptor
+    epoch: int
+    stream: StreamState
+    transitions: int = 0
+    episodes: int = 0
+    versions: set[int] = field(default_factory=set)
+    recent_returns: deque = field(default_factory=lambda: deque(maxlen=20))
+    recent_success: deque = field(default_factory=lambda: deque(maxlen=20))
+    episode_return: float = 0.0
+    last_seen: float = field(default_factory=time.monotonic)
+    heartbeat: dict = field(default_factory=dict)
+    streams: int = 1  # stream epochs seen: each restart of the robot's edge daemon starts a new one
+    detached: bool = False  # the robot said it is leaving (a clean detach, not a failure)
+    lost_batches: int = 0  # batches the edge could not read back from its spool (explicit gaps)
+    connections: dict[bytes, None] = field(default_factory=dict)  # said hello for it; least recently heard first
+
+    def admit(self, identity: bytes) -> None:
+        """A connection said hello for this session. Beyond `MAX_CONNECTIONS`, the one heard from least
+        recently is forgotten: a streaming robot is heard all the time, a replayed hello only once."""
+        self.heard(identity)
+        while len(self.connections) > MAX_CONNECTIONS:
+            del self.connections[next(iter(self.connections))]
+        self.identity = identity
+
+    def heard(self, identity: bytes) -> None:
+        self.connections.pop(identity, None)
+        self.connections[identity] = None
+
+    def summary(self) -> dict:
+        return {
+            "transitions": self.transitions,  # stored by this learner since it last heard this robot's hello
+            "edge_steps": self.heartbeat.get("env_steps"),  # the edge's own count at its last heartbeat
+            "stream_epoch": self.epoch,
+            "acked_seq": self.stream.durable_seq,
+            "episodes": self.episodes,
+            "policy_versions": len([v for v in self.versions if v >= 0]),  # -1: random warm-up
+            "latest_version": max(self.versions, default=-1),
+            "recent_return": float(np.mean(self.recent_returns)) if self.recent_returns else None,
+            "recent_success": float(np.mean(self.recent_success)) if self.recent_success else None,
+            "steps_per_second": self.heartbeat.get("steps_per_second", 0.0),
+            "backlog_batches": self.heartbeat.get("unacked", 0),
+            "backlog_bytes": self.heartbeat.get("backlog_bytes", 0),
+            "dropped_transitions": self.heartbeat.get("dropped_transitions", 0),
+            "safety_violations": self.heartbeat.get("safety_violations", {}),
+            "watchdog_holds": self.heartbeat.get("watchdog_holds", 0),
+            "estopped": self.heartbeat.get("estopped"),
+            "seconds_since_seen": round(time.monotonic() - self.last_seen, 2),
+            "edge_restarts": self.streams - 1,
+            "detached": self.detached,
+            "lost_batches": self.lost_batches,
+        }
+
+    def account(self, cols: dict[str, np.ndarray]) -> None:
+        """Counters and recent returns / success from one stored batch."""
+        self.transitions += len(cols["reward"])
+        self.versions.update(np.unique(cols["policy_version"]).tolist())
+        ended = np.flatnonzero(cols["terminated"] | cols["truncated"])
+        start = 0
+        for row in ended:
+            self.episode_return += float(cols["reward"][start : row + 1].sum())
+            self.recent_returns.append(self.episode_return)
+            self.episode_return = 0.0
+            self.episodes += 1
+            if cols["label"][row] != pb.LABEL_NONE:
+                self.recent_success.append(float(cols["label"][row] == pb.LABEL_SUCCESS))
+            start = row + 1
+        self.episode_return += float(cols["reward"][start:].sum())
