@@ -141,6 +141,50 @@ def test_a_strangers_first_hello_cannot_take_the_fleets_place(serving_learner) -
         context.term()
 
 
+def test_a_full_disk_stops_the_learner_taking_data_and_shows_in_the_status_and_progress_line(
+        tmp_path: Path, serving_learner, monkeypatch) -> None:
+    """The ingest's storage failure (tests/cloud/test_cloud_ingest_failure.py) as a user sees it."""
+    import errno
+    import os
+
+    from user_rl.edge.batching import BatchBuilder
+
+    learner = serving_learner(REACH)
+    spaces = robot_spaces("mujoco_reach", build_config(REACH).robot_options(0))
+
+    def disk_full(fd, data, offset):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr("user_rl.cloud.buffer.segment.os.pwrite", disk_full)
+    context = zmq.Context()
+    peer = context.socket(zmq.DEALER)
+    peer.setsockopt(zmq.LINGER, 0)
+    peer.connect(learner.addresses["data"])
+    try:
+        peer.send_multipart(hello("mujoco_reach-0", spaces))
+        assert peer.poll(10_000) and decode(peer.recv_multipart()).kind == "ack"
+        builder = BatchBuilder(*spaces, capacity=4)
+        for step in range(4):
+            builder.add(spaces[0].sample(), spaces[1].sample(), 0.0, False, False, episode=0, step=step,
+                        policy_version=-1, actor=pb.ACTOR_SCRIPTED, label=pb.LABEL_NONE, sensor_time=0.0)
+        count, columns = builder.take()
+        peer.send_multipart(encode(envelope("mujoco_reach-0", batch=pb.TransitionBatch(
+            stream_epoch=1, seq=1, count=count)), columns))
+        assert peer.poll(10_000), "no reply from the learner"
+        refused = decode(peer.recv_multipart())
+        assert refused.kind == "reject" and refused.body.reason.startswith("learner_storage_failed"), refused.kind
+        wait_until(lambda: "storage" in learner.status()["errors"], 10, "the storage failure in the status")
+    finally:
+        peer.close(0)
+        context.term()
+    status = learner.status()
+    assert "ENOSPC" in status["errors"]["storage"] and status["failure"] == status["errors"]["storage"]
+    lines: list[str] = []
+    ProgressPrinter(tmp_path / "metrics.jsonl", lines.append, every_s=0.0).progress(1.0, status)
+    print("\n".join(lines))
+    assert any(line.startswith("ERROR storage: ") and "ENOSPC" in line for line in lines)
+
+
 # -- policy versions are never reissued ----------------------------------------------------------
 CRASHING_LEARNER = textwrap.dedent("""
     import sys, threading, yaml

@@ -376,7 +376,8 @@ class Learner:
             "resumed_from": self.resumed_from,
             "metrics": metrics_to_floats(self.last_metrics),
             "update_waits_s": {why: round(seconds, 2) for why, seconds in self.waited_s.items()},
-            "errors": {f"buffer {name}": error for name, error in buffer_errors.items()},
+            "errors": {**{f"buffer {name}": error for name, error in buffer_errors.items()},
+                       **({"storage": ingest["failure"]} if ingest.get("failure") else {})},
         }
 
     # -- persistence -----------------------------------------------------------------------
