@@ -10,8 +10,9 @@ everything ever published. A crash wastes at most one block of numbers.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from user_rl.files import replace_durably
 
 LEASE_FILE = "policy_versions.lease"
 
@@ -42,18 +43,7 @@ class VersionLease:
         return version
 
     def _reserve(self, up_to: int) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            f.write(f"{up_to}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        directory = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # the rename itself must survive a power cut
-        finally:
-            os.close(directory)
+        replace_durably(self.path, f"{up_to}\n")
         self.reserved = up_to
 
     def release(self) -> None:

@@ -24,6 +24,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from user_rl.files import replace_durably
+
 log = logging.getLogger(__name__)
 
 COUNTER_NAME = "stream_epoch"  # inside the spool directory
@@ -71,15 +73,4 @@ def _read(path: Path) -> int | None:
 
 
 def _write_atomic(path: Path, value: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(f"{value}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the rename itself is durable
-    finally:
-        os.close(fd)
+    replace_durably(path, f"{value}\n")

@@ -12,9 +12,10 @@ Being a file, the latch survives a restart of the edge daemon: a robot stopped s
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
+
+from user_rl.files import replace_durably
 
 LATCH_NAME = "ESTOP"
 
@@ -32,10 +33,7 @@ class EStopLatch:
 
     def trip(self, reason: str = "emergency stop") -> None:
         """Stop the robot until `clear()`; atomic, so a reader never sees half a latch."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"reason": reason, "time": time.time()}))
-        os.replace(tmp, self.path)
+        replace_durably(self.path, json.dumps({"reason": reason, "time": time.time()}))  # survives a power cut
         self._checked = -1.0
 
     def clear(self) -> bool:
