@@ -7,7 +7,9 @@ learner or edge can never leave a stream's credit below what it has already done
 deadlock of an absolute, fleet-wide count).
 
 Grants only grow (an edge may already have stepped on an earlier one), and with a step budget
-(`stop.max_env_steps`) the steps promised but not yet stored never exceed what is left of it:
+(`stop.max_env_steps`) the steps promised but not yet stored never exceed what is left of it.
+The ingest forgets the grant of an edge that has gone silent (dead, or failed for good), so its
+unused steps go back to the rest of the fleet:
 
     credit = StepCredit()
     credit.increment, credit.max_records = 96, 600
@@ -41,8 +43,8 @@ class StepCredit:
         return granted
 
     def forget(self, stream: StreamState) -> None:
-        """The stream's edge is gone (restarted under a new epoch, detached, forgotten): its
-        unused credit goes back to the budget."""
+        """The stream's edge is gone (restarted under a new epoch, detached, silent): its unused
+        credit goes back to the budget. (If a silent edge comes back, it is granted afresh.)"""
         self._granted.pop(stream.record.id, None)
 
     def outstanding(self) -> int:

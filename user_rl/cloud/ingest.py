@@ -54,6 +54,7 @@ STORAGE_ERRORS = (OSError, sqlite3.Error)
 STORAGE_FAILED = "learner_storage_failed"  # the reject reason edges retry on (they keep spooling)
 DECODED_PER_MESSAGE = 4  # compressed images in a message may decode to this many times max_message_bytes
 FORGET_CHECK_S = 1.0  # how often idle robots are looked for
+CREDIT_IDLE_S = 10.0  # a paced edge heartbeats while it waits for credit: this silent, it is gone
 
 MAX_SPOOLED_EPOCHS = 256   # older epochs one hello may announce (an edge names at most 64)
 
@@ -426,6 +427,10 @@ class Ingest:
         if now - self._forget_checked < FORGET_CHECK_S:
             return
         self._forget_checked = now
+        for session in self.robots.values():  # the longest-idle first
+            if now - session.last_seen < CREDIT_IDLE_S:
+                break
+            self.credit.forget(session.stream)  # a dead edge's unused steps go back to the budget
         while self.robots:
             oldest = next(iter(self.robots.values()))
             if now - oldest.last_seen < self.forget_idle_s:
