@@ -463,7 +463,7 @@ def test_step_credit_is_per_stream_what_is_stored_plus_the_increment(context: zm
         assert send_batch(peer, "paced-0", 1, 2, robot.batch(5)).body.step_credit == 113
         # A new life of the edge counts from its own stream: its steps since its start.
         assert hello_ack(peer, "paced-0", epoch=2)[-1].body.step_credit == 100
-        ingest.credit.increment = 0  # unpaced
+        ingest.credit.increment = None  # unpaced
         assert send_batch(peer, "paced-0", 2, 1, robot.batch(4)).body.step_credit == 0
     finally:
         peer.close()
@@ -567,5 +567,8 @@ def test_step_credit_never_promises_more_than_the_step_budget_and_never_shrinks(
     assert credit.outstanding() == 100
     credit.forget(a)  # a's edge restarted: its unused promise goes back to the budget
     assert credit.grant(b, stored=500) == 250
-    credit.increment = 0
+    credit.increment = -50  # the learner fell behind: b waits, and its grant is never below 1 (0 = no limit)
+    fresh = StreamState(StreamRecord(3, "sim-3", 1, ""), 3, 0)
+    assert credit.grant(b, stored=500) == 250 and credit.grant(fresh, stored=500) == 1
+    credit.increment = None
     assert credit.grant(b, stored=500) == 0  # unpaced: no limit on the wire

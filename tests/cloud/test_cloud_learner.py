@@ -279,7 +279,8 @@ def test_step_credit_is_a_per_robot_increment_that_never_stops_a_paced_fleet() -
     assert credit_increment(updates=0, env_steps=1000, robots=4, **common) == 250 + 32
     # Updates have caught up with the data: one batch each, never 0 (0 would mean unpaced).
     assert credit_increment(updates=3000, env_steps=5000, robots=4, **common) == 32
-    # A restarted learner finds more data than its updates allow: still a batch each, no deadlock.
-    assert credit_increment(updates=0, env_steps=50_000, robots=4, **common) == 32
+    # The learner is behind the data (e.g. resumed from an older checkpoint): the robots wait (a
+    # negative increment; grants never shrink) while it catches up, and it never waits for them then.
+    assert credit_increment(updates=40_000, env_steps=50_000, robots=4, **common) == -2000 + 32
     # Near the end of the run the share of what is left bounds it.
     assert credit_increment(updates=99_000, env_steps=99_600, robots=4, **common) == 100

@@ -12,7 +12,7 @@ The ingest forgets the grant of an edge that has gone silent (dead, or failed fo
 unused steps go back to the rest of the fleet:
 
     credit = StepCredit()
-    credit.increment, credit.max_records = 96, 600
+    credit.increment, credit.max_records = 96, 600   # increment None: unpaced
     ack.step_credit = credit.grant(stream, stored=buffer.records)
 """
 
@@ -23,13 +23,13 @@ from user_rl.cloud.buffer.rows import StreamState
 
 class StepCredit:
     def __init__(self) -> None:
-        self.increment = 0                  # 0: unpaced (acks carry 0 = no limit)
+        self.increment: int | None = None   # None: unpaced (acks carry 0 = no limit); may be negative
         self.max_records: int | None = None  # the run's step budget, all robots together
         self._granted: dict[int, tuple[StreamState, int]] = {}  # stream id -> (stream, credit granted)
 
     def grant(self, stream: StreamState, stored: int) -> int:
         """The credit for `stream`'s next ack, given `stored` step records of the whole run."""
-        if self.increment <= 0:
+        if self.increment is None:
             return 0
         sid = stream.record.id
         granted = self._granted.get(sid, (stream, 0))[1]
@@ -38,7 +38,7 @@ class StepCredit:
             promised = sum(max(0, g - s.records) for other, (s, g) in self._granted.items() if other != sid)
             room = self.max_records - stored - promised  # steps nobody has been promised yet
             want = min(want, stream.records + max(0, room))
-        granted = max(granted, want)
+        granted = max(granted, want, 1)  # never 0, which would mean "no limit"
         self._granted[sid] = (stream, granted)
         return granted
 

@@ -59,18 +59,19 @@ def describe_device(device: torch.device) -> str:
 
 def credit_increment(learning_starts: int, updates: int, utd_ratio: float, env_steps: int, robots: int,
                      batch_transitions: int, max_env_steps: int) -> int:
-    """Steps each paced robot may take beyond what the learner has acked of its stream.
+    """Steps each paced robot may take beyond what the learner has stored of its stream.
 
     The fleet may run `learning_starts + updates / utd_ratio - env_steps` steps ahead of the
-    data stored now; each robot gets its share plus one batch (so it can always fill the batch
-    that earns the next ack), and no more than its share of what is left of `max_env_steps`.
-    Never 0: 0 means unpaced on the wire.
+    data stored now (negative while the learner is behind: then the robots wait); each robot gets
+    its share plus one batch (so it can fill the batch that earns the next ack), and no more than
+    its share of what is left of `max_env_steps`. The learner waits for data only once it is a
+    batch per robot ahead (`_may_update`), so the fleet and the learner never both wait.
     """
     robots = max(1, robots)
     allowed = learning_starts + updates / utd_ratio - env_steps
-    share = math.ceil(max(0.0, allowed) / robots) + batch_transitions
+    share = math.ceil(allowed / robots) + batch_transitions
     left = math.ceil(max(0, max_env_steps - env_steps) / robots)
-    return max(batch_transitions, min(share, left), 1)
+    return min(share, left)
 
 
 def learner_torch_threads(cfg: Config) -> int:
@@ -185,7 +186,7 @@ class Learner:
         """Set the credit the next acks carry (ingest thread): per stream, see cloud/credit.py."""
         fleet, algo, credit = self.cfg.fleet, self.cfg.algo, self.ingest.credit
         if not fleet.pace_to_learner:
-            credit.increment, credit.max_records = 0, None
+            credit.increment, credit.max_records = None, None
             return
         credit.max_records = self.cfg.stop.max_env_steps
         credit.increment = credit_increment(
