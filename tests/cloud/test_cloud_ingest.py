@@ -79,6 +79,16 @@ def hello_envelope(robot_id: str, epoch: int, obs_space: gym.spaces.Dict = OBS_S
     return envelope(robot_id, hello=hello)
 
 
+
+def welcomed_link(context: zmq.Context, ingest: Ingest, robot_id: str, epoch: int) -> DataLink:
+    """A real edge link to the ingest, introduced and welcomed."""
+    link = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", robot_id), OBS_SPACE, ACTION_SPACE,
+                    epoch=epoch)
+    link.hello()
+    wait_until(lambda: link.welcomed, pump=lambda: link.poll(20))
+    return link
+
+
 class RawPeer:
     """A bare DEALER: sends exactly the frames it is given."""
 
@@ -168,11 +178,8 @@ def test_bad_input_is_rejected_and_ingest_keeps_serving(context: zmq.Context, in
         assert len(ingest.buffer) == 7  # 8 rows, the last waits for its successor
 
         # Then a real edge client talks to the same ingest.
-        link = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-0"),
-                        OBS_SPACE, ACTION_SPACE, epoch=42)
+        link = welcomed_link(context, ingest, "edge-0", epoch=42)
         try:
-            link.hello()
-            wait_until(lambda: link.welcomed, pump=lambda: link.poll(20))
             robot = Episodes(25)
             for _ in range(3):
                 link.send_batch(*robot.batch(10))
@@ -192,11 +199,8 @@ def test_bad_input_is_rejected_and_ingest_keeps_serving(context: zmq.Context, in
 
 
 def test_duplicate_batch_is_acked_but_stored_once(context: zmq.Context, ingest: Ingest) -> None:
-    link = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-1"),
-                    OBS_SPACE, ACTION_SPACE, epoch=7)
+    link = welcomed_link(context, ingest, "edge-1", epoch=7)
     try:
-        link.hello()
-        wait_until(lambda: link.welcomed, pump=lambda: link.poll(20))
         robot = Episodes(100)
         link.send_batch(*robot.batch(10))
         seq = link.send_batch(*robot.batch(10))
@@ -363,11 +367,8 @@ def test_ids_too_big_for_the_index_are_rejected_and_commits_go_on(context: zmq.C
 def test_the_status_shows_each_robots_own_step_count_and_what_is_stored(context: zmq.Context, ingest: Ingest) -> None:
     """A killed edge's exact step count is recoverable from the learner's status: the edge's own
     count from its last heartbeat, beside the transitions stored and the acked batches."""
-    link = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-s"),
-                    OBS_SPACE, ACTION_SPACE, epoch=11)
+    link = welcomed_link(context, ingest, "edge-s", epoch=11)
     try:
-        link.hello()
-        wait_until(lambda: link.welcomed, pump=lambda: link.poll(20))
         robot = Episodes(100)
         link.send_batch(*robot.batch(10))
         link.send_batch(*robot.batch(7))
