@@ -453,14 +453,5 @@ class Ingest:
         """Stop serving; seal and close the buffer (everything acked is on disk already).
         After a write failure nothing more is written: the next start recovers what was committed."""
         self.socket.close(0)
-        if self.buffer is None:
-            return
-        if self.failure is None:
-            self.buffer.close()
-            return
-        buf = self.buffer
-        for release in (buf.prefetcher.close, buf.commits.close, buf.writer._close, buf.index.close):
-            try:
-                release()
-            except Exception:  # noqa: BLE001 - closing what is left of a failed disk
-                log.exception("closing the failed buffer")
+        if self.buffer is not None:
+            self.buffer.close()  # a failed buffer writes nothing more (store.close)
