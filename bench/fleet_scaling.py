@@ -7,9 +7,9 @@ Baselines:
 - raw SAC:   `SAC.update` on one in-memory batch of the config's batch size, in one thread, with
              the torch thread count the learner itself uses (`learner.torch_threads`, else the
              cores the edges leave free: 1 on a 2-core machine with 4 sims). That is the fair
-             ceiling: the learner cannot do more than the same optimiser step on the same
-             threads, and everything it does besides (ingest, acks, sampling, publishing,
-             checkpoints) runs in its other threads. The baseline is measured on an idle fleet
+             ceiling: the learner's trainer process runs the same optimiser step on the same
+             threads, and everything the learner does besides (ingest, acks, sampling,
+             publishing, checkpoints) runs in the learner's own process beside it. The baseline is measured on an idle fleet
              before and after the streaming run, each time in a fresh process with no fleet running;
              the ratio is against the faster of the two. On a shared machine the other users'
              load moves both numbers: the 1-minute load average is reported with them.
@@ -160,7 +160,7 @@ def update_rate_run(args, base) -> dict:
            "raw_sac_updates_per_s_before": round(before, 1), "raw_sac_updates_per_s_after": round(after, 1),
            "learner_updates_per_s": window["updates_per_s"], "window_s": window["window_s"],
            "fleet_env_steps_per_s": window.get("env_steps_per_s"),
-           "update_thread_waits_s": summary["learner"].get("update_waits_s"),
+           "trainer_waits_s": summary["learner"].get("update_waits_s"),
            "learner_vs_raw_sac": round(window["updates_per_s"] / raw, 3),
            "raw_sac_beside_sims_updates_per_s": round(beside, 1),
            "learner_vs_raw_sac_beside_sims": round(window["updates_per_s"] / beside, 3) if beside else None,

@@ -119,7 +119,7 @@ class LearnerConfig(Section):
     checkpoint_every_s: float = Field(60.0, gt=0, description="background checkpoints, written without pausing")
     max_messages_per_s: float = Field(2000.0, gt=0, description="per robot connection; more are dropped unread")
     max_message_mb: float = Field(64.0, gt=0, description="a bigger message disconnects its sender")
-    prefetch_batches: int = Field(4, ge=1, le=64, description="sampled batches kept ready for the update thread")
+    prefetch_batches: int = Field(4, ge=1, le=64, description="sampled batches kept ready in shared memory for the trainer process")
     max_robots: int = Field(1024, ge=1, description="robots the learner keeps state for; idle ones age out first")
     forget_idle_s: float = Field(600.0, gt=0, description="a robot not heard from this long leaves memory and the status")
     resources: dict[str, float] = Field(default_factory=dict, description="Ray resources the learner's node must have")

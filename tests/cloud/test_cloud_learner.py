@@ -4,6 +4,7 @@ background thread that fails shows in the status and the progress line."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -189,13 +190,12 @@ def test_a_full_disk_stops_the_learner_taking_data_and_shows_in_the_status_and_p
 CRASHING_LEARNER = textwrap.dedent("""
     import sys, threading, yaml
     from pathlib import Path
-    from user_rl.cloud.checkpoint import save_checkpoint
     from user_rl.cloud.learner import Learner
     from user_rl.config import build_config
     learner = Learner(build_config(yaml.safe_load(open(sys.argv[1]))), Path(sys.argv[2]))
     threading.Thread(target=learner.run, daemon=True).start()
     first = learner.pause()                      # publishes the actor as a version
-    save_checkpoint(learner.checkpoint_path, learner._checkpoint_payload())  # the checkpoint holds that one
+    learner.checkpoint_now()                     # the checkpoint holds that one
     learner.resume()
     versions = [first]
     for _ in range(3):                           # published after the checkpoint: lost to a crash
@@ -270,6 +270,20 @@ def test_a_failing_checkpointer_and_a_dead_sampler_show_in_the_status_and_progre
     print("\n".join(lines))
     assert "ERROR checkpointer: RuntimeError: the checkpoint disk is on fire" in lines
     assert "ERROR sampler: RuntimeError: the sampler cannot reach the buffer" in lines
+
+
+def test_a_killed_trainer_process_shows_in_the_status_and_stops_the_learner_saying_why(
+        tmp_path: Path, serving_learner) -> None:
+    learner = serving_learner(REACH)
+    os.kill(learner.trainer.process.pid, signal.SIGKILL)  # e.g. the kernel's OOM killer
+    loop = serving_learner.loop_of(learner)
+    loop.join(30)
+    assert loop.error == "RuntimeError: the learner's trainer process stopped: the trainer process ended (exit code -9)"
+    status = learner.status()
+    assert status["errors"]["trainer"] == "the trainer process ended (exit code -9)"
+    lines: list[str] = []
+    ProgressPrinter(tmp_path / "metrics.jsonl", lines.append, every_s=0.0).progress(1.0, status)
+    assert "ERROR trainer: the trainer process ended (exit code -9)" in lines
 
 
 # -- step credit -------------------------------------------------------------------------------

@@ -1,94 +1,66 @@
-"""Batch preparation off the update thread: sample from the replay buffer, turn the rows into
-tensors on the training device, and keep `depth` batches ready in a bounded queue.
+"""Batch preparation for the trainer process: sample from the replay buffer into the trainer's
+free shared-memory slots, so up to `learner.prefetch_batches` batches wait ready for it.
 
-The update thread then only pops a batch and steps the optimiser. On a GPU the host arrays are
-pinned and copied without blocking, so the copy of the next batch overlaps the current update.
+The trainer then only reads a slot and steps the optimiser (on a GPU it copies the slot to the
+device first, and hands it back before the update runs).
 """
 
 from __future__ import annotations
 
-import queue
 import threading
+import time
 from typing import Callable
 
 import numpy as np
-import torch
 
 from user_rl.cloud.buffer.store import NEXT_OBS, PersistentReplay
+from user_rl.cloud.trainer import Trainer
 from user_rl.wire.transitions import OBS
 
 TRAINING_COLUMNS = ("action", "reward", "terminated", "discount")  # besides obs/* and next_obs/*
 
 
-def to_training_batch(batch: dict[str, np.ndarray], device: torch.device) -> dict:
-    """The buffer's columns as the tensors `SAC.update` takes (obs and next_obs as dicts)."""
-    pin = device.type == "cuda"
-
-    def move(array: np.ndarray) -> torch.Tensor:
-        tensor = torch.as_tensor(array)
-        if pin:
-            tensor = tensor.pin_memory()
-        return tensor.to(device, non_blocking=True)
-
-    out: dict = {"obs": {}, "next_obs": {}}
-    for key, array in batch.items():
-        if key.startswith(NEXT_OBS):
-            out["next_obs"][key.removeprefix(NEXT_OBS)] = move(array)
-        elif key.startswith(OBS):
-            out["obs"][key.removeprefix(OBS)] = move(array)
-        elif key in TRAINING_COLUMNS:
-            out[key] = move(array)
-    return out
+def training_columns(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The columns `SAC.update` reads (the buffer's batch also carries policy_version, robot)."""
+    return {key: array for key, array in batch.items()
+            if key.startswith((OBS, NEXT_OBS)) or key in TRAINING_COLUMNS}
 
 
 class BatchPreparer:
-    """The sampler thread's work: `run()` fills the queue until `stop` is set.
+    """The sampler thread's work: `run()` fills the trainer's free slots until `stop` is set.
 
-    `buffer()` returns the buffer once it exists (the first hello may open it); sampling starts
-    once it holds `min_rows`. `rng_lock` is held around each sample (the buffer is safe for one
-    writer and one sampler thread; the lock guards the RNG, whose state a checkpoint reads).
+    `buffer()` and `trainer()` return them once they exist (the first hello may open the buffer).
+    A batch is sent only while `may_submit()` holds, checked under the trainer's `send_lock`, so
+    a pause or the pacing stops the updates exactly. `rng_lock` is held around each sample (the
+    buffer is safe for one writer and one sampler thread; a checkpoint reads the RNG's state).
     """
 
-    def __init__(self, buffer: Callable[[], PersistentReplay | None], batch_size: int, min_rows: int,
-                 rng: np.random.Generator, device: torch.device, depth: int, stop: threading.Event,
-                 rng_lock: threading.Lock) -> None:
+    def __init__(self, buffer: Callable[[], PersistentReplay | None], trainer: Callable[[], Trainer | None],
+                 batch_size: int, rng: np.random.Generator, may_submit: Callable[[], bool],
+                 stop: threading.Event, rng_lock: threading.Lock) -> None:
         self.buffer = buffer
+        self.trainer = trainer
         self.batch_size = batch_size
-        self.min_rows = max(1, min_rows)
         self.rng = rng
-        self.device = device
-        self.ready: queue.Queue[dict] = queue.Queue(maxsize=depth)
+        self.may_submit = may_submit
         self.stop = stop
         self.rng_lock = rng_lock
+        self.held_back_s = 0.0  # waiting for the paced fleet's data once training runs
         self.prepared = 0
 
     def run(self) -> None:
         while not self.stop.is_set():
-            buffer = self.buffer()
-            if buffer is None or len(buffer) < self.min_rows:
-                self.stop.wait(0.01)
+            buffer, trainer = self.buffer(), self.trainer()
+            if buffer is None or trainer is None or not self.may_submit():
+                waited = time.perf_counter()
+                self.stop.wait(0.002)
+                if trainer is not None and trainer.submitted:
+                    self.held_back_s += time.perf_counter() - waited
+                continue
+            if not trainer.free_slot(timeout=0.1):  # every slot holds a batch: the trainer is busy
                 continue
             with self.rng_lock:
-                rows = buffer.sample(self.batch_size, self.rng)
-            batch = to_training_batch(rows, self.device)
-            while not self.stop.is_set():
-                try:
-                    self.ready.put(batch, timeout=0.1)
+                columns = training_columns(buffer.sample(self.batch_size, self.rng))
+            with trainer.send_lock:  # paused (or paced) while sampling: this batch is not sent
+                if self.may_submit() and trainer.submit(columns):
                     self.prepared += 1
-                    break
-                except queue.Full:
-                    continue
-
-    def take_now(self) -> dict | None:
-        """A ready batch if there is one, without waiting."""
-        try:
-            return self.ready.get_nowait()
-        except queue.Empty:
-            return None
-
-    def take(self, timeout: float) -> dict | None:
-        """The next ready batch, or None if none came within `timeout` seconds."""
-        try:
-            return self.ready.get(timeout=timeout)
-        except queue.Empty:
-            return None

@@ -1,10 +1,14 @@
-"""The learner service: ingest → replay → SAC updates → weight publisher, in three threads.
+"""The learner service: ingest → replay → SAC updates → weight publisher.
 
 - The ingest thread owns every ZeroMQ socket (sockets are not thread-safe): it stores and acks
-  the edges' batches, serves weights, publishes each new actor the update thread hands it, sets
+  the edges' batches, serves weights, publishes each new actor the trainer hands back, sets
   the edges' step credit, and builds the status twice a second.
-- The sampler thread keeps `learner.prefetch_batches` batches ready as tensors on the device.
-- The update thread (the one that calls `run`) pops a batch and steps SAC; nothing else.
+- The sampler thread keeps up to `learner.prefetch_batches` sampled batches ready in the
+  trainer's shared-memory slots.
+- The trainer process (`cloud/trainer.py`) steps SAC on each batch, with an interpreter of its
+  own: the updates never wait for this process's GIL.
+- The thread that calls `run` reads the trainer's replies (actors to publish, states to
+  checkpoint), and handles pauses.
 
 The updates never wait for rollouts. When the fleet is paced (sims in training), every ack
 carries a step credit so that env steps and updates keep the configured update-to-data ratio.
@@ -15,7 +19,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,12 +27,13 @@ import numpy as np
 import torch
 import zmq
 
-from user_rl.algos import SAC, SACSettings, metrics_to_floats
+from user_rl.algos import SACSettings
 from user_rl.cloud.batches import BatchPreparer
 from user_rl.cloud.checkpoint import (BackgroundCheckpointer, load_checkpoint, save_checkpoint, snapshot,
                                       spaces_from_text, spaces_to_text)
 from user_rl.cloud.ingest import Ingest
 from user_rl.cloud.threads import GuardedThread
+from user_rl.cloud.trainer import Reply, Trainer, TrainerFailed, TrainerSpec
 from user_rl.cloud.version_lease import VersionLease
 from user_rl.cloud.weight_server import WeightServer
 from user_rl.config import Config
@@ -40,7 +44,6 @@ log = logging.getLogger(__name__)
 
 STATUS_EVERY_S = 0.5
 INGEST_MESSAGES_PER_TURN = 16
-GIL_SWITCH_INTERVAL_S = 0.0005  # the update thread gets the GIL back soon after the ingest or sampler took it
 
 
 def pick_device(name: str) -> torch.device:
@@ -97,7 +100,8 @@ class Learner:
         self.weights = WeightServer(self.context, f"tcp://{host}:{lc.weights_port}", cast, gate=self.gate)
         self.rng = np.random.default_rng(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.algo: SAC | None = None
+        self.trainer: Trainer | None = None  # started once the fleet's spaces are known
+        self._trainer_state: Reply | None = None  # the newest whole state it handed back (for `save`)
         self.version = 0  # the newest version published (0: none yet)
         self.resumed_from: dict | None = None
         self.checkpoints = BackgroundCheckpointer(self.checkpoint_path)
@@ -109,8 +113,10 @@ class Learner:
         self._publish_cond = threading.Condition()
         self._to_publish: tuple[int, dict] | None = None  # (request number, actor snapshot) for the ingest thread
         self._requested = self._published = 0
-        self.last_metrics: dict[str, torch.Tensor] = {}
-        self.waited_s = {"batch": 0.0, "data": 0.0}  # update thread idle after learning starts: sampler behind / paced fleet
+        self.last_metrics: dict[str, float] = {}  # as of the trainer's last handed-back actor
+        self._pause_asked = False
+        self._state_asked = False
+        self._checkpoint_wanted = threading.Event()
         self.active_robots = cfg.fleet.num_robots  # fewer once a robot has failed: its share of credit moves on
         self.lease = VersionLease(self.run_dir)
         if self.checkpoint_path.is_file():
@@ -127,8 +133,8 @@ class Learner:
         fleet = cfg.fleet
         self._credit_push_every = max(1, int(fleet.num_robots * fleet.batch_transitions * cfg.algo.utd_ratio / 2))
         self._update_ingest_credit()
-        self.sampler = BatchPreparer(lambda: self.ingest.buffer, cfg.algo.batch_size, cfg.algo.learning_starts,
-                                     self.rng, self.device, lc.prefetch_batches, self._stop, self._rng_lock)
+        self.sampler = BatchPreparer(lambda: self.ingest.buffer, lambda: self.trainer, cfg.algo.batch_size,
+                                     self.rng, self._may_submit, self._stop, self._rng_lock)
         self._threads: dict[str, GuardedThread] = {}
         self._status = self._snapshot()  # no thread runs yet: the first status (it names the device) is ready now
         log.warning("learner trains on %s", self.device_name)
@@ -150,32 +156,45 @@ class Learner:
                         "fix the fleet's spaces", self.cfg.robot.type, exc)
             return
         self.ingest.open_buffer(obs_space, action_space)
-        self._ensure_algo()
+        self._ensure_trainer()
 
     def _resume(self) -> None:
         """Continue from the run's checkpoint: networks, optimisers, counters, RNG, and its buffer."""
         state = load_checkpoint(self.checkpoint_path)
         obs_space, action_space = spaces_from_text(state["spaces"])
         self.ingest.open_buffer(obs_space, action_space)
-        self._ensure_algo().load_state_dict(state["algo"])
         self.rng.bit_generator.state = state["rng"]["numpy"]
-        torch.set_rng_state(state["rng"]["torch"])
-        if self.device.type == "cuda" and "cuda" in state["rng"]:  # SAC's action noise is drawn on the GPU
-            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
+        rng = {key: value for key, value in state["rng"].items() if key in ("torch", "cuda")}
+        trainer = self._ensure_trainer(state["algo"], rng)
         checkpoint_version = int(state["policy_version"])
-        self.resumed_from = {"updates": self.algo.updates, "policy_version": checkpoint_version,
+        self.resumed_from = {"updates": trainer.updates, "policy_version": checkpoint_version,
                              "buffer_transitions": len(self.ingest.buffer)}
         # The checkpoint's actor may be newer than its version, and versions after it may have
         # been published before a crash: it goes out under a number never used before.
         self.lease.last = max(self.lease.last, checkpoint_version)
-        self._publish_now(snapshot(self.algo.actor.state_dict()))
+        self._publish_now(state["algo"]["actor"])
         log.warning("resumed from %s: %s; publishing its actor as policy version %d",
                     self.checkpoint_path, self.resumed_from, self.version)
+
+    def _ensure_trainer(self, state: dict | None = None, rng: dict | None = None) -> Trainer | None:
+        """Start the trainer process once the fleet's spaces are known (from a checkpoint's state)."""
+        if self.trainer is None and self.ingest.obs_space is not None:
+            cfg = self.cfg
+            settings = SACSettings(
+                gamma=cfg.algo.gamma, tau=cfg.algo.tau, actor_lr=cfg.algo.actor_lr,
+                critic_lr=cfg.algo.critic_lr, init_alpha=cfg.algo.init_alpha,
+                target_entropy_scale=cfg.algo.target_entropy_scale,
+            )
+            spec = TrainerSpec(self.ingest.obs_space, self.ingest.action_space, cfg.policy.type,
+                               {"hidden": cfg.policy.hidden}, settings, str(self.device),
+                               learner_torch_threads(cfg), cfg.seed, cfg.learner.publish_every_updates, state, rng)
+            self.trainer = Trainer(spec, cfg.learner.prefetch_batches)
+        return self.trainer
 
     # -- pacing ----------------------------------------------------------------------------
     @property
     def updates(self) -> int:
-        return self.algo.updates if self.algo else 0
+        return self.trainer.updates if self.trainer else 0
 
     @property
     def env_steps(self) -> int:
@@ -193,22 +212,21 @@ class Learner:
             algo.learning_starts, self.updates, algo.utd_ratio, self.env_steps, max(1, self.active_robots),
             fleet.batch_transitions, self.cfg.stop.max_env_steps)
 
-    def _may_update(self) -> bool:
-        buffer = self.ingest.buffer
-        if self._pause_requested.is_set() or buffer is None or len(buffer) < self.cfg.algo.learning_starts:
+    def _may_submit(self) -> bool:
+        """Whether the sampler may send the trainer one more batch (read under its `send_lock`)."""
+        buffer, trainer = self.ingest.buffer, self.trainer
+        if self._pause_requested.is_set() or trainer is None or buffer is None \
+                or len(buffer) < max(1, self.cfg.algo.learning_starts):
             return False
         if not self.cfg.fleet.pace_to_learner:
             return True
         # Paced: do not run ahead of the data either (the ratio holds in both directions).
         lead = self.active_robots * self.cfg.fleet.batch_transitions * self.cfg.algo.utd_ratio
-        return self.updates < self.cfg.algo.utd_ratio * (self.env_steps - self.cfg.algo.learning_starts) + lead
+        return trainer.submitted < self.cfg.algo.utd_ratio * (self.env_steps - self.cfg.algo.learning_starts) + lead
 
-    # -- the update thread -----------------------------------------------------------------
+    # -- the loop ----------------------------------------------------------------------------
     def run(self) -> None:
         """Train until `stop()`; the ingest and sampler threads run alongside and end with it."""
-        # The update thread drops the GIL inside every backward pass; with the default 5 ms switch
-        # interval it can then wait that long for the sampler or the ingest to give it back.
-        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         self._threads = {"ingest": GuardedThread("learner-ingest", self._ingest_loop),
                          "sampler": GuardedThread("learner-sampler", self.sampler.run)}
         for thread in self._threads.values():
@@ -216,71 +234,74 @@ class Learner:
         try:
             while not self._stop.is_set():
                 self._raise_if_a_thread_died()
-                if self._may_update():
-                    batch = self.sampler.take_now()
-                    if batch is None:  # the sampler is behind: the update thread waits (counted)
-                        waited = time.perf_counter()
-                        batch = self.sampler.take(timeout=0.05)
-                        self.waited_s["batch"] += time.perf_counter() - waited
-                    if batch is not None:
-                        self._train_step(batch)
-                elif self._pause_requested.is_set() and not self._paused.is_set():
-                    self._publish(wait=True)
-                    self._paused.set()
-                else:
-                    waited = time.perf_counter()
-                    self._stop.wait(0.002)
-                    if self._learning_started():  # waiting for data the paced fleet has not sent yet
-                        self.waited_s["data"] += time.perf_counter() - waited
-                if self.algo is not None and time.monotonic() - self._last_checkpoint > self.cfg.learner.checkpoint_every_s:
-                    self.checkpoints.submit(self._checkpoint_payload())
-                    self._last_checkpoint = time.monotonic()
+                trainer = self._ensure_trainer()
+                if trainer is None:  # no hello yet: nothing to train or to publish
+                    if self._pause_requested.is_set():
+                        self._paused.set()
+                    self._stop.wait(0.01)
+                    continue
+                for reply in trainer.replies(timeout=0.01):
+                    self._on_reply(reply)
+                if self._pause_requested.is_set() and not self._pause_asked:
+                    with trainer.send_lock:  # every batch the sampler sends from now on sees the pause
+                        trainer.request("actor", tag="pause")
+                    self._pause_asked = True
+                checkpoint_due = time.monotonic() - self._last_checkpoint > self.cfg.learner.checkpoint_every_s
+                if (checkpoint_due or self._checkpoint_wanted.is_set()) and not self._state_asked:
+                    self._checkpoint_wanted.clear()
+                    with trainer.send_lock:
+                        trainer.request("state", tag="checkpoint")
+                    self._state_asked = True
+        except TrainerFailed as exc:
+            raise RuntimeError(f"the learner's trainer process stopped: {exc}") from None
         finally:
             self._stop.set()
             for thread in self._threads.values():
                 thread.join(timeout=30)
+            self._stop_trainer()
             if not self._threads["ingest"].is_alive():  # its sockets and counters are ours now
+                self._publish_pending()
                 self._status = self._snapshot()
 
-    def _learning_started(self) -> bool:
-        buffer = self.ingest.buffer
-        return buffer is not None and len(buffer) >= self.cfg.algo.learning_starts and not self._pause_requested.is_set()
+    def _on_reply(self, reply: Reply) -> None:
+        if reply.kind == "actor":
+            if reply.metrics:
+                self.last_metrics = reply.metrics
+            self._publish(reply.state, wait=reply.tag == "pause")
+            if reply.tag == "pause":
+                self._paused.set()
+        elif reply.kind == "state":
+            self._trainer_state = reply
+            if reply.tag == "checkpoint":
+                self.checkpoints.submit(self._checkpoint_payload(reply))
+                self._last_checkpoint = time.monotonic()
+                self._state_asked = False
+
+    def _stop_trainer(self) -> None:
+        """Take the trainer's final state (for `save`), then stop it. Every batch sent is trained on."""
+        trainer = self.trainer
+        if trainer is None or not trainer.process.is_alive():
+            return
+        try:
+            with trainer.send_lock:
+                trainer.request("state", tag="final")
+            self._trainer_state = trainer.wait_for("state", "final", timeout=120)
+        except TrainerFailed as exc:
+            log.error("no final state from the trainer: %s", exc)
+        trainer.close()
 
     def _raise_if_a_thread_died(self) -> None:
         for name, thread in self._threads.items():
             if not thread.is_alive():
                 raise RuntimeError(f"the learner's {name} thread stopped: {thread.error or 'no error recorded'}")
+        if self.trainer is not None:
+            self.trainer.check()
 
-    def _ensure_algo(self) -> SAC:
-        if self.algo is None:
-            cfg = self.cfg
-            settings = SACSettings(
-                gamma=cfg.algo.gamma, tau=cfg.algo.tau, actor_lr=cfg.algo.actor_lr,
-                critic_lr=cfg.algo.critic_lr, init_alpha=cfg.algo.init_alpha,
-                target_entropy_scale=cfg.algo.target_entropy_scale,
-            )
-            self.algo = SAC(
-                self.ingest.obs_space, self.ingest.action_space, cfg.policy.type,
-                {"hidden": cfg.policy.hidden}, settings, self.device,
-            )
-        return self.algo
-
-    def _train_step(self, batch: dict) -> None:
-        algo = self._ensure_algo()
-        self.last_metrics = algo.update(batch)  # device tensors: read only when the status is built
-        if algo.updates == 1 or algo.updates % self.cfg.learner.publish_every_updates == 0:
-            self._publish()
-
-    def _publish(self, wait: bool = False) -> None:
-        """Hand a snapshot of the actor to the ingest thread, which publishes it under a new version."""
-        if self.algo is None and self.ingest.obs_space is not None:
-            self._ensure_algo()
-        if self.algo is None:
-            return
-        state = snapshot(self.algo.actor.state_dict())
+    def _publish(self, actor_state: dict, wait: bool = False) -> None:
+        """Hand the actor's weights to the ingest thread, which publishes them under a new version."""
         with self._publish_cond:
             self._requested += 1
-            self._to_publish = (self._requested, state)
+            self._to_publish = (self._requested, actor_state)
             if wait:
                 request = self._requested
                 while self._published < request and not self._stop.is_set() and self._threads["ingest"].is_alive():
@@ -336,9 +357,20 @@ class Learner:
             raise TimeoutError("learner did not pause in time")
         return self.version
 
+    def checkpoint_now(self, timeout: float = 60.0) -> None:
+        """Write a checkpoint now and return once it is on disk (while `run` runs)."""
+        written = self.checkpoints.written
+        self._checkpoint_wanted.set()
+        deadline = time.monotonic() + timeout
+        while self.checkpoints.written <= written:
+            if time.monotonic() > deadline or self.checkpoints.error:
+                raise TimeoutError(f"no checkpoint written within {timeout:.0f} s: {self.checkpoints.error or 'no error'}")
+            time.sleep(0.01)
+
     def resume(self) -> None:
         self._pause_requested.clear()
         self._paused.clear()
+        self._pause_asked = False
 
     def stop(self) -> None:
         self._stop.set()
@@ -347,8 +379,10 @@ class Learner:
         return {**self._status, "errors": {**self._status.get("errors", {}), **self._thread_errors()}}
 
     def _thread_errors(self) -> dict[str, str]:
-        """Every background thread that stopped on an error or is failing, with why."""
+        """Every background thread (and the trainer process) that stopped on an error or is failing, with why."""
         errors = {name: thread.error for name, thread in self._threads.items() if thread.error}
+        if self.trainer is not None and self.trainer.error:
+            errors["trainer"] = self.trainer.error
         if self.checkpoints.error:
             errors["checkpointer"] = self.checkpoints.error
         return errors
@@ -375,15 +409,17 @@ class Learner:
             "checkpoints_written": self.checkpoints.written,
             "checkpoint_error": self.checkpoints.error,
             "resumed_from": self.resumed_from,
-            "metrics": metrics_to_floats(self.last_metrics),
-            "update_waits_s": {why: round(seconds, 2) for why, seconds in self.waited_s.items()},
+            "metrics": self.last_metrics,
+            # the trainer with no batch (any cause); the sampler held back by the pacing or a pause
+            "update_waits_s": {"trainer_idle": round(self.trainer.idle_s if self.trainer else 0.0, 2),
+                               "held_back": round(self.sampler.held_back_s, 2)},
             "errors": {**{f"buffer {name}": error for name, error in buffer_errors.items()},
                        **({"storage": ingest["failure"]} if ingest.get("failure") else {})},
         }
 
     # -- persistence -----------------------------------------------------------------------
-    def _checkpoint_payload(self) -> dict:
-        """Everything a resume needs, snapshotted now (safe to write from another thread)."""
+    def _checkpoint_payload(self, trainer_state: Reply) -> dict:
+        """Everything a resume needs: the trainer's state and RNG, the sampler's RNG now, the counters."""
         with self._rng_lock:  # the sampler draws from this RNG
             rng_state = snapshot(self.rng.bit_generator.state)
         return {
@@ -392,26 +428,26 @@ class Learner:
             "spaces": spaces_to_text(self.ingest.obs_space, self.ingest.action_space),
             "policy": {"type": self.cfg.policy.type, "options": {"hidden": self.cfg.policy.hidden}},
             "policy_version": self.version,
-            "actor": snapshot(self.algo.actor.state_dict()),
-            "algo": snapshot(self.algo.state_dict()),
+            "actor": trainer_state.state["actor"],
+            "algo": trainer_state.state,
             "env_steps": self.env_steps,
-            "rng": {"numpy": rng_state, "torch": torch.get_rng_state(),
-                    **({"cuda": torch.cuda.get_rng_state(self.device)} if self.device.type == "cuda" else {})},
+            "rng": {"numpy": rng_state, **(trainer_state.rng or {})},
         }
 
     def save(self, path: Path | None = None) -> Path | None:
         """Write the final checkpoint (call after the loop has ended)."""
-        if self.algo is None:
+        if self._trainer_state is None:  # never trained, or the trainer failed before any state came back
             return None
         self.checkpoints.close()
         path = path or self.checkpoint_path
-        save_checkpoint(path, self._checkpoint_payload())
+        save_checkpoint(path, self._checkpoint_payload(self._trainer_state))
         return path
 
     def close(self) -> None:
         self._stop.set()
         for thread in self._threads.values():  # only they touch the sockets: they end before the sockets close
             thread.join(timeout=30)
+        self._stop_trainer()  # run() was never called, or did not end: the trainer still runs
         self.checkpoints.close()
         self.lease.release()  # a clean stop gives back the unused reserved versions
         self.ingest.close()
