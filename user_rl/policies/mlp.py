@@ -36,7 +36,8 @@ class GaussianActor(nn.Module):
     def sample(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterised tanh-squashed sample in [-1, 1] and its log-probability."""
         mean, log_std = self.distribution(obs)
-        normal = Normal(mean, log_std.exp())
+        # std = exp(...) is positive by construction; validating it costs a host sync per call on a GPU
+        normal = Normal(mean, log_std.exp(), validate_args=False)
         pre_tanh = normal.rsample()
         squashed = torch.tanh(pre_tanh)
         log_prob = normal.log_prob(pre_tanh) - torch.log(1.0 - squashed.pow(2) + 1e-6)
