@@ -19,6 +19,13 @@ Baselines:
              that share and leaves out only what is the learner's own (ingest, storage,
              sampling, acks, publishing), so its ratio is the learner's overhead.
 
+- raw SAC interleaved (`--interleave N`): on a shared host the plain loop alone drifts by 10-20%
+             within minutes, more than the gap being measured. This mode alternates, N times, a
+             `--window`-second streaming window (the learner's updates/s from its status) with a
+             quiet one: the learner is paused, the paced fleet runs out of credit within a batch,
+             and the plain loop runs in a fresh process. Each cycle's ratio compares adjacent
+             windows; the median over the cycles is reported.
+
 The learner's rate is read from the run's metrics.jsonl over a window while the fleet streams:
 after the first update (learning_starts reached) plus `--warmup` seconds, excluding every
 interval that holds an evaluation (the learner is paused then). The rate run sets no goal, so
@@ -26,6 +33,7 @@ nothing pauses it; the goal runs report the same windowed rate.
 
     python bench/fleet_scaling.py [--robots 1 2 4] [--rate-robots 4] [--rate-seconds 120] [--out bench/results.json]
     python bench/fleet_scaling.py --robots        # the update-rate run only
+    python bench/fleet_scaling.py --robots --interleave 6   # the update-rate run, baseline interleaved
 """
 
 from __future__ import annotations
@@ -33,9 +41,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -170,6 +180,61 @@ def update_rate_run(args, base) -> dict:
     return row
 
 
+def interleaved_rate_run(args) -> dict:
+    """The learner's updates/s in streaming windows, each against the plain loop in the quiet
+    window right after it (the learner paused, the paced fleet idle)."""
+    import ray
+
+    from user_rl.launch.training import learner_actor_name
+
+    cycle_s = args.window + 5.0 + 8.0  # streaming window, settling after a resume, plain loop with its start
+    wall = args.warmup + 60.0 + args.interleave * cycle_s
+    run_dir: list[str] = []
+    outcome: dict = {}
+
+    def note_run_dir(line: str) -> None:
+        if line.startswith("run directory: "):
+            run_dir.append(line.removeprefix("run directory: "))
+
+    with tempfile.TemporaryDirectory() as root:
+        cfg = load_config(args.config, [f"fleet.num_robots={args.rate_robots}", "stop.success_rate=null",
+                                        f"stop.max_wall_s={wall}", "stop.max_env_steps=10000000", f"run_root={root}"])
+        fleet = threading.Thread(target=lambda: outcome.update(summary=train(cfg, out=note_run_dir)), daemon=True)
+        fleet.start()
+        learner = None
+        while learner is None:
+            try:
+                learner = ray.get_actor(learner_actor_name(Path(run_dir[0]))) if run_dir else None
+            except ValueError:  # not placed yet
+                pass
+            time.sleep(0.5)
+        while ray.get(learner.status.remote())["updates"] == 0:  # learning_starts not reached yet
+            time.sleep(0.5)
+        time.sleep(args.warmup)
+        cycles = []
+        for _ in range(args.interleave):
+            start, first = time.monotonic(), ray.get(learner.status.remote())["updates"]
+            time.sleep(args.window)
+            end, last = time.monotonic(), ray.get(learner.status.remote())["updates"]
+            ray.get(learner.pause.remote())
+            time.sleep(1.0)  # the paced edges use up their credit and wait
+            raw = raw_update_rate_apart(args, seconds=5.0)
+            ray.get(learner.resume.remote())
+            time.sleep(5.0)  # the fleet is granted steps again and the trainer's slots refill
+            rate = (last - first) / (end - start)
+            cycles.append({"learner_updates_per_s": round(rate, 1), "raw_sac_updates_per_s": round(raw, 1),
+                           "ratio": round(rate / raw, 3)})
+            print(json.dumps(cycles[-1]), flush=True)
+        fleet.join()
+    ratios = [c["ratio"] for c in cycles]
+    row = {"robots": args.rate_robots, "cycles": cycles, "median_ratio": round(statistics.median(ratios), 3),
+           "min_ratio": min(ratios), "max_ratio": max(ratios), "window_s": args.window, "cpus": os.cpu_count()}
+    print(f"\nlearner with {args.rate_robots} robots streaming, against the plain loop in the quiet window right "
+          f"after each of {len(cycles)} {args.window:.0f}-s windows: median {row['median_ratio']}x "
+          f"(min {row['min_ratio']}, max {row['max_ratio']})")
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/reach.yaml")
@@ -178,6 +243,9 @@ def main() -> None:
     parser.add_argument("--rate-robots", type=int, default=4, help="robots streaming in the update-rate run (0: none)")
     parser.add_argument("--rate-seconds", type=float, default=120.0)
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds after the first update before the window")
+    parser.add_argument("--interleave", type=int, default=0,
+                        help="update-rate run with the plain loop measured between N streaming windows")
+    parser.add_argument("--window", type=float, default=15.0, help="seconds per streaming window (--interleave)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--raw-sac-only", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--sim-load", type=float, nargs=2, default=None, help=argparse.SUPPRESS)  # steps/s, seconds
@@ -192,7 +260,9 @@ def main() -> None:
 
     base = load_config(args.config, [f"fleet.num_robots={args.rate_robots or 4}"])
     result: dict = {}
-    if args.rate_robots:
+    if args.rate_robots and args.interleave:
+        result["update_rate_interleaved"] = interleaved_rate_run(args)
+    elif args.rate_robots:
         result["update_rate"] = update_rate_run(args, base)
     sim = raw_sim_rate(base, with_actor=False)
     sim_actor = raw_sim_rate(base, with_actor=True)

@@ -141,6 +141,11 @@ def _fleet_runs(cfg: Config, run_dir: Path, out: Printer) -> list[FleetRun]:
     return runs
 
 
+def learner_actor_name(run_dir: Path) -> str:
+    """The Ray name of a run's learner: tools on the same cluster reach it with `ray.get_actor`."""
+    return f"user-rl-learner:{Path(run_dir).resolve()}"
+
+
 def _place(run: FleetRun) -> None:
     """Start an embodiment's learner and one edge per robot, each on a node that has what it holds."""
     import ray
@@ -149,7 +154,7 @@ def _place(run: FleetRun) -> None:
 
     cfg = run.cfg
     demand = learner_demand(cfg, ray.cluster_resources())  # `device: auto` takes a GPU when there is one
-    run.learner = ray.remote(LearnerService).options(**actor_options(demand)).remote(
+    run.learner = ray.remote(LearnerService).options(**actor_options(demand), name=learner_actor_name(run.run_dir)).remote(
         cfg.model_dump(), str(run.run_dir.resolve()))
     run.addresses = addresses = ray.get(run.learner.addresses.remote())
     device = ray.get(run.learner.device.remote())
