@@ -65,7 +65,7 @@ def trainer():
 def replies_until_state(trainer: Trainer, timeout: float = 60.0) -> tuple[list[Reply], Reply]:
     """Every actor handed back, then the state asked for (requested here, after what was posted)."""
     with trainer.send_lock:
-        trainer.request("state", tag="test")
+        trainer.request("state", tag="checkpoint")
     actors: list[Reply] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -43,7 +43,7 @@ PARENT_CHECK_S = 0.5  # an idle trainer checks this often that the learner is st
 START_TIMEOUT_S = 180.0  # spawning imports torch: seconds on a slow machine
 BATCH, ACTOR, STATE, STOP = range(4)  # what a ring entry asks for
 KINDS = {"actor": ACTOR, "state": STATE}
-TAGS = (None, "pause", "checkpoint", "final", "test")  # a request's tag crosses as its index here
+TAGS = (None, "pause", "checkpoint", "final")  # a request's tag crosses as its index here
 
 
 @dataclass
