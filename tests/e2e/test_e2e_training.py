@@ -70,7 +70,9 @@ def test_gym_env_id_fleet_balances_inverted_pendulum(tmp_path: Path) -> None:
     summary = train("configs/inverted_pendulum.yaml", tmp_path, "stop.max_env_steps=20000")
     assert summary["learner"]["env_steps"] <= 20000
     assert_fleet_ran_as_processes(summary, robots=4)
-    fresh = evaluate(summary["checkpoint"], episodes=5, seed=3)
+    # On 20 episodes it has never seen. The run's goal is a perfect evaluation (1000 on each of 10
+    # episodes): a checkpoint that merely averaged 980 once dropped the pole in 1 of 5 fresh ones.
+    fresh = evaluate(summary["checkpoint"], episodes=20, seed=3)
     assert fresh["mean_return"] >= 950, (fresh, summary["evaluations"])
 
 
