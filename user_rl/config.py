@@ -66,6 +66,15 @@ class FleetConfig(Section):
     robot_id_prefix: str = Field("", description="robot ids are <prefix>-<index>; empty: the robot type")
 
 
+class InterventionConfig(Section):
+    """Who may act instead of the policy on the edges (see user_rl/edge/scripted.py for the rule)."""
+
+    scripted: bool = Field(False, description="sims: an expert takes over when the policy stops making progress")
+    patience: int = Field(5, ge=1, description="steps without min_progress before the scripted expert takes over")
+    min_progress: float = Field(0.01, ge=0.0, description="distance to the goal the policy must gain over patience steps")
+    handback_distance: float = Field(0.05, gt=0.0, description="the scripted expert hands back this close to the goal")
+
+
 class PolicyConfig(Section):
     type: Literal["mlp"] = "mlp"
     hidden: list[int] = Field(default_factory=lambda: [256, 256])
@@ -171,6 +180,7 @@ class Config(Section):
     resume: str | None = Field(None, description="run directory to continue (checkpoint and buffer)")
     robot: RobotConfig = Field(default_factory=RobotConfig)
     fleet: FleetConfig = Field(default_factory=FleetConfig)
+    intervention: InterventionConfig = Field(default_factory=InterventionConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)

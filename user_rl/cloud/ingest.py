@@ -203,7 +203,8 @@ class Ingest:
                                  "policy_version": hb.policy_version, "unacked": hb.unacked_batches,
                                  "backlog_bytes": hb.backlog_bytes, "dropped_transitions": hb.dropped_transitions,
                                  "safety_violations": dict(hb.safety_violations), "watchdog_holds": hb.watchdog_holds,
-                                 "estopped": hb.estopped or None}
+                                 "estopped": hb.estopped or None, "intervention_steps": hb.intervention_steps,
+                                 "take_overs": hb.take_overs, "driver": hb.driver}
             if hb.leaving and not session.detached:  # everything it sent is acked: close its episode
                 self.buffer.end_open_episodes(session.stream, reason="detached")
                 session.detached = True

@@ -15,8 +15,10 @@ import numpy as np
 from user_rl.cloud.buffer.rows import StreamState
 from user_rl.hal.descriptor import DeviceDescriptor
 from user_rl.wire import user_rl_pb2 as pb
+from user_rl.wire.transitions import intervened
 
 MAX_CONNECTIONS = 4        # connections that said hello for one session and may speak for it
+RATE_WINDOW_ROWS = 1000    # the intervention rate is over about this many recent stored steps
 
 
 @dataclass
@@ -41,6 +43,7 @@ class RobotSession:
     detached: bool = False  # the robot said it is leaving (a clean detach, not a failure)
     lost_batches: int = 0  # batches the edge could not read back from its spool (explicit gaps)
     connections: dict[bytes, None] = field(default_factory=dict)  # said hello for it; least recently heard first
+    recent_interventions: deque = field(default_factory=deque)  # (rows, intervened rows) per recent batch
 
     def admit(self, identity: bytes) -> None:
         """A connection said hello for this session. Beyond `MAX_CONNECTIONS`, the one heard from least
@@ -72,15 +75,25 @@ class RobotSession:
             "safety_violations": self.heartbeat.get("safety_violations", {}),
             "watchdog_holds": self.heartbeat.get("watchdog_holds", 0),
             "estopped": self.heartbeat.get("estopped"),
+            "intervention_rate": self.intervention_rate(),  # of its recent stored steps
+            "take_overs": self.heartbeat.get("take_overs", 0),
+            "driver": self.heartbeat.get("driver", ""),  # who acts now ("": the policy)
             "seconds_since_seen": round(time.monotonic() - self.last_seen, 2),
             "edge_restarts": self.streams - 1,
             "detached": self.detached,
             "lost_batches": self.lost_batches,
         }
 
+    def intervention_rate(self) -> float:
+        rows = sum(n for n, _ in self.recent_interventions)
+        return round(sum(k for _, k in self.recent_interventions) / rows, 4) if rows else 0.0
+
     def account(self, cols: dict[str, np.ndarray]) -> None:
-        """Counters and recent returns / success from one stored batch."""
+        """Counters and recent returns / success / interventions from one stored batch."""
         self.transitions += len(cols["reward"])
+        self.recent_interventions.append((len(cols["actor"]), int(np.count_nonzero(intervened(cols["actor"])))))
+        while sum(n for n, _ in self.recent_interventions) - self.recent_interventions[0][0] >= RATE_WINDOW_ROWS:
+            self.recent_interventions.popleft()
         self.versions.update(np.unique(cols["policy_version"]).tolist())
         ended = np.flatnonzero(cols["terminated"] | cols["truncated"])
         start = 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from user_rl.wire.transitions import FINAL_OBS, FINAL_ROW, OBS, SCALAR_COLUMNS
+from user_rl.wire.transitions import FINAL_OBS, FINAL_ROW, OBS, OPTIONAL_COLUMNS, POLICY_ACTION, SCALAR_COLUMNS
 
 
 class BatchBuilder:
@@ -19,7 +19,8 @@ class BatchBuilder:
             OBS + k: np.zeros((capacity, *obs_space[k].shape), obs_space[k].dtype) for k in self.obs_keys
         }
         self.cols["action"] = np.zeros((capacity, *action_space.shape), action_space.dtype)
-        for name, dtype in SCALAR_COLUMNS.items():
+        self.cols[POLICY_ACTION] = np.zeros((capacity, *action_space.shape), action_space.dtype)
+        for name, dtype in {**SCALAR_COLUMNS, **OPTIONAL_COLUMNS}.items():
             self.cols[name] = np.zeros(capacity, dtype)
         self.final_obs: list[dict[str, np.ndarray]] = []
         self.final_rows: list[int] = []
@@ -44,8 +45,11 @@ class BatchBuilder:
         label: int,
         sensor_time: float,
         final_obs: dict[str, np.ndarray] | None = None,
+        label_by: int = 0,
+        policy_action: np.ndarray | None = None,
     ) -> None:
-        """Record one step. `final_obs` is required when the episode ends at this step."""
+        """Record one step. `final_obs` is required when the episode ends at this step;
+        `policy_action` is what the policy proposed when someone else acted (else the action)."""
         if self.full:
             raise RuntimeError("batch is full; take() it first")
         i = self.count
@@ -55,7 +59,8 @@ class BatchBuilder:
         c["action"][i] = action
         c["reward"][i], c["terminated"][i], c["truncated"][i] = reward, terminated, truncated
         c["episode"][i], c["step"][i], c["policy_version"][i] = episode, step, policy_version
-        c["actor"][i], c["label"][i], c["sensor_time"][i] = actor, label, sensor_time
+        c["actor"][i], c["label"][i], c["label_by"][i], c["sensor_time"][i] = actor, label, label_by, sensor_time
+        c[POLICY_ACTION][i] = action if policy_action is None else policy_action
         if terminated or truncated:
             if final_obs is None:
                 raise ValueError("an episode that ends needs its final observation")

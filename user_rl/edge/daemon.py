@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -26,7 +27,9 @@ from torch import nn
 
 from user_rl.edge.adapt import BacklogAdapter
 from user_rl.edge.batching import BatchBuilder
+from user_rl.edge.intervention import InterventionMux, StepView
 from user_rl.edge.link import DataLink, LinkSettings
+from user_rl.edge.operator import OperatorRequests, StepRecord
 from user_rl.edge.weights import WeightReceiver
 from user_rl.hal.robot import Robot
 from user_rl.robots.estop import LATCH_NAME, EStopLatch
@@ -62,6 +65,7 @@ class EdgeDaemon:
         weights_address: str,
         settings: EdgeSettings | None = None,
         context: zmq.Context | None = None,
+        interventions: InterventionMux | None = None,
     ) -> None:
         self.robot = robot
         self.actor = actor.eval()
@@ -93,6 +97,9 @@ class EdgeDaemon:
         self._rate_window = (time.monotonic(), 0)
         self.steps_per_second = 0.0
         self._stop = threading.Event()
+        self.interventions = interventions or InterventionMux()  # who may act instead of the policy
+        self.requests = OperatorRequests()  # labels and resets asked for by people
+        self.step_watchers: list[Callable[[StepRecord], None]] = []  # called by the loop after each step
         self._robot_since: float | None = None  # inside a robot call (reset / step) since then
 
     # -- policy ------------------------------------------------------------------------------
@@ -103,11 +110,19 @@ class EdgeDaemon:
             self.actor.load_state_dict(state)
             self.policy_version = version
 
-    def _choose_action(self, obs: dict[str, np.ndarray]) -> tuple[np.ndarray, int]:
+    def _choose_action(self, obs: dict[str, np.ndarray]) -> tuple[np.ndarray, int, np.ndarray]:
+        """(action, who chose it, the policy's proposal). The policy proposes on every step (random
+        warm-up actions until its first version arrives); an intervention source may act instead."""
         if self.policy_version < 0:
-            return self.robot.action_space.sample().astype(self.robot.action_space.dtype), pb.ACTOR_SCRIPTED
-        batch = {k: torch.as_tensor(v).unsqueeze(0) for k, v in obs.items()}
-        return self.actor.act(batch)[0].numpy(), pb.ACTOR_POLICY
+            proposal = self.robot.action_space.sample().astype(self.robot.action_space.dtype)
+        else:
+            batch = {k: torch.as_tensor(v).unsqueeze(0) for k, v in obs.items()}
+            proposal = self.actor.act(batch)[0].numpy()
+        view = StepView(obs, proposal, self.episodes, self._episode_step)
+        action, actor = self.interventions.choose(view)
+        if actor == pb.ACTOR_POLICY and self.policy_version < 0:
+            actor = pb.ACTOR_WARMUP
+        return action, actor, proposal
 
     # -- link ---------------------------------------------------------------------------------
     def _flush(self) -> None:
@@ -132,7 +147,9 @@ class EdgeDaemon:
             self.link.heartbeat(env_steps=self.steps, episodes=self.episodes,
                                 policy_version=self.policy_version, steps_per_second=self.steps_per_second,
                                 safety_violations=self._violations(), watchdog_holds=self.watchdog.holds,
-                                estopped=self.estop.tripped() or "")
+                                estopped=self.estop.tripped() or "",
+                                intervention_steps=self.interventions.intervention_steps,
+                                take_overs=self.interventions.take_overs, driver=self.interventions.driver_name)
             self._last_heartbeat = now
         self.link.poll(0)
 
@@ -236,28 +253,42 @@ class EdgeDaemon:
                 self._stay_stopped()
                 obs = None
                 continue
+            if self.requests.take_reset():
+                self._end_episode("reset")
+                obs = None
             if obs is None:
                 obs, seed = self._start_episode(seed), None
             self._maybe_swap_weights()
-            proposed, actor = self._choose_action(obs)
-            result = self._robot_call(self.robot.step, self.safety(proposed), unless_held=True)
+            chosen, actor, proposal = self._choose_action(obs)
+            sent_at = time.time()
+            result = self._robot_call(self.robot.step, self.safety(chosen), unless_held=True)
             if result is None:  # the watchdog held the robot after `obs`: that episode is over
                 self._end_episode("hold")
                 obs = None
                 continue
             self.watchdog.due()
-            ended = result.terminated or result.truncated
-            label = pb.LABEL_NONE
-            if ended and "is_success" in result.info:
+            terminated, truncated = result.terminated, result.truncated
+            label, label_by = self.requests.take_label(), pb.LABEL_BY_PERSON
+            if label != pb.LABEL_NONE:  # a person's label ends the episode here
+                terminated = terminated or label == pb.LABEL_SUCCESS
+                truncated = not terminated
+            elif (terminated or truncated) and "is_success" in result.info:
                 label = pb.LABEL_SUCCESS if result.info["is_success"] else pb.LABEL_FAILURE
+                label_by = pb.LABEL_BY_ENV
+            ended = terminated or truncated
             if self.batch.count == 0:
                 self._batch_started = time.monotonic()
             self.batch.add(
-                obs, result.action_applied, result.reward, result.terminated, result.truncated,
+                obs, result.action_applied, result.reward, terminated, truncated,
                 episode=self.episodes, step=self._episode_step, policy_version=self.policy_version,
                 actor=actor, label=label, sensor_time=time.time(),
                 final_obs=result.observation if ended else None,
+                label_by=label_by if label != pb.LABEL_NONE else pb.LABEL_BY_ENV,
+                policy_action=proposal,
             )
+            self._tell_watchers(StepRecord(result.observation, result.action_applied, proposal, actor, result.reward,
+                                           self.episodes, self._episode_step, self.policy_version, ended, label,
+                                           sent_at))
             self.steps += 1
             self._episode_step += 1
             obs = result.observation
@@ -274,6 +305,15 @@ class EdgeDaemon:
         self._flush()
         self.link.poll(100)
         return self.status()
+
+    def _tell_watchers(self, record: StepRecord) -> None:
+        """Watchers run on the loop's thread (they may render the robot): one that raises is dropped."""
+        for watcher in list(self.step_watchers):
+            try:
+                watcher(record)
+            except Exception:
+                log.exception("%s: a step watcher failed; it is removed", self.robot.descriptor.id)
+                self.step_watchers.remove(watcher)
 
     def drain(self, timeout_s: float) -> bool:
         """After `run`: keep the link serviced until every batch is acknowledged (True) or time is up."""
@@ -310,6 +350,7 @@ class EdgeDaemon:
             "errors": self.errors(),
             "estopped": self.estop.tripped(),
             "estops": self.estops,
+            "interventions": self.interventions.status(),
             "robot_unanswered_s": round(time.monotonic() - since, 2) if (since := self._robot_since) else 0.0,
         }
 

@@ -10,6 +10,8 @@ from user_rl.config import Config
 from pathlib import Path
 
 from user_rl.edge.daemon import EdgeDaemon, EdgeSettings
+from user_rl.edge.intervention import InterventionMux
+from user_rl.edge.scripted import ScriptedIntervener
 from user_rl.edge.link import LinkSettings
 from user_rl.wire.images import ImageCompression
 from user_rl.hal.registry import make_robot
@@ -48,7 +50,11 @@ def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
         adapt=cfg.fleet.adapt,
         safety=SafetySettings(max_action_delta=cfg.safety.max_action_delta, deadline_s=cfg.safety.deadline_s),
     )
-    return EdgeDaemon(robot, actor, data_address, weights_address, settings)
+    interventions = InterventionMux()
+    if cfg.intervention.scripted:
+        i = cfg.intervention
+        interventions.add(ScriptedIntervener(robot, i.patience, i.min_progress, i.handback_distance))
+    return EdgeDaemon(robot, actor, data_address, weights_address, settings, interventions=interventions)
 
 
 def link_settings(cfg: Config, spool_dir: Path | None, curve: ClientKeys | None = None,

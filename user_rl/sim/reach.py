@@ -65,6 +65,10 @@ def reach_reward(distance: float) -> float:
     return -distance + (SUCCESS_BONUS if distance < SUCCESS_DISTANCE else 0.0)
 
 
+REWARDS = ("dense", "sparse")  # sparse: 1 when the target is touched (which ends the episode), else 0
+EXPERT_DAMPING = 0.05  # damped least squares: smooth joint steps near singular poses
+
+
 def sample_target(rng: np.random.Generator) -> np.ndarray:
     """A target position (m) uniform in yaw, radius and height within the declared workspace."""
     yaw = rng.uniform(*TARGET_YAW)
@@ -100,8 +104,13 @@ class ReachRobot(Robot):
         control_hz: float = 25.0,
         extra_cameras: tuple[str, ...] = (),
         seed: int | None = None,
+        reward: str = "dense",
     ) -> None:
-        """`extra_cameras` (e.g. ("top",)) add `image_<name>` observations beside the front `image`."""
+        """`extra_cameras` (e.g. ("top",)) add `image_<name>` observations beside the front `image`.
+        `reward="sparse"`: 1 on touching the target, which ends the episode (terminated), else 0."""
+        if reward not in REWARDS:
+            raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {reward!r}")
+        self.sparse = reward == "sparse"
         if arm not in ARMS:
             raise ValueError(f"unknown arm {arm!r}; allowed: {', '.join(ARMS)}")
         if obs_mode not in ("state", "image"):
@@ -145,6 +154,7 @@ class ReachRobot(Robot):
             "state": gym.spaces.Box(-np.inf, np.inf, (n_state,), np.float32)
         }
         self._renderer: mujoco.Renderer | None = None
+        self._view_renderer: mujoco.Renderer | None = None  # `render()` for people watching
         if obs_mode == "image":
             vis = self.model.vis.global_
             vis.offwidth, vis.offheight = max(vis.offwidth, image_size), max(vis.offheight, image_size)
@@ -203,10 +213,11 @@ class ReachRobot(Robot):
         mujoco.mj_step(m, d, nstep=self.n_substeps)
         self._step += 1
         distance = self.distance
+        touched = distance < SUCCESS_DISTANCE
         return StepResult(
             observation=self._observation(),
-            reward=reach_reward(distance),
-            terminated=False,
+            reward=float(touched) if self.sparse else reach_reward(distance),
+            terminated=self.sparse and touched,
             truncated=self._step >= self.episode_steps,
             action_applied=applied,
             info={"distance": distance, "is_success": distance < SUCCESS_DISTANCE},
@@ -219,6 +230,28 @@ class ReachRobot(Robot):
         mujoco.mj_kinematics(self.model, self._scratch)
         return targets, self._scratch.site_xpos[self._ee].copy()
 
+    def expert_action(self) -> np.ndarray:
+        """A scripted expert's action (it knows the target): the damped least-squares joint step that
+        moves the fingertip straight at the target, clipped to the action space. It touches a
+        target from any start pose well within an episode (tests/sim/test_sim_reach.py)."""
+        jacobian = np.zeros((3, self.model.nv))
+        mujoco.mj_jacSite(self.model, self.data, jacobian, None, self._ee)
+        error = self.target_pos - self.ee_pos
+        gram = jacobian @ jacobian.T + EXPERT_DAMPING**2 * np.eye(3)
+        step = jacobian.T @ np.linalg.solve(gram, error)
+        return np.clip(step / ACTION_SCALE, -1.0, 1.0).astype(np.float32)
+
+    def render(self, size: int = 240, camera: str = "front") -> np.ndarray:
+        """The scene as people see it (uint8 HWC), for a sim without camera observations. Call it
+        from the thread that steps the sim (the GL context belongs to it)."""
+        self._check_open()
+        if self._view_renderer is None:
+            vis = self.model.vis.global_
+            vis.offwidth, vis.offheight = max(vis.offwidth, size), max(vis.offheight, size)
+            self._view_renderer = _make_renderer(self.model, size)
+        self._view_renderer.update_scene(self.data, camera=camera)
+        return self._view_renderer.render()
+
     def hold(self) -> None:
         """The servos keep the current pose (what a stalled policy gets from the watchdog)."""
         self.data.ctrl[:] = self.data.qpos
@@ -226,9 +259,10 @@ class ReachRobot(Robot):
 
     def close(self) -> None:
         """Free the renderer's GL context; safe to call twice."""
-        if self._renderer is not None:
-            self._renderer.close()
-            self._renderer = None
+        for renderer in (self._renderer, self._view_renderer):
+            if renderer is not None:
+                renderer.close()
+        self._renderer = self._view_renderer = None
         self._closed = True
 
     # -- state ---------------------------------------------------------------------------
@@ -244,6 +278,10 @@ class ReachRobot(Robot):
     @property
     def distance(self) -> float:
         return float(np.linalg.norm(self.data.site_xpos[self._ee] - self.data.mocap_pos[self._target_mocap]))
+
+    def distance_to_goal(self) -> float:
+        """The fingertip's distance to the target (m): how the scripted intervener judges progress."""
+        return self.distance
 
     def set_target(self, position: np.ndarray) -> Observation:
         """Move the target (for scripted scenes and tests) and return the new observation."""

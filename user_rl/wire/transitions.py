@@ -11,6 +11,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
+from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import WireError
 
 OBS = "obs/"
@@ -32,6 +33,22 @@ SCALAR_COLUMNS: dict[str, np.dtype] = {
     "sensor_time": np.dtype(np.float64),
 }
 
+# Rows where someone acted instead of the policy: a person, or the scripted intervener that stands
+# in for one in simulation. Sampling (the "intervention" source), eviction and `inspect` count
+# these; warm-up's random actions are online data.
+INTERVENTION_ACTORS = (pb.ACTOR_HUMAN, pb.ACTOR_SCRIPTED)
+
+
+def intervened(actor: np.ndarray) -> np.ndarray:
+    """Per row of an `actor` column: True where the step was an intervention."""
+    return np.isin(actor, INTERVENTION_ACTORS)
+
+
+# Per-row columns an edge may leave out (older edges): the learner stores 0 for them.
+OPTIONAL_COLUMNS: dict[str, np.dtype] = {
+    "label_by": np.dtype(np.uint8),  # LabelBy enum: who gave the row's label
+}
+
 MAX_BATCH_ROWS = 65536
 
 
@@ -51,13 +68,16 @@ def validate_batch(
     """Raise `WireError` unless the columns form `count` well-typed rows for these spaces."""
     if not 0 < count <= MAX_BATCH_ROWS:
         raise WireError("bad_count", f"{count} rows")
-    expected = set(SCALAR_COLUMNS) | {"action", FINAL_ROW, POLICY_ACTION}
+    expected = set(SCALAR_COLUMNS) | set(OPTIONAL_COLUMNS) | {"action", FINAL_ROW, POLICY_ACTION}
     expected |= {OBS + k for k in obs_space.spaces} | {FINAL_OBS + k for k in obs_space.spaces}
     unknown = sorted(set(arrays) - expected)
     if unknown:
         raise WireError("unknown_column", unknown[0])
     for name, dtype in SCALAR_COLUMNS.items():
         _check(name, arrays.get(name), dtype, (count,))
+    for name, dtype in OPTIONAL_COLUMNS.items():
+        if name in arrays:
+            _check(name, arrays[name], dtype, (count,))
     if (arrays["episode"] > MAX_INDEX_INT).any():  # episodes are indexed in SQLite (signed 64-bit)
         raise WireError("bad_episode", "episode numbers must be below 2**63")
     for name in ("action", POLICY_ACTION):

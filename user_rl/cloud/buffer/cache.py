@@ -19,7 +19,7 @@ import numpy as np
 
 from user_rl.cloud.buffer.rows import successors
 from user_rl.cloud.buffer.sampling import SOURCES, Growable
-from user_rl.wire import user_rl_pb2 as pb
+from user_rl.wire.transitions import intervened
 
 INTERVENTION = SOURCES.index("intervention")
 CATALOG = {"position": np.int64, "next": np.int64, "order": np.int64, "source": np.uint8, "task": np.int32}
@@ -142,12 +142,12 @@ class SlotCache:
 
     def _catalog_append(self, slot: int, rows: np.ndarray, successor: np.ndarray) -> None:
         info, base = self.info[slot], slot * self.segment_rows
-        human = self.arrays["actor"][slot, rows] == pb.ACTOR_HUMAN
+        by_someone = intervened(self.arrays["actor"][slot, rows])
         cat = self._catalog
         cat["position"].append(base + rows)
         cat["next"].append(base + successor)
         cat["order"].append(info.segment * self.segment_rows + rows)
-        cat["source"].append(np.where(human, INTERVENTION, info.source).astype(np.uint8))
+        cat["source"].append(np.where(by_someone, INTERVENTION, info.source).astype(np.uint8))
         cat["task"].append(self.arrays["task"][slot, rows])
 
     def successor(self, position: np.ndarray) -> np.ndarray:

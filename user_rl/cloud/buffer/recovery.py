@@ -26,7 +26,7 @@ from user_rl.cloud.buffer.rows import KIND_CARRY, KIND_RECORD, StreamState, acco
 from user_rl.cloud.buffer.sampling import SOURCES
 from user_rl.cloud.buffer.segment import CorruptSegment, read_segment, seal_open_file
 from user_rl.cloud.checkpoint import spaces_from_text, spaces_to_text
-from user_rl.wire import user_rl_pb2 as pb
+from user_rl.wire.transitions import intervened
 
 if TYPE_CHECKING:
     from user_rl.cloud.buffer.store import PersistentReplay
@@ -168,7 +168,7 @@ def _recover_open(store: PersistentReplay, segment_id: int) -> None:
     recs = kind == KIND_RECORD
     record = SegmentRecord(segment_id, final.name, rows, int(recs.sum()), transitions, segment.nbytes, time.time(),
                            int(version[recs].min(initial=2**62)), int(version[recs].max(initial=-1)),
-                           int(np.count_nonzero(np.asarray(columns["actor"])[recs] == pb.ACTOR_HUMAN)), "online")
+                           int(np.count_nonzero(intervened(np.asarray(columns["actor"])[recs]))), "online")
     episodes = [ep for s in streams for ep in s.episodes.values() if ep.last_segment == segment_id]
     store.index.register_segment(record, batches, [s.record for s in streams], episodes, lost)
     store.segments[segment_id] = record

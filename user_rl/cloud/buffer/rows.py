@@ -18,11 +18,13 @@ import numpy as np
 
 from user_rl.cloud.buffer.index import EpisodeRecord, StreamRecord
 from user_rl.wire import user_rl_pb2 as pb
-from user_rl.wire.transitions import FINAL_OBS, FINAL_ROW, OBS, POLICY_ACTION, SCALAR_COLUMNS
+from user_rl.wire.transitions import (FINAL_OBS, FINAL_ROW, OBS, OPTIONAL_COLUMNS, POLICY_ACTION, SCALAR_COLUMNS,
+                                      intervened)
 
 KIND_RECORD, KIND_FINAL, KIND_CARRY = 0, 1, 2
 ROW_COLUMNS: dict[str, np.dtype] = {
     **SCALAR_COLUMNS,
+    **OPTIONAL_COLUMNS,
     "stream": np.dtype(np.int32),
     "kind": np.dtype(np.uint8),
     "prev_row": np.dtype(np.int32),
@@ -129,6 +131,8 @@ def _records(cols: Columns, n: int, prev: np.ndarray, schema: dict, stream: Stre
             rows[name] = cols[name]
         elif name == POLICY_ACTION:
             rows[name] = cols["action"]
+        elif name in OPTIONAL_COLUMNS:
+            rows[name] = np.zeros(n, dtype)
     rows["stream"] = np.full(n, stream.record.id, np.int32)
     rows["kind"] = np.full(n, KIND_RECORD, np.uint8)
     rows["prev_row"] = prev
@@ -166,7 +170,7 @@ def account(cols: Columns, stream: StreamState, ended: np.ndarray, segment_id: i
         versions = cols["policy_version"][mask]
         ep.length += int(mask.sum())
         ep.ret += float(cols["reward"][mask].sum())
-        ep.interventions += int(np.count_nonzero(cols["actor"][mask] == pb.ACTOR_HUMAN))
+        ep.interventions += int(np.count_nonzero(intervened(cols["actor"][mask])))
         ep.min_version = min(ep.min_version, int(versions.min()))
         ep.max_version = max(ep.max_version, int(versions.max()))
         ep.first_segment = segment_id if ep.first_segment < 0 else ep.first_segment

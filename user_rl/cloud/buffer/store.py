@@ -43,8 +43,7 @@ from user_rl.cloud.buffer.scrub import Scrubber
 from user_rl.cloud.buffer.streams import StreamRegistry
 from user_rl.cloud.buffer.segment import CorruptSegment, SegmentWriter
 from user_rl.config import BufferConfig
-from user_rl.wire import user_rl_pb2 as pb
-from user_rl.wire.transitions import FINAL_OBS, FINAL_ROW, OBS
+from user_rl.wire.transitions import FINAL_OBS, FINAL_ROW, OBS, POLICY_ACTION, intervened
 
 log = logging.getLogger(__name__)
 NEXT_OBS = "next_" + OBS
@@ -239,7 +238,7 @@ class PersistentReplay(StreamRegistry):
             segment_id, path.name, rows, int(records.sum()),
             int(np.count_nonzero(self.cache.next_row[self.cache.slot_of(segment_id)][:rows] >= 0)), nbytes, time.time(),
             int(version[records].min(initial=2**62)), int(version[records].max(initial=-1)),
-            int(np.count_nonzero(columns["actor"][:rows][records] == pb.ACTOR_HUMAN)), "online")
+            int(np.count_nonzero(intervened(columns["actor"][:rows][records]))), "online")
 
     def _register(self, record: SegmentRecord | None, columns: dict) -> None:
         touched = {b[0] for b in self._open_batches}
@@ -358,7 +357,8 @@ class PersistentReplay(StreamRegistry):
         return self.transitions
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        """A batch: obs/*, next_obs/*, action, reward, terminated, policy_version, robot (+ discount)."""
+        """A batch: obs/*, next_obs/*, action, reward, terminated, policy_version, robot, who acted
+        (actor) and what the policy proposed (policy_action), label and label_by (+ discount)."""
         with self._lock:
             self.prefetcher.install_ready()
             catalog = self.cache.catalog_columns()
@@ -377,6 +377,8 @@ class PersistentReplay(StreamRegistry):
             batch["reward"], batch["terminated"] = reward, terminated
             batch["policy_version"] = flat["policy_version"][position]
             batch["robot"] = flat["stream"][position]
+            for name in ("actor", POLICY_ACTION, "label", "label_by"):
+                batch[name] = flat[name][position]
             if self.settings.n_step > 1:
                 batch["discount"] = discount
         self.prefetcher.sampled()

@@ -1,0 +1,120 @@
+"""Who acts instead of the policy: intervention sources, and the mux the control loop asks each step.
+
+The policy proposes an action on every step, whoever drives, so its proposal is stored beside
+the action actually taken (`policy_action`). Then the mux asks its sources, in the order given:
+the first that returns an action drives, and keeps driving until it returns None. One source
+drives at a time: while one drives, the others are not asked. Taking over and handing back are
+explicit events, kept (the last `EVENTS_KEPT`), logged and counted for the heartbeat.
+
+A source is anything with a `name`, the `actor` its steps are recorded as (`ACTOR_HUMAN` for a
+person at the teleop page, `ACTOR_SCRIPTED` for the scripted intervener that stands in for one in
+simulation), and `act(view) -> action | None`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from user_rl.wire import user_rl_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+EVENTS_KEPT = 100
+RATE_WINDOW_STEPS = 500  # the intervention rate is over this many recent steps
+
+
+@dataclass(frozen=True)
+class StepView:
+    """What a source sees before a step: the observation, the policy's proposal, where we are."""
+
+    obs: dict[str, np.ndarray]
+    proposal: np.ndarray
+    episode: int
+    step: int  # within the episode
+
+
+@dataclass(frozen=True)
+class InterventionEvent:
+    time: float  # wall clock (s)
+    episode: int
+    step: int
+    source: str
+    kind: str  # "take_over" | "hand_back"
+
+
+class InterventionSource(Protocol):
+    name: str
+    actor: int
+
+    def act(self, view: StepView) -> np.ndarray | None:
+        """The action to take instead of the policy's this step, or None: the policy acts."""
+
+
+class InterventionMux:
+    """Asks the sources each step; says who acted, keeps events, counts and the recent rate."""
+
+    def __init__(self, sources: list[InterventionSource] | None = None) -> None:
+        self.sources: list[InterventionSource] = list(sources or [])
+        self.driver: InterventionSource | None = None
+        self.events: deque[InterventionEvent] = deque(maxlen=EVENTS_KEPT)
+        self.take_overs = 0
+        self.intervention_steps = 0
+        self._recent: deque[bool] = deque(maxlen=RATE_WINDOW_STEPS)
+        self._lock = threading.Lock()  # sources may be added from another thread (the teleop server)
+
+    def add(self, source: InterventionSource) -> None:
+        with self._lock:
+            self.sources.append(source)
+
+    @property
+    def driver_name(self) -> str:
+        """Who acts now: "" for the policy, else the source's name."""
+        driver = self.driver
+        return driver.name if driver is not None else ""
+
+    @property
+    def rate(self) -> float:
+        """The fraction of the last `RATE_WINDOW_STEPS` steps on which someone intervened."""
+        return sum(self._recent) / len(self._recent) if self._recent else 0.0
+
+    def choose(self, view: StepView) -> tuple[np.ndarray, int]:
+        """The action to take and who chose it (`pb.Actor`): a source's, or the policy's proposal."""
+        with self._lock:
+            sources = list(self.sources)
+        if self.driver is not None:  # the driver alone is asked while it drives
+            action = self.driver.act(view)
+            if action is not None:
+                return self._intervene(self.driver, action, view)
+            self._event(self.driver, view, "hand_back")
+            handed_back, self.driver = self.driver, None
+            sources = [s for s in sources if s is not handed_back]  # another one may take over at once
+        for source in sources:
+            action = source.act(view)
+            if action is not None:
+                self._event(source, view, "take_over")
+                self.take_overs += 1
+                self.driver = source
+                return self._intervene(source, action, view)
+        self._recent.append(False)
+        return view.proposal, pb.ACTOR_POLICY
+
+    def _intervene(self, source: InterventionSource, action: np.ndarray, view: StepView) -> tuple[np.ndarray, int]:
+        self.intervention_steps += 1
+        self._recent.append(True)
+        return np.asarray(action, dtype=view.proposal.dtype).reshape(view.proposal.shape), source.actor
+
+    def _event(self, source: InterventionSource, view: StepView, kind: str) -> None:
+        self.events.append(InterventionEvent(time.time(), view.episode, view.step, source.name, kind))
+        log.info("%s %s at episode %d step %d", source.name, kind.replace("_", " "), view.episode, view.step)
+
+    def status(self) -> dict:
+        return {"driver": self.driver_name, "take_overs": self.take_overs,
+                "intervention_steps": self.intervention_steps, "rate": round(self.rate, 4),
+                "events": [e.__dict__ for e in list(self.events)[-10:]]}
