@@ -33,7 +33,10 @@ from torch.distributions import Normal
 from user_rl.algos.base import check_state_is_for
 from user_rl.policies import make_actor
 
-TARGET_EDGE = 0.999  # demonstrated actions at a bound are imitated as tanh(atanh(0.999)): no infinite target
+# The likelihood's target for an action at a bound is atanh(0.99) = 2.6, not infinity. (Nearer 1 the
+# pre-tanh target of the many clipped actions a person or an expert gives grows so steep that it
+# slowed learning on the rest: the squared error still pulls the action the rest of the way.)
+TARGET_EDGE = 0.99
 
 
 @dataclass
