@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -81,7 +81,13 @@ class PolicyConfig(Section):
 
 
 class AlgoConfig(Section):
-    type: Literal["sac"] = "sac"
+    """The learning algorithm and its settings. `type` names one of `user_rl.algos.ALGOS` (a test
+    keeps the two lists equal; the config stays importable without torch). Each algorithm reads
+    the fields of its own settings dataclass (`SACSettings`, `BCSettings`) from here by name."""
+
+    type: Literal["sac", "bc"] = Field(
+        "sac", description="sac: soft actor-critic (RLPD with critic_layer_norm, a high utd_ratio and buffer.mix); "
+                           "bc: behaviour cloning of interventions (HG-DAgger)")
     gamma: float = Field(0.99, gt=0.0, le=1.0)
     tau: float = Field(0.005, gt=0.0, le=1.0)
     actor_lr: float = Field(3e-4, gt=0.0)
@@ -91,6 +97,19 @@ class AlgoConfig(Section):
     target_entropy_scale: float = 1.0
     learning_starts: int = Field(2000, ge=1)
     utd_ratio: float = Field(1.0, gt=0.0, description="learner updates per env step when paced")
+    critic_layer_norm: bool = Field(False, description="sac: LayerNorm in the critics' hidden layers (RLPD)")
+    policy_row_weight: float = Field(
+        0.0, ge=0.0, description="bc: weight of rows where the policy acted (interventions weigh 1; 0 is HG-DAgger)")
+
+    ONLY_FOR: ClassVar[dict[str, str]] = {"critic_layer_norm": "sac", "policy_row_weight": "bc"}
+
+    @model_validator(mode="after")
+    def _settings_of_the_chosen_algorithm(self) -> "AlgoConfig":
+        """A setting changed from its default for an algorithm the run does not use is a mistake."""
+        for key, owner in self.ONLY_FOR.items():
+            if self.type != owner and getattr(self, key) != AlgoConfig.model_fields[key].default:
+                raise ValueError(f"{key} is a setting of algo.type {owner}; this run's algo.type is {self.type}")
+        return self
 
 
 class AttachConfig(Section):

@@ -1,24 +1,27 @@
-"""SAC learns a one-step task whose best action depends on the observation, and its critics
-regress on the right bootstrapped target for terminated, truncated and n-step rows."""
+"""SAC learns a one-step task whose best action depends on the observation (also with the RLPD
+recipe's LayerNorm critics), and its critics regress on the right bootstrapped target for
+terminated, truncated and n-step rows."""
 
 from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
 import torch
-
 import torch.nn.functional as F
+from torch import nn
 
 from user_rl.algos import SAC, SACSettings, metrics_to_floats
 
 
-def test_sac_learns_an_observation_dependent_bandit() -> None:
+def train_on_bandit(critic_layer_norm: bool = False) -> SAC:
+    """SAC after 600 updates on a one-step task whose reward peaks at action = 1.5 * state[0]."""
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     obs_space = gym.spaces.Dict({"state": gym.spaces.Box(-1, 1, (2,), np.float32)})
     action_space = gym.spaces.Box(-2, 2, (1,), np.float32)  # non-unit bounds: scaling is exercised
     sac = SAC(obs_space, action_space, policy_options={"hidden": [64, 64]},
-              settings=SACSettings(gamma=0.0, actor_lr=3e-3, critic_lr=3e-3, init_alpha=0.01))
+              settings=SACSettings(gamma=0.0, actor_lr=3e-3, critic_lr=3e-3, init_alpha=0.01,
+                                   critic_layer_norm=critic_layer_norm))
     for _ in range(600):
         state = torch.as_tensor(rng.uniform(-1, 1, (128, 2)), dtype=torch.float32)
         action = torch.as_tensor(rng.uniform(-2, 2, (128, 1)), dtype=torch.float32)
@@ -26,9 +29,31 @@ def test_sac_learns_an_observation_dependent_bandit() -> None:
         reward = -((action - best) ** 2).squeeze(-1)
         sac.update({"obs": {"state": state}, "next_obs": {"state": state}, "action": action,
                     "reward": reward, "terminated": torch.ones(128)})
+    return sac
+
+
+def assert_solves_bandit(sac: SAC) -> None:
     test = torch.as_tensor([[-0.8, 0.0], [0.0, 0.5], [0.8, -0.5]], dtype=torch.float32)
     chosen = sac.actor.act({"state": test}, deterministic=True)
+    print(f"chosen {chosen.squeeze(-1).tolist()}, best {(test[:, 0] * 1.5).tolist()}")
     assert torch.allclose(chosen, test[:, :1] * 1.5, atol=0.25), chosen
+
+
+def test_sac_learns_an_observation_dependent_bandit() -> None:
+    sac = train_on_bandit()
+    assert not any(isinstance(m, nn.LayerNorm) for m in sac.critic.modules())  # the default is unchanged
+    assert_solves_bandit(sac)
+
+
+def test_sac_with_layer_norm_critics_rlpd_learns_the_same_bandit() -> None:
+    sac = train_on_bandit(critic_layer_norm=True)
+    for critic in (sac.critic, sac.critic_target):
+        for q in (critic.q1, critic.q2):  # one LayerNorm per hidden layer, before its ReLU
+            kinds = [type(m) for m in q]
+            assert kinds == [nn.Linear, nn.LayerNorm, nn.ReLU, nn.Linear, nn.LayerNorm, nn.ReLU, nn.Linear], kinds
+    # the actor (what edges load) is the same network either way
+    assert not any(isinstance(m, nn.LayerNorm) for m in sac.actor.modules())
+    assert_solves_bandit(sac)
 
 
 def test_sac_state_dict_round_trip_and_image_observations() -> None:

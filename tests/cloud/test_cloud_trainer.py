@@ -1,6 +1,6 @@
 """The trainer process (real spawned processes, real shared memory): it trains exactly as SAC
-does in one process, answers a request only after every batch posted before it, and never
-outlives a learner that was killed."""
+(or behaviour cloning) does in one process, answers a request only after every batch posted
+before it, resumes from a state, and never outlives a learner that was killed."""
 
 from __future__ import annotations
 
@@ -17,10 +17,14 @@ import pytest
 import torch
 import yaml
 
-from user_rl.algos import SAC, SACSettings
+from user_rl.algos import SAC, BCSettings, BehaviourCloning, SACSettings, make_algo
+from user_rl.cloud.batches import training_columns
+from user_rl.cloud.learner import Learner
 from user_rl.cloud.trainer import Reply, Trainer, TrainerFailed, TrainerSpec, training_batch
+from user_rl.config import build_config
 from user_rl.hal.registry import robot_spaces
 from user_rl.testing.wait import wait_until
+from user_rl.wire import user_rl_pb2 as pb
 
 REACH_OPTIONS = {"obs_mode": "state", "episode_steps": 50}
 
@@ -33,8 +37,9 @@ def spec(**changes) -> TrainerSpec:
     return TrainerSpec(**fields)
 
 
-def batches(count: int, size: int = 16) -> list[dict[str, np.ndarray]]:
-    """Columns as the buffer's sampler gives them (obs/*, next_obs/*, action, reward, terminated)."""
+def batches(count: int, size: int = 16, wanted: tuple[str, ...] = SAC.batch_columns) -> list[dict[str, np.ndarray]]:
+    """Batches as the buffer's sampler gives them, cut to the columns an algorithm reads (`wanted`),
+    as the learner's sampler thread sends them."""
     s = spec()
     rng = np.random.default_rng(0)
     out = []
@@ -45,7 +50,9 @@ def batches(count: int, size: int = 16) -> list[dict[str, np.ndarray]]:
                     "action": rng.uniform(-1, 1, (size, *s.action_space.shape)).astype(np.float32),
                     "reward": rng.normal(size=size).astype(np.float32),
                     "terminated": rng.random(size) < 0.1})
-    return out
+        out[-1]["actor"] = rng.choice([pb.ACTOR_POLICY, pb.ACTOR_HUMAN, pb.ACTOR_SCRIPTED], size).astype(np.uint8)
+        out[-1]["policy_version"] = np.ones(size, np.int64)
+    return [training_columns(batch, wanted) for batch in out]
 
 
 def post_all(trainer: Trainer, columns: list[dict[str, np.ndarray]]) -> None:
@@ -78,6 +85,7 @@ def replies_until_state(trainer: Trainer, timeout: float = 60.0) -> tuple[list[R
 
 def test_the_trainer_process_trains_exactly_as_sac_in_this_process(trainer: Trainer) -> None:
     columns = batches(12)
+    assert set(columns[0]) == {"obs/state", "next_obs/state", "action", "reward", "terminated"}  # as small as before
     post_all(trainer, columns)
     actors, reply = replies_until_state(trainer)
     # Every batch posted before the request is trained on before the answer.
@@ -119,6 +127,67 @@ def test_a_resumed_trainer_goes_on_from_the_state_and_rng_it_was_given(trainer: 
     assert after.updates == straight.updates == 6
     for name, tensor in straight.state["critic"].items():
         assert torch.equal(after.state["critic"][name], tensor), name
+
+
+def test_the_trainer_process_trains_and_resumes_behaviour_cloning() -> None:
+    """`algo: bc` in the trainer process: the same weights as in this process, only the columns BC
+    reads cross the shared memory, and a resume from the state in the middle ends where a run
+    straight through does."""
+    bc = spec(algo="bc", settings=BCSettings(actor_lr=1e-3))
+    columns = batches(8, wanted=BehaviourCloning.batch_columns)
+    assert set(columns[0]) == {"obs/state", "action", "intervened", "policy_acted"}  # no next_obs, reward, ...
+    first = Trainer(bc, depth=3)
+    try:
+        assert first.batch_columns == BehaviourCloning.batch_columns
+        post_all(first, columns[:4])
+        actors, middle = replies_until_state(first)
+        post_all(first, columns[4:])
+        _, straight = replies_until_state(first)
+    finally:
+        first.close()
+    print(f"bc metrics after update {actors[-1].updates}: {actors[-1].metrics}")
+    assert set(actors[-1].metrics) == {"bc_loss", "action_nll", "action_mse", "imitated_rows"}
+    assert middle.state["algo"] == "bc" and straight.updates == 8
+
+    resumed = Trainer(spec(algo="bc", settings=BCSettings(actor_lr=1e-3), state=middle.state, rng=middle.rng), depth=2)
+    try:
+        assert resumed.updates == resumed.submitted == 4
+        post_all(resumed, columns[4:])
+        _, after = replies_until_state(resumed)
+    finally:
+        resumed.close()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the trainer
+    try:
+        torch.manual_seed(3)
+        local = make_algo("bc", bc.obs_space, bc.action_space, "mlp", {"hidden": [32]}, BCSettings(actor_lr=1e-3))
+        for batch in columns:
+            local.update(training_batch({k: torch.from_numpy(v) for k, v in batch.items()}, torch.device("cpu")))
+    finally:
+        torch.set_num_threads(threads)
+    assert after.updates == 8
+    for name, tensor in straight.state["actor"].items():
+        assert torch.equal(after.state["actor"][name], tensor), f"resumed: {name} differs"
+        assert torch.equal(local.state_dict()["actor"][name], tensor), f"in-process: {name} differs"
+
+
+def test_a_state_of_another_algorithm_stops_the_trainer_saying_why() -> None:
+    s = spec()
+    bc_state = make_algo("bc", s.obs_space, s.action_space, "mlp", {"hidden": [32]}).state_dict()
+    with pytest.raises(TrainerFailed, match="written by algorithm 'bc', not 'sac': set algo.type: bc"):
+        Trainer(spec(state=bc_state), depth=2)
+
+
+def test_the_learner_builds_the_configured_algorithm(tmp_path: Path) -> None:
+    learner = Learner(build_config({"robot": {"type": "mujoco_reach", "options": REACH_OPTIONS},
+                                    "fleet": {"num_robots": 1}, "policy": {"hidden": [32]},
+                                    "algo": {"type": "bc", "policy_row_weight": 0.1},
+                                    "learner": {"torch_threads": 1}}), tmp_path / "run")
+    try:
+        assert learner.trainer is not None and learner.trainer.batch_columns == BehaviourCloning.batch_columns
+        assert learner.status()["updates"] == 0
+    finally:
+        learner.close()
 
 
 def test_a_trainer_that_dies_is_reported_with_its_exit_code(trainer: Trainer) -> None:

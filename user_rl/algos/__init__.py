@@ -1,7 +1,55 @@
-"""Learning algorithms by name."""
+"""Learning algorithms by name: the one registry the learner picks `algo.type` from.
 
-from user_rl.algos.sac import SAC, SACSettings, metrics_to_floats
+    settings = algo_settings("sac", cfg.algo.model_dump())   # the fields SAC reads, from the config
+    algo = make_algo("sac", obs_space, action_space, "mlp", {"hidden": [256, 256]}, settings)
 
-ALGOS = {"sac": SAC}
+| `algo.type` | class | learns from |
+|---|---|---|
+| `sac` | `SAC` | rewards; with `critic_layer_norm`, a high `utd_ratio` and `buffer.mix` it is RLPD / HIL-SERL |
+| `bc` | `BehaviourCloning` | the actions of people (and the scripted intervener): HG-DAgger |
 
-__all__ = ["ALGOS", "SAC", "SACSettings", "metrics_to_floats"]
+To add one: a class with the interface of `base.Algorithm`, its settings fields added to
+`AlgoConfig` under the same names, its name in `ALGOS` and in `AlgoConfig.type`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import gymnasium as gym
+import torch
+
+from user_rl.algos.base import Algorithm, check_state_is_for, metrics_to_floats
+from user_rl.algos.bc import BCSettings, BehaviourCloning
+from user_rl.algos.sac import SAC, SACSettings
+
+ALGOS: dict[str, type] = {"sac": SAC, "bc": BehaviourCloning}
+
+
+def algo_class(name: str) -> type:
+    if name not in ALGOS:
+        raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(ALGOS)}")
+    return ALGOS[name]
+
+
+def algo_settings(name: str, fields: Mapping[str, Any] | None = None) -> Any:
+    """The algorithm's settings dataclass, each field taken from `fields` (an `AlgoConfig` dump)
+    where it is there; the others keep their defaults."""
+    settings = algo_class(name).Settings
+    known = {f.name for f in dataclasses.fields(settings)}
+    return settings(**{key: value for key, value in (fields or {}).items() if key in known})
+
+
+def make_algo(name: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, policy: str = "mlp",
+              policy_options: dict | None = None, settings: Any = None,
+              device: str | torch.device = "cpu") -> Algorithm:
+    """Build algorithm `name` (settings: its `Settings`, or None for the defaults)."""
+    cls = algo_class(name)
+    if settings is not None and not isinstance(settings, cls.Settings):
+        raise TypeError(f"algorithm {name!r} takes {cls.Settings.__name__}, not {type(settings).__name__}")
+    return cls(obs_space, action_space, policy, policy_options, settings, device)
+
+
+__all__ = ["ALGOS", "Algorithm", "BCSettings", "BehaviourCloning", "SAC", "SACSettings", "algo_class",
+           "algo_settings", "check_state_is_for", "make_algo", "metrics_to_floats"]

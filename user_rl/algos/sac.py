@@ -2,6 +2,13 @@
 
 `update` reads top to bottom like a single-file reference: critic, actor, temperature,
 target networks. The learner service calls it; it knows nothing of sockets or buffers.
+
+The RLPD / HIL-SERL recipe (Ball et al., 2023; Luo et al., 2024) is this SAC with three
+settings: LayerNorm in the critics' hidden layers (`critic_layer_norm`, which keeps the
+Q-values from running away when each sample is replayed many times), a high update-to-data
+ratio (`algo.utd_ratio`), and interventions or demonstrations sampled at a fixed share of every
+batch (`buffer.mix`). An intervention row is an ordinary transition here, so the same row
+serves SAC and behaviour cloning.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from user_rl.algos.base import check_state_is_for
 from user_rl.policies import make_actor, make_critic
 
 
@@ -25,14 +33,14 @@ class SACSettings:
     critic_lr: float = 3e-4
     init_alpha: float = 0.1
     target_entropy_scale: float = 1.0
-
-
-def metrics_to_floats(metrics: dict[str, torch.Tensor | float]) -> dict[str, float]:
-    """Plain floats for a status or a log line (this is where the host waits for the device)."""
-    return {name: float(value) for name, value in metrics.items()}
+    critic_layer_norm: bool = False  # RLPD: LayerNorm after each hidden layer of the critics
 
 
 class SAC:
+    name = "sac"
+    Settings = SACSettings
+    batch_columns = ("obs", "next_obs", "action", "reward", "terminated", "discount")
+
     def __init__(
         self,
         obs_space: gym.spaces.Dict,
@@ -46,7 +54,8 @@ class SAC:
         self.device = torch.device(device)
         options = policy_options or {}
         self.actor = make_actor(policy, obs_space, action_space, **options).to(self.device)
-        self.critic = make_critic(policy, obs_space, action_space, **options).to(self.device)
+        self.critic = make_critic(policy, obs_space, action_space, **options,
+                                  layer_norm=s.critic_layer_norm).to(self.device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = torch.tensor(np.log(s.init_alpha), device=self.device, requires_grad=True)
         self.target_entropy = -s.target_entropy_scale * float(np.prod(action_space.shape))
@@ -116,6 +125,7 @@ class SAC:
 
     def state_dict(self) -> dict:
         return {
+            "algo": self.name,
             "actor": self.actor.state_dict(),
             "critic": self.critic.state_dict(),
             "critic_target": self.critic_target.state_dict(),
@@ -127,6 +137,7 @@ class SAC:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        check_state_is_for(state, self.name)
         self.actor.load_state_dict(state["actor"])
         self.critic.load_state_dict(state["critic"])
         self.critic_target.load_state_dict(state["critic_target"])

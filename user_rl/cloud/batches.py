@@ -13,17 +13,41 @@ from typing import Callable
 
 import numpy as np
 
+from user_rl.algos import SAC
 from user_rl.cloud.buffer.store import NEXT_OBS, PersistentReplay
 from user_rl.cloud.trainer import Trainer
+from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.transitions import OBS
 
-TRAINING_COLUMNS = ("action", "reward", "terminated", "discount")  # besides obs/* and next_obs/*
+GROUPS = {"obs": OBS, "next_obs": NEXT_OBS}  # a name in `batch_columns` that stands for every column of a prefix
+OPTIONAL = {"discount"}  # in the buffer's batch only for n-step returns
+INTERVENTION_ACTORS = (pb.ACTOR_HUMAN, pb.ACTOR_SCRIPTED)  # someone other than the policy chose the action
+DERIVED = {  # float32 columns computed from the row's `actor` (algorithms never see the wire's enum)
+    "intervened": lambda batch: np.isin(batch["actor"], INTERVENTION_ACTORS).astype(np.float32),
+    "policy_acted": lambda batch: (batch["actor"] == pb.ACTOR_POLICY).astype(np.float32),
+}
 
 
-def training_columns(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The columns `SAC.update` reads (the buffer's batch also carries policy_version, robot)."""
-    return {key: array for key, array in batch.items()
-            if key.startswith((OBS, NEXT_OBS)) or key in TRAINING_COLUMNS}
+def training_columns(batch: dict[str, np.ndarray],
+                     wanted: tuple[str, ...] = SAC.batch_columns) -> dict[str, np.ndarray]:
+    """The columns the algorithm reads (its `batch_columns`), and nothing else of the buffer's
+    batch (policy_version, robot, ... stay here), so a batch slot is no bigger than it must be.
+
+    "intervened" and "policy_acted" are derived from the `actor` column. A column the algorithm
+    needs and the batch lacks is an error that names it (only "discount" may be missing)."""
+    out: dict[str, np.ndarray] = {}
+    for name in wanted:
+        if name in GROUPS:
+            out.update((key, array) for key, array in batch.items() if key.startswith(GROUPS[name]))
+        elif name in batch:
+            out[name] = batch[name]
+        elif name in DERIVED and "actor" in batch:
+            out[name] = DERIVED[name](batch)
+        elif name not in OPTIONAL:
+            source = " (derived from the actor column)" if name in DERIVED else ""
+            raise ValueError(f"the algorithm needs the batch column {name!r}{source}; the buffer's batch has "
+                           f"{', '.join(sorted(batch))}")
+    return out
 
 
 class BatchPreparer:
@@ -60,7 +84,7 @@ class BatchPreparer:
             if not trainer.free_slot(timeout=0.1):  # every slot holds a batch: the trainer is busy
                 continue
             with self.rng_lock:
-                columns = training_columns(buffer.sample(self.batch_size, self.rng))
+                columns = training_columns(buffer.sample(self.batch_size, self.rng), trainer.batch_columns)
             with trainer.send_lock:  # paused (or paced) while sampling: this batch is not sent
                 if self.may_submit() and trainer.submit(columns):
                     self.prepared += 1

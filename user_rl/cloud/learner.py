@@ -1,4 +1,4 @@
-"""The learner service: ingest → replay → SAC updates → weight publisher.
+"""The learner service: ingest → replay → updates (`algo.type`) → weight publisher.
 
 - The ingest thread owns every ZeroMQ socket (sockets are not thread-safe): it stores and acks
   the edges' batches, serves weights, publishes each new actor the trainer hands back, sets
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import zmq
 
-from user_rl.algos import SACSettings
+from user_rl.algos import algo_settings
 from user_rl.cloud.batches import BatchPreparer
 from user_rl.cloud.checkpoint import (BackgroundCheckpointer, load_checkpoint, save_checkpoint, snapshot,
                                       spaces_from_text, spaces_to_text)
@@ -180,14 +180,11 @@ class Learner:
         """Start the trainer process once the fleet's spaces are known (from a checkpoint's state)."""
         if self.trainer is None and self.ingest.obs_space is not None:
             cfg = self.cfg
-            settings = SACSettings(
-                gamma=cfg.algo.gamma, tau=cfg.algo.tau, actor_lr=cfg.algo.actor_lr,
-                critic_lr=cfg.algo.critic_lr, init_alpha=cfg.algo.init_alpha,
-                target_entropy_scale=cfg.algo.target_entropy_scale,
-            )
+            settings = algo_settings(cfg.algo.type, cfg.algo.model_dump())  # the fields its Settings has
             spec = TrainerSpec(self.ingest.obs_space, self.ingest.action_space, cfg.policy.type,
                                {"hidden": cfg.policy.hidden}, settings, str(self.device),
-                               learner_torch_threads(cfg), cfg.seed, cfg.learner.publish_every_updates, state, rng)
+                               learner_torch_threads(cfg), cfg.seed, cfg.learner.publish_every_updates, state, rng,
+                               algo=cfg.algo.type)
             self.trainer = Trainer(spec, cfg.learner.prefetch_batches)
         return self.trainer
 

@@ -1,4 +1,5 @@
-"""SAC updates in a process of their own, fed through shared-memory batch slots.
+"""The algorithm's updates (SAC, behaviour cloning: `user_rl.algos`) in a process of their own,
+fed through shared-memory batch slots.
 
 Why a process: in the learner's process the update thread shared one GIL with the ingest and
 the sampler, and every torch op gives the GIL away and must wait to get it back. With 4 robots
@@ -7,7 +8,7 @@ streaming on 2 cores that held the updates to 0.7x the plain loop while most of 
 (or the GPU) is shared.
 
 The two sides share a ring of `depth` entries: the parent (`Trainer`) copies a sampled batch
-into the next free entry's slot and posts it; the child (`serve`) steps SAC on it and frees the
+into the next free entry's slot and posts it; the child (`serve`) steps the algorithm on it and frees the
 entry. Two semaphores count the free and the posted entries: no pipe, no pickling, no helper
 thread per batch. Requests (the actor, to publish; the whole state, for a checkpoint) take an
 entry of the ring too, so each answer covers every batch posted before it. Answers come back
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as torch_mp
 
-from user_rl.algos import SAC, SACSettings, metrics_to_floats
+from user_rl.algos import Algorithm, algo_class, make_algo, metrics_to_floats
 from user_rl.cloud.buffer.store import NEXT_OBS
 from user_rl.cloud.checkpoint import snapshot
 from user_rl.wire.transitions import OBS
@@ -48,25 +49,26 @@ TAGS = (None, "pause", "checkpoint", "final")  # a request's tag crosses as its 
 
 @dataclass
 class TrainerSpec:
-    """What the trainer process builds its SAC from (it crosses a spawn: picklable)."""
+    """What the trainer process builds its algorithm from (it crosses a spawn: picklable)."""
 
     obs_space: gym.spaces.Dict
     action_space: gym.spaces.Box
     policy: str
     policy_options: dict
-    settings: SACSettings
+    settings: Any  # the algorithm's settings dataclass (`algo_settings`)
     device: str
     threads: int
     seed: int
     publish_every: int  # hand the actor back after update 1 and every this many updates
-    state: dict | None = None  # a checkpoint's SAC state to continue from
+    state: dict | None = None  # a checkpoint's algorithm state to continue from
     rng: dict | None = None  # and its RNG states ("torch", "cuda")
+    algo: str = "sac"  # its name in `user_rl.algos.ALGOS`
 
 
 @dataclass
 class Reply:
     """An answer from the trainer: kind "actor" (state = the actor's weights, with the latest
-    metrics) or "state" (state = SAC's whole state, rng = its RNG states)."""
+    metrics) or "state" (state = the algorithm's whole state, rng = its RNG states)."""
 
     kind: str
     tag: str | None
@@ -100,6 +102,7 @@ class Trainer:
     def __init__(self, spec: TrainerSpec, depth: int, start_timeout_s: float = START_TIMEOUT_S) -> None:
         context = torch_mp.get_context("spawn")  # never fork a process that runs threads (and maybe CUDA)
         self.depth = depth
+        self.batch_columns: tuple[str, ...] = algo_class(spec.algo).batch_columns  # what the sampler sends
         self.send_lock = threading.Lock()
         self.error: str | None = None
         self._ring = Ring(context, depth)
@@ -123,7 +126,7 @@ class Trainer:
     # -- counters ------------------------------------------------------------------------------
     @property
     def updates(self) -> int:
-        """SAC updates done (the trainer counts them; it survives resumes through the state)."""
+        """Updates done (the trainer counts them; it survives resumes through the state)."""
         return int(self._updates.value)
 
     @property
@@ -244,23 +247,24 @@ class Ring:
 
 # -- the trainer process --------------------------------------------------------------------------
 def serve(spec: TrainerSpec, ring: Ring, slots_channel, outbox, updates, idle_us, parent_pid: int) -> None:
-    """The trainer process: build SAC, then take the ring's entries in order until told to stop."""
+    """The trainer process: build the algorithm, then take the ring's entries in order until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the learner, which stops us cleanly
     _own_scheduling_group()
     try:
         torch.set_num_threads(spec.threads)
         device = torch.device(spec.device)
         torch.manual_seed(spec.seed)
-        sac = SAC(spec.obs_space, spec.action_space, spec.policy, spec.policy_options, spec.settings, device)
+        algo = make_algo(spec.algo, spec.obs_space, spec.action_space, spec.policy, spec.policy_options,
+                         spec.settings, device)
         if spec.state is not None:
-            sac.load_state_dict(spec.state)
+            algo.load_state_dict(spec.state)
         if spec.rng is not None:
             torch.set_rng_state(spec.rng["torch"])
             if device.type == "cuda" and "cuda" in spec.rng:  # SAC's action noise is drawn on the GPU
                 torch.cuda.set_rng_state(spec.rng["cuda"], device)
-        updates.value = sac.updates
-        outbox.put(("ready", sac.updates))
-        _train(spec, sac, device, ring, slots_channel, outbox, updates, idle_us, parent_pid)
+        updates.value = algo.updates
+        outbox.put(("ready", algo.updates))
+        _train(spec, algo, device, ring, slots_channel, outbox, updates, idle_us, parent_pid)
     except BaseException as exc:  # the learner reports it and stops
         outbox.put(("error", f"{type(exc).__name__}: {exc}"))
         traceback.print_exc()
@@ -282,7 +286,7 @@ def _own_scheduling_group() -> None:
         pass
 
 
-def _train(spec: TrainerSpec, sac: SAC, device: torch.device, ring: Ring, slots_channel, outbox, updates,
+def _train(spec: TrainerSpec, algo: Algorithm, device: torch.device, ring: Ring, slots_channel, outbox, updates,
            idle_us, parent_pid: int) -> None:
     slots: dict[str, torch.Tensor] | None = None
     metrics: dict[str, torch.Tensor] = {}
@@ -294,7 +298,7 @@ def _train(spec: TrainerSpec, sac: SAC, device: torch.device, ring: Ring, slots_
             if os.getppid() != parent_pid:  # the learner died (killed): nobody will ever stop us
                 return
             continue
-        if sac.updates:
+        if algo.updates:
             idle_us.value += int((time.perf_counter() - waited) * 1e6)
         entry = taken % depth
         taken += 1
@@ -305,29 +309,29 @@ def _train(spec: TrainerSpec, sac: SAC, device: torch.device, ring: Ring, slots_
             batch = training_batch({key: tensor[entry] for key, tensor in slots.items()}, device)
             if on_gpu:  # copied to the device: the entry is free while the update runs
                 ring.free.release()
-            metrics = sac.update(batch)
+            metrics = algo.update(batch)
             if not on_gpu:  # the update read the slot itself
                 ring.free.release()
-            updates.value = sac.updates
-            if sac.updates == 1 or sac.updates % spec.publish_every == 0:
-                _send_actor(sac, None, metrics, outbox)
+            updates.value = algo.updates
+            if algo.updates == 1 or algo.updates % spec.publish_every == 0:
+                _send_actor(algo, None, metrics, outbox)
             continue
         ring.free.release()
         if kind == ACTOR:
-            _send_actor(sac, tag, metrics, outbox)
+            _send_actor(algo, tag, metrics, outbox)
         elif kind == STATE:
             rng = {"torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state(device)} if on_gpu else {})}
-            outbox.put(("state", tag, sac.updates, to_bytes((snapshot(sac.state_dict()), rng)), None))
+            outbox.put(("state", tag, algo.updates, to_bytes((snapshot(algo.state_dict()), rng)), None))
         elif kind == STOP:
             return
 
 
-def _send_actor(sac: SAC, tag: str | None, metrics: dict[str, torch.Tensor], outbox) -> None:
-    outbox.put(("actor", tag, sac.updates, to_bytes(snapshot(sac.actor.state_dict())), metrics_to_floats(metrics)))
+def _send_actor(algo: Algorithm, tag: str | None, metrics: dict[str, torch.Tensor], outbox) -> None:
+    outbox.put(("actor", tag, algo.updates, to_bytes(snapshot(algo.actor.state_dict())), metrics_to_floats(metrics)))
 
 
 def training_batch(columns: dict[str, torch.Tensor], device: torch.device) -> dict:
-    """The slot's columns as the dict `SAC.update` takes (obs and next_obs as dicts), on `device`."""
+    """The slot's columns as the dict an algorithm's `update` takes (obs and next_obs as dicts), on `device`."""
     out: dict = {"obs": {}, "next_obs": {}}
     for key, tensor in columns.items():
         tensor = tensor.to(device, non_blocking=False)

@@ -59,10 +59,11 @@ class DictEncoder(nn.Module):
         return torch.cat(parts, dim=-1)
 
 
-def mlp(in_dim: int, hidden: list[int], out_dim: int) -> nn.Sequential:
+def mlp(in_dim: int, hidden: list[int], out_dim: int, layer_norm: bool = False) -> nn.Sequential:
+    """Linear layers with ReLU between them; `layer_norm` puts a LayerNorm before each ReLU."""
     layers: list[nn.Module] = []
     for width in hidden:
-        layers += [nn.Linear(in_dim, width), nn.ReLU()]
+        layers += [nn.Linear(in_dim, width), *([nn.LayerNorm(width)] if layer_norm else []), nn.ReLU()]
         in_dim = width
     layers.append(nn.Linear(in_dim, out_dim))
     return nn.Sequential(*layers)

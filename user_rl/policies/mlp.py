@@ -57,12 +57,15 @@ class GaussianActor(nn.Module):
 
 
 class TwinQCritic(nn.Module):
-    def __init__(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, hidden: list[int]) -> None:
+    """Two Q networks; `layer_norm` (the RLPD recipe) normalises each hidden layer."""
+
+    def __init__(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, hidden: list[int],
+                 layer_norm: bool = False) -> None:
         super().__init__()
         self.encoder = DictEncoder(obs_space)
         in_dim = self.encoder.out_dim + int(np.prod(action_space.shape))
-        self.q1 = mlp(in_dim, hidden, 1)
-        self.q2 = mlp(in_dim, hidden, 1)
+        self.q1 = mlp(in_dim, hidden, 1, layer_norm)
+        self.q2 = mlp(in_dim, hidden, 1, layer_norm)
 
     def forward(self, obs: dict[str, torch.Tensor], action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.cat([self.encoder(obs), action], dim=-1)

@@ -1,0 +1,119 @@
+"""The algorithm registry: `algo.type` names one of its algorithms (else a config error that lists
+them); each builds from the config's fields, trains on the columns the learner sends it, and
+continues from its state exactly."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+from typing import get_args
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from user_rl.algos import ALGOS, BCSettings, SACSettings, algo_settings, make_algo, metrics_to_floats
+from user_rl.cloud.batches import training_columns
+from user_rl.cloud.trainer import training_batch
+from user_rl.config import AlgoConfig, ConfigError, build_config
+from user_rl.wire import user_rl_pb2 as pb
+
+OBS_SPACE = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (24, 24, 3), np.uint8),
+                             "state": gym.spaces.Box(-1, 1, (4,), np.float32)})
+ACTION_SPACE = gym.spaces.Box(-1, 1, (3,), np.float32)
+METRICS = {"sac": {"critic_loss", "actor_loss", "alpha", "q"},
+           "bc": {"bc_loss", "action_nll", "action_mse", "imitated_rows"}}
+
+
+def buffer_batch(rng: np.random.Generator, size: int = 16) -> dict[str, np.ndarray]:
+    """A batch as the buffer's `sample` gives it, actor column included (every actor kind)."""
+    def obs() -> dict[str, np.ndarray]:
+        return {"image": rng.integers(0, 256, (size, 24, 24, 3), dtype=np.uint8),
+                "state": rng.uniform(-1, 1, (size, 4)).astype(np.float32)}
+    return {**{f"obs/{k}": v for k, v in obs().items()}, **{f"next_obs/{k}": v for k, v in obs().items()},
+            "action": rng.uniform(-1, 1, (size, 3)).astype(np.float32),
+            "reward": rng.normal(size=size).astype(np.float32), "terminated": rng.random(size) < 0.1,
+            "policy_version": np.ones(size, np.int64), "robot": np.zeros(size, np.int64),
+            "actor": np.resize(np.array([pb.ACTOR_POLICY, pb.ACTOR_HUMAN, pb.ACTOR_SCRIPTED], np.uint8), size)}
+
+
+def learner_batch(name: str, rng: np.random.Generator) -> dict:
+    """What the trainer process hands the algorithm: its own columns, as tensors."""
+    columns = training_columns(buffer_batch(rng), ALGOS[name].batch_columns)
+    return training_batch({k: torch.from_numpy(v) for k, v in columns.items()}, torch.device("cpu"))
+
+
+def test_an_unknown_algo_type_is_a_config_error_that_names_the_choices() -> None:
+    with pytest.raises(ConfigError, match=re.escape("config error: algo.type: Input should be 'sac' or 'bc' (got 'ppo')")):
+        build_config({"algo": {"type": "ppo"}})
+    assert set(get_args(AlgoConfig.model_fields["type"].annotation)) == set(ALGOS)  # the config lists the registry
+    with pytest.raises(ValueError, match="unknown algorithm 'ppo'; known: sac, bc"):
+        make_algo("ppo", OBS_SPACE, ACTION_SPACE)
+
+
+def test_a_setting_of_another_algorithm_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="policy_row_weight is a setting of algo.type bc; this run's algo.type is sac"):
+        build_config({"algo": {"policy_row_weight": 0.5}})
+    with pytest.raises(ConfigError, match="critic_layer_norm is a setting of algo.type sac; this run's algo.type is bc"):
+        build_config({"algo": {"type": "bc", "critic_layer_norm": True}})
+    with pytest.raises(ConfigError, match="algo.policy_row_weight: Input should be greater than or equal to 0"):
+        build_config({"algo": {"type": "bc", "policy_row_weight": -1}})
+
+
+@pytest.mark.parametrize("name", sorted(ALGOS))
+def test_every_setting_comes_from_the_config_by_name(name: str) -> None:
+    cfg = build_config({"algo": {"type": name, "actor_lr": 1e-3}})
+    fields = {f.name for f in dataclasses.fields(ALGOS[name].Settings)}
+    assert fields <= set(AlgoConfig.model_fields), f"{name} settings missing from AlgoConfig: {fields - set(AlgoConfig.model_fields)}"
+    settings = algo_settings(name, cfg.algo.model_dump())
+    assert isinstance(settings, ALGOS[name].Settings) and settings.actor_lr == 1e-3
+
+
+def test_the_configs_settings_reach_each_algorithm() -> None:
+    sac = algo_settings("sac", build_config({"algo": {"critic_layer_norm": True, "tau": 0.01}}).algo.model_dump())
+    assert sac == SACSettings(tau=0.01, critic_layer_norm=True)
+    bc = algo_settings("bc", build_config({"algo": {"type": "bc", "policy_row_weight": 0.25}}).algo.model_dump())
+    assert bc == BCSettings(policy_row_weight=0.25)
+    with pytest.raises(TypeError, match="algorithm 'bc' takes BCSettings, not SACSettings"):
+        make_algo("bc", OBS_SPACE, ACTION_SPACE, settings=SACSettings())
+
+
+@pytest.mark.parametrize("name", sorted(ALGOS))
+def test_each_algorithm_trains_and_continues_exactly_from_its_state(name: str) -> None:
+    rng = np.random.default_rng(0)
+    batches = [learner_batch(name, rng) for _ in range(3)]
+    torch.manual_seed(0)
+    algo = make_algo(name, OBS_SPACE, ACTION_SPACE, policy_options={"hidden": [32]})
+    metrics = metrics_to_floats(algo.update(batches[0]))
+    print(f"{name}: {metrics}")
+    assert set(metrics) == METRICS[name] and np.isfinite(list(metrics.values())).all()
+    state = copy.deepcopy(algo.state_dict())  # as a checkpoint holds it (a live state_dict shares its tensors)
+    assert state["algo"] == name and "actor" in state  # the learner publishes state["actor"] on resume
+
+    torch.manual_seed(1)  # another initialisation: everything must come from the state
+    clone = make_algo(name, OBS_SPACE, ACTION_SPACE, policy_options={"hidden": [32]})
+    clone.load_state_dict(state)
+    assert clone.updates == algo.updates == 1
+    for batch in batches[1:]:  # networks and optimisers alike: the same next steps
+        torch.manual_seed(2)
+        algo.update(batch)
+        torch.manual_seed(2)
+        clone.update(batch)
+    for key, tensor in algo.actor.state_dict().items():
+        assert torch.equal(clone.actor.state_dict()[key], tensor), key
+    obs = batches[0]["obs"]
+    action = algo.actor.act(obs, deterministic=True)
+    assert torch.equal(action, clone.actor.act(obs, deterministic=True)) and action.shape == (16, 3)
+
+
+def test_a_state_of_another_algorithm_is_refused_with_a_clear_error() -> None:
+    bc_state = make_algo("bc", OBS_SPACE, ACTION_SPACE, policy_options={"hidden": [32]}).state_dict()
+    sac = make_algo("sac", OBS_SPACE, ACTION_SPACE, policy_options={"hidden": [32]})
+    with pytest.raises(ValueError, match="written by algorithm 'bc', not 'sac': set algo.type: bc to continue it"):
+        sac.load_state_dict(bc_state)
+    old_sac_state = {k: v for k, v in sac.state_dict().items() if k != "algo"}  # before the registry
+    sac.load_state_dict(old_sac_state)
+    with pytest.raises(ValueError, match="written by algorithm 'sac', not 'bc'"):
+        make_algo("bc", OBS_SPACE, ACTION_SPACE, policy_options={"hidden": [32]}).load_state_dict(old_sac_state)

@@ -1,0 +1,52 @@
+"""What every learning algorithm offers the trainer process, and the helpers they share.
+
+The trainer (`cloud/trainer.py`) knows an algorithm only through this interface, so adding one
+means writing a class like `SAC` or `BehaviourCloning` and naming it in `ALGOS`
+(`user_rl/algos/__init__.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol
+
+import torch
+from torch import nn
+
+
+class Algorithm(Protocol):
+    """One learning algorithm.
+
+    - `name`: its `algo.type`. `Settings`: a dataclass of its settings; each field has the name
+      of an `AlgoConfig` field, which is where a run's value comes from.
+    - `batch_columns`: the batch columns `update` reads. "obs" and "next_obs" stand for every
+      obs/* (next_obs/*) column; "discount" is there only for n-step returns; "intervened" and
+      "policy_acted" (float32, 1.0 or 0.0) are derived by the learner from the row's actor.
+    - `actor`: the network edges run (its `state_dict` is what gets published).
+    - `updates`: batches taken by `update` so far (restored by `load_state_dict`).
+    - `state_dict()` holds "actor" (the learner publishes it on resume) and "algo" (the name).
+    """
+
+    name: ClassVar[str]
+    Settings: ClassVar[type]
+    batch_columns: ClassVar[tuple[str, ...]]
+    actor: nn.Module
+    updates: int
+
+    def update(self, batch: dict) -> dict[str, torch.Tensor]: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+def check_state_is_for(state: dict, name: str) -> None:
+    """Refuse a state written by another algorithm (states from before the registry are SAC's)."""
+    written_by = state.get("algo", "sac")
+    if written_by != name:
+        raise ValueError(f"this state was written by algorithm {written_by!r}, not {name!r}: "
+                         f"set algo.type: {written_by} to continue it, or start a new run")
+
+
+def metrics_to_floats(metrics: dict[str, Any]) -> dict[str, float]:
+    """Plain floats for a status or a log line (this is where the host waits for the device)."""
+    return {name: float(value) for name, value in metrics.items()}

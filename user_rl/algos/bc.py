@@ -1,0 +1,110 @@
+"""Intervention-weighted behaviour cloning; with the default weights it is HG-DAgger.
+
+HG-DAgger (Kelly et al., 2019): the policy drives, a person (or the scripted intervener in
+simulation) takes over when it goes wrong, and the policy learns to do what the person did in
+the states the policy itself led to. Every row is weighted: 1 where someone intervened
+(`intervened`), `policy_row_weight` where the policy acted (`policy_acted`; 0 by default, which
+is HG-DAgger), and 0 for anything else (random warm-up actions). A positive `policy_row_weight`
+also keeps the policy's own accepted actions, as in intervention-weighted regression
+(Mandlekar et al., 2020).
+
+The loss per row is the negative log-likelihood of the demonstrated action under the actor's
+Gaussian (before the tanh squash) plus the squared error of the deterministic action, both in
+the normalised [-1, 1] action units:
+- the likelihood trains the standard deviation too, so the actions the edge samples while it
+  collects data spread as much as the people's own actions do, not as much as an untrained one;
+- the squared error is on exactly what an evaluation runs (tanh of the mean), and stays well
+  scaled at the action bounds, where the pre-tanh target of a clipped action is large.
+The tanh's log-Jacobian depends only on the target action, so it is left out of the likelihood.
+
+Rows of weight 0 are dropped before the forward pass, so they cannot change the policy; a batch
+with no weighted row makes no optimiser step at all (Adam would still move the weights on its
+momentum), but it counts in `updates`, which counts the batches taken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import torch
+from torch.distributions import Normal
+
+from user_rl.algos.base import check_state_is_for
+from user_rl.policies import make_actor
+
+# The likelihood's target for an action at a bound is atanh(0.99) = 2.6, not infinity. (Nearer 1 the
+# pre-tanh target of the many clipped actions a person or an expert gives grows so steep that it
+# slowed learning on the rest: the squared error still pulls the action the rest of the way.)
+TARGET_EDGE = 0.99
+
+
+@dataclass
+class BCSettings:
+    actor_lr: float = 3e-4
+    policy_row_weight: float = 0.0  # 0: HG-DAgger (learn from interventions only)
+
+
+class BehaviourCloning:
+    name = "bc"
+    Settings = BCSettings
+    batch_columns = ("obs", "action", "intervened", "policy_acted")
+
+    def __init__(
+        self,
+        obs_space: gym.spaces.Dict,
+        action_space: gym.spaces.Box,
+        policy: str = "mlp",
+        policy_options: dict | None = None,
+        settings: BCSettings | None = None,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.settings = settings or BCSettings()
+        if self.settings.policy_row_weight < 0:
+            raise ValueError(f"policy_row_weight must be >= 0, not {self.settings.policy_row_weight}")
+        self.device = torch.device(device)
+        self.actor = make_actor(policy, obs_space, action_space, **(policy_options or {})).to(self.device)
+        self.actor_optim = torch.optim.Adam(self.actor.parameters(), lr=self.settings.actor_lr)
+        self.updates = 0
+        self._last: dict[str, torch.Tensor] = {}
+
+    def row_weights(self, batch: dict) -> torch.Tensor:
+        """1 for intervention rows, `policy_row_weight` for the policy's rows, 0 for the rest."""
+        return batch["intervened"].float() + self.settings.policy_row_weight * batch["policy_acted"].float()
+
+    def update(self, batch: dict) -> dict[str, torch.Tensor]:
+        """One gradient step towards the weighted rows' actions: obs, action, intervened, policy_acted.
+
+        Metrics: `bc_loss` (the weighted loss), `action_nll` and `action_mse` (weighted means of
+        its two parts), `imitated_rows` (rows of the batch with a weight above 0).
+        """
+        weight = self.row_weights(batch)
+        rows = (weight > 0).nonzero().squeeze(1)
+        self.updates += 1
+        if rows.numel() == 0:  # nothing to imitate: no step (Adam's momentum would move the weights)
+            return {**self._last, "imitated_rows": torch.zeros((), device=self.device)}
+        obs = {key: value[rows] for key, value in batch["obs"].items()}
+        weight = weight[rows]
+        target = self.actor.normalize(batch["action"][rows])
+        mean, log_std = self.actor.distribution(obs)
+        pre_tanh_target = torch.atanh(target.clamp(-TARGET_EDGE, TARGET_EDGE))
+        nll = -Normal(mean, log_std.exp(), validate_args=False).log_prob(pre_tanh_target).sum(-1)
+        mse = (torch.tanh(mean) - target).pow(2).sum(-1)
+        total = weight.sum()
+        action_nll, action_mse = (weight * nll).sum() / total, (weight * mse).sum() / total
+        loss = action_nll + action_mse
+        self.actor_optim.zero_grad(set_to_none=True)
+        loss.backward()
+        self.actor_optim.step()
+        self._last = {"bc_loss": loss.detach(), "action_nll": action_nll.detach(), "action_mse": action_mse.detach()}
+        return {**self._last, "imitated_rows": torch.tensor(float(rows.numel()), device=self.device)}
+
+    def state_dict(self) -> dict:
+        return {"algo": self.name, "actor": self.actor.state_dict(), "actor_optim": self.actor_optim.state_dict(),
+                "updates": self.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        check_state_is_for(state, self.name)
+        self.actor.load_state_dict(state["actor"])
+        self.actor_optim.load_state_dict(state["actor_optim"])
+        self.updates = int(state["updates"])
