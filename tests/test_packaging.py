@@ -25,7 +25,7 @@ import yaml
 
 from user_rl.cloud.learner import Learner
 from user_rl.config import build_config
-from user_rl.testing.wait import free_port, wait_until
+from user_rl.testing.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 NOT_SHIPPED = shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build", "runs", ".pytest_cache", ".venv")

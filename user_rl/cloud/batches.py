@@ -17,13 +17,12 @@ from user_rl.algos import SAC
 from user_rl.cloud.buffer.store import NEXT_OBS, PersistentReplay
 from user_rl.cloud.trainer import Trainer
 from user_rl.wire import user_rl_pb2 as pb
-from user_rl.wire.transitions import OBS
+from user_rl.wire.transitions import OBS, intervened
 
 GROUPS = {"obs": OBS, "next_obs": NEXT_OBS}  # a name in `batch_columns` that stands for every column of a prefix
 OPTIONAL = {"discount"}  # in the buffer's batch only for n-step returns
-INTERVENTION_ACTORS = (pb.ACTOR_HUMAN, pb.ACTOR_SCRIPTED)  # someone other than the policy chose the action
 DERIVED = {  # float32 columns computed from the row's `actor` (algorithms never see the wire's enum)
-    "intervened": lambda batch: np.isin(batch["actor"], INTERVENTION_ACTORS).astype(np.float32),
+    "intervened": lambda batch: intervened(batch["actor"]).astype(np.float32),
     "policy_acted": lambda batch: (batch["actor"] == pb.ACTOR_POLICY).astype(np.float32),
 }
 
