@@ -30,6 +30,11 @@ def _backlog(status: dict) -> str:
     return f" | backlog {waiting:,} batches" if waiting else ""
 
 
+def _interventions(status: dict) -> str:
+    rate = status.get("intervention_rate") or 0.0
+    return f" | interventions {rate:.2f}" if rate else ""
+
+
 class ProgressPrinter:
     def __init__(self, metrics_path: Path, out: Callable[[str], None], every_s: float = 5.0) -> None:
         self.metrics = metrics_path.open("a")
@@ -57,7 +62,7 @@ class ProgressPrinter:
                 f"[{elapsed:6.0f}s] env {status['env_steps']:>8,} ({steps_rate:6.0f}/s) | "
                 f"updates {status['updates']:>8,} ({update_rate:5.0f}/s) | policy v{status['policy_version']} | "
                 f"success {_fmt(status.get('recent_success'))} | return {_fmt(status.get('recent_return'), '.1f')} | "
-                f"robots {len(status.get('robots', {}))}{_backlog(status)}"
+                f"robots {len(status.get('robots', {}))}{_interventions(status)}{_backlog(status)}"
             )
             for line in error_lines(status):
                 self.out(line)

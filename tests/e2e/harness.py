@@ -1,9 +1,11 @@
-"""Shared by the chaos tests: a standalone `user-rl learner` process to SIGKILL and restart, edge
-daemons in threads, and the buffer's own index as the judge of what arrived."""
+"""Shared by the end-to-end tests: `user-rl train` / `user-rl eval` as a user runs them; for the chaos
+tests a standalone `user-rl learner` process to SIGKILL and restart, edge daemons in threads, and
+the buffer's own index as the judge of what arrived."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -81,3 +83,29 @@ edge.run(max_steps=int(sys.argv[5]))
 edge.drain(60)
 print("done", edge.steps, edge.link.seq, flush=True)
 """
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MUJOCO_GL": "egl"}
+    return subprocess.run(
+        [sys.executable, "-m", "user_rl.cli", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def train(config: str, run_root: Path, *overrides: str, timeout: float = 900) -> dict:
+    proc = run_cli("train", config, f"run_root={run_root}", *overrides, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (summary_path,) = run_root.glob("*/summary.json")
+    summary = json.loads(summary_path.read_text())
+    summary["stdout"] = proc.stdout
+    return summary
+
+
+def evaluate(checkpoint: str, episodes: int, seed: int) -> dict:
+    proc = run_cli("eval", checkpoint, "--episodes", str(episodes), "--seed", str(seed), "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

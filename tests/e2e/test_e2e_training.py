@@ -4,38 +4,12 @@ loopback ZeroMQ, trains to its goal, and `user-rl eval` confirms the checkpoint 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def run_cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MUJOCO_GL": "egl"}
-    return subprocess.run(
-        [sys.executable, "-m", "user_rl.cli", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
-    )
-
-
-def train(config: str, run_root: Path, *overrides: str, timeout: float = 900) -> dict:
-    proc = run_cli("train", config, f"run_root={run_root}", *overrides, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (summary_path,) = run_root.glob("*/summary.json")
-    summary = json.loads(summary_path.read_text())
-    summary["stdout"] = proc.stdout
-    return summary
-
-
-def evaluate(checkpoint: str, episodes: int, seed: int) -> dict:
-    proc = run_cli("eval", checkpoint, "--episodes", str(episodes), "--seed", str(seed), "--json", timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+from tests.e2e.harness import evaluate, run_cli, train
 
 
 def assert_fleet_ran_as_processes(summary: dict, robots: int) -> None:

@@ -402,6 +402,8 @@ class Learner:
             "buffer": len(self.ingest.buffer) if self.ingest.buffer else 0,
             "recent_success": float(np.mean(successes)) if successes else None,
             "recent_return": float(np.mean(returns)) if returns else None,
+            # of the robots' recent stored steps, the share on which a person or the scripted intervener acted
+            "intervention_rate": float(np.mean([r["intervention_rate"] for r in robots.values()])) if robots else 0.0,
             **ingest,
             "checkpoints_written": self.checkpoints.written,
             "checkpoint_error": self.checkpoints.error,
