@@ -74,3 +74,21 @@ def test_a_run_without_teleop_pages_is_named_in_the_error(tmp_path: Path, capsys
     assert "holds no teleop.json: was it launched with teleop.enabled=true" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError, match="neither a run directory nor a page address"):
         read_pages(str(tmp_path / "missing"))
+
+
+def test_a_robot_with_cameras_shows_its_camera_observations(running) -> None:
+    import cv2
+    import numpy as np
+
+    _, (edge,) = running(["fleet.num_robots=1", "fleet.control_hz=20", "fleet.pace_to_learner=false",
+                          "algo.learning_starts=100000", "teleop.enabled=true"],
+                         {"type": "mujoco_reach", "options": {"obs_mode": "image", "image_size": 32, "control_hz": 20}})
+    server = edge.teleop
+    assert server.cameras == ["image"] and not server.renders
+    token = f"?token={server.token}"
+    status, _ = get(f"{server.address}api/frame/view{token}")
+    assert status == 404
+    with urllib.request.urlopen(f"{server.address}api/frame/image{token}", timeout=10) as response:
+        assert response.headers["Content-Type"] == "image/jpeg"
+        frame = cv2.imdecode(np.frombuffer(response.read(), np.uint8), cv2.IMREAD_COLOR)
+    assert frame.shape == (32, 32, 3) and frame.std() > 0
