@@ -134,6 +134,20 @@ def _estop(args: argparse.Namespace) -> int:
     return 0
 
 
+def _teleop(args: argparse.Namespace) -> int:
+    from user_rl.edge.teleop.fleet import read_pages, serve_fleet_page
+
+    if args.list:
+        pages = [page for target in args.targets for page in read_pages(target)]
+        for page in pages:
+            print(f"{page.robot_id}  {page.url}")
+        return 0 if pages else 1
+    if len(args.targets) != 1:
+        raise ConfigError("the fleet page serves one run directory or one page address; --list takes several")
+    serve_fleet_page(args.targets[0], args.host, args.port)
+    return 0
+
+
 def _key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -217,6 +231,15 @@ def build_parser() -> argparse.ArgumentParser:
             stop.add_argument("--reason", default="operator emergency stop")
         stop.set_defaults(func=_estop)
 
+    teleop = sub.add_parser("teleop", help="the fleet page: every robot with a link to its teleop page "
+                            "(runs launched with teleop.enabled=true)")
+    teleop.add_argument("targets", nargs="+", metavar="RUN_DIR|ADDRESS",
+                        help="a run directory, or a robot page's address as its edge printed it (http://HOST:PORT/?token=...)")
+    teleop.add_argument("--list", action="store_true", help="print each robot's page address and exit")
+    teleop.add_argument("--host", default="127.0.0.1", help="where the fleet page listens")
+    teleop.add_argument("--port", type=int, default=0, help="the fleet page's port (default: a free one)")
+    teleop.set_defaults(func=_teleop)
+
     hal = sub.add_parser("hal", help="the devices of this node")
     hal_actions = hal.add_subparsers(dest="action", required=True)
     discover = hal_actions.add_parser("discover", help="list robots (probed), sim slots, GPUs, serial ports and "
@@ -253,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, PlacementError, FileNotFoundError) as exc:
+    except (ConfigError, PlacementError, FileNotFoundError, ConnectionError) as exc:
         print(f"user-rl: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # e.g. `user-rl train` on a robot controller installed without Ray

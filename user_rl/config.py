@@ -75,6 +75,31 @@ class InterventionConfig(Section):
     handback_distance: float = Field(0.05, gt=0.0, description="the scripted expert hands back this close to the goal")
 
 
+TELEOP_TOKEN = re.compile(r"[A-Za-z0-9_-]{16,}")
+
+
+class TeleopConfig(Section):
+    """The teleop web page each edge serves for its robot (user_rl/edge/teleop): watch, take over,
+    label, reset, emergency stop. Needs the teleop extra (`pip install -e '.[teleop]'`)."""
+
+    enabled: bool = Field(False, description="serve the page (every edge of the fleet serves its own)")
+    host: str = Field("127.0.0.1", description="the address to listen on; 0.0.0.0 opens it to the network")
+    port: int = Field(0, ge=0, le=65535, description="0 picks a free port; else robot i of the fleet listens on port + i")
+    token: str | None = Field(None, description="needed by every request; default: $USER_RL_TELEOP_TOKEN, else a "
+                                                "random one, printed at start")
+    frame_hz: float = Field(10.0, gt=0, le=60, description="camera frames per second sent to people watching")
+    view_size: int = Field(160, ge=16, le=1024, description="pixels of the rendered view of a sim without cameras")
+    speed: float = Field(0.5, gt=0, le=1, description="the action a held key commands (of the action space's range)")
+    command_timeout_s: float = Field(0.5, gt=0, description="a held key's command not refreshed this long stops the robot")
+
+    @field_validator("token")
+    @classmethod
+    def _strong_token(cls, value: str | None) -> str | None:
+        if value is not None and not TELEOP_TOKEN.fullmatch(value):
+            raise ValueError("must be at least 16 characters of A-Z a-z 0-9 _ - (it travels in URLs)")
+        return value
+
+
 class PolicyConfig(Section):
     type: Literal["mlp"] = "mlp"
     hidden: list[int] = Field(default_factory=lambda: [256, 256])
@@ -200,6 +225,7 @@ class Config(Section):
     robot: RobotConfig = Field(default_factory=RobotConfig)
     fleet: FleetConfig = Field(default_factory=FleetConfig)
     intervention: InterventionConfig = Field(default_factory=InterventionConfig)
+    teleop: TeleopConfig = Field(default_factory=TeleopConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)

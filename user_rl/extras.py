@@ -8,11 +8,12 @@ one on a machine without it says what to install instead of printing a traceback
 
 from __future__ import annotations
 
-EXTRA_OF_MODULE = {"ray": "cluster", "mujoco": "sim"}  # top-level module -> the extra that installs it
+EXTRA_OF_MODULE = {"ray": "cluster", "mujoco": "sim", "aiohttp": "teleop"}  # top-level module -> the extra that installs it
 COMMAND_EXTRAS = {  # what a command needs in all (the missing module's extra is always named)
     "train": ("cluster", "sim"),
     "launch": ("cluster", "sim"),
     "node": ("cluster",),
+    "teleop": ("teleop",),
 }
 
 

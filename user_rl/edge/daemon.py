@@ -101,6 +101,7 @@ class EdgeDaemon:
         self.requests = OperatorRequests()  # labels and resets asked for by people
         self.step_watchers: list[Callable[[StepRecord], None]] = []  # called by the loop after each step
         self._robot_since: float | None = None  # inside a robot call (reset / step) since then
+        self.teleop = None  # the robot's teleop page (user_rl/edge/teleop), when configured; closed with the daemon
 
     # -- policy ------------------------------------------------------------------------------
     def _maybe_swap_weights(self) -> None:
@@ -351,6 +352,7 @@ class EdgeDaemon:
             "estopped": self.estop.tripped(),
             "estops": self.estops,
             "interventions": self.interventions.status(),
+            "teleop": self.teleop.address if self.teleop is not None else None,
             "robot_unanswered_s": round(time.monotonic() - since, 2) if (since := self._robot_since) else 0.0,
         }
 
@@ -391,6 +393,8 @@ class EdgeDaemon:
                     self.settings.safety.deadline_s)
 
     def close(self) -> None:
+        if self.teleop is not None:
+            self.teleop.close()
         self.watchdog.close()
         self.weights.close()
         self.link.close()

@@ -51,10 +51,25 @@ def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
         safety=SafetySettings(max_action_delta=cfg.safety.max_action_delta, deadline_s=cfg.safety.deadline_s),
     )
     interventions = InterventionMux()
+    teleop = None
+    if cfg.teleop.enabled:  # a person at the page comes first: the scripted expert never locks them out
+        from user_rl.edge.teleop import make_source
+
+        teleop = make_source(robot, cfg.teleop)
+        interventions.add(teleop)
     if cfg.intervention.scripted:
         i = cfg.intervention
         interventions.add(ScriptedIntervener(robot, i.patience, i.min_progress, i.handback_distance))
-    return EdgeDaemon(robot, actor, data_address, weights_address, settings, interventions=interventions)
+    edge = EdgeDaemon(robot, actor, data_address, weights_address, settings, interventions=interventions)
+    if teleop is not None:
+        from user_rl.edge.teleop import start_server
+
+        try:
+            edge.teleop = start_server(edge, teleop, cfg.teleop, index)
+        except BaseException:
+            edge.close()
+            raise
+    return edge
 
 
 def link_settings(cfg: Config, spool_dir: Path | None, curve: ClientKeys | None = None,

@@ -169,6 +169,7 @@ def _place(run: FleetRun) -> None:
     run.fleet = FleetHealth(spawn, [cfg.robot_options(i)["robot_id"] for i in range(len(demands))],
                             cfg.fleet.max_restarts, run.out, cfg.fleet.stall_s)
     run.fleet.wait_started()
+    _record_teleop_pages(run)
     run.out(f"learner at {addresses['data']} (weights {addresses['weights']}) trains on {device}; "
             f"{len(run.fleet.active)} edge daemons started")
     run.evaluator = Evaluator(cfg, addresses["weights"])
@@ -209,6 +210,10 @@ def train(cfg: Config, out: Printer = print, ray_address: str | None = None) -> 
         check_cluster(cfg, ray.nodes())  # before anything is created: a launch that cannot fit fails now
         run_dir = make_run_dir(cfg)
         out(f"run directory: {run_dir}")
+        if cfg.teleop.enabled:  # one token for the run's pages (never in config.yaml; in teleop.json, owner-only)
+            from user_rl.edge.teleop import resolve_token
+
+            cfg.teleop.token = resolve_token(cfg.teleop)
         runs = _fleet_runs(cfg, run_dir, out)
         for run in runs:
             _place(run)
@@ -275,6 +280,7 @@ def _tend(run: FleetRun, stop: StopConfig, started: float) -> None:
     if len(fleet.active) != status.get("active_robots"):
         ray.get(run.learner.set_active_robots.remote(len(fleet.active)))
     _write_fleet_status(run.run_dir, status, fleet)
+    _record_teleop_pages(run)
     if status.get("error"):
         raise RuntimeError(f"{run.learner_label} crashed:\n{status['error']}")
     run.printer.progress(time.monotonic() - started, status)
@@ -297,6 +303,18 @@ def _write_fleet_status(run_dir: Path, learner_status: dict, fleet: FleetHealth)
     """`fleet_status.json`: each robot's edge (pid, steps, restarts, failure) and what the learner has of it."""
     write_status_json(run_dir / "fleet_status.json",
                       {"edges": fleet.report(), "learner_robots": learner_status.get("robots", {})})
+
+
+def _record_teleop_pages(run: FleetRun) -> None:
+    """`teleop.json`: each edge's teleop page, for `user-rl teleop RUN_DIR` (a restarted edge's new one too)."""
+    if not run.cfg.teleop.enabled:
+        return
+    from user_rl.edge.teleop.fleet import write_pages
+
+    fleet = run.fleet
+    pages = {robot_id: fleet.last[robot_id].get("teleop") for robot_id in fleet.active if robot_id in fleet.last}
+    if write_pages(run.run_dir, run.cfg.teleop.token, pages):
+        run.out("teleop pages: `user-rl teleop " + str(run.run_dir) + "` lists them")
 
 
 def _evaluate_snapshot(run: FleetRun, started: float) -> EvalResult:

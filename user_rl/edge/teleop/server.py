@@ -1,0 +1,344 @@
+"""The teleop web server: one robot's page, served by that robot's edge daemon.
+
+aiohttp runs in a thread of its own with its own event loop, so the control loop never waits on
+a browser. The loop tells the server about each step through a step watcher (on the loop's own
+thread: the only place the robot may be rendered); the server tells the loop what people ask
+through the intervention source (`WebTeleop`), `OperatorRequests` and the e-stop latch file.
+
+Every request needs the token (query `token=`, or an `Authorization: Bearer` header): without it
+401, with a wrong one 403.
+
+    GET /?token=T              the robot's page
+    GET /teleop.js|teleop.css  the page's script and style
+    GET /api/state             where the robot is (JSON)
+    GET /api/frame/CAMERA      the newest camera frame (JPEG)
+    GET /ws                    websocket: state and frames out; take over, commands, labels, e-stop in
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import json
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import cv2
+import numpy as np
+from aiohttp import WSMsgType, web
+
+from user_rl.edge.operator import StepRecord
+from user_rl.edge.teleop.controls import control_map, mapping_for_page
+from user_rl.edge.teleop.source import AppliedCommand, NotYourTurn, WebTeleop
+from user_rl.robots.estop import EStopLatch
+from user_rl.wire import user_rl_pb2 as pb
+
+if TYPE_CHECKING:
+    from user_rl.config import TeleopConfig
+    from user_rl.edge.daemon import EdgeDaemon
+
+log = logging.getLogger(__name__)
+
+STATE_HZ = 10.0          # state messages per second to each page
+SEND_TIMEOUT_S = 1.0     # a page that does not take a message this fast misses it
+FRAME_ON_REQUEST_S = 2.0  # /api/frame keeps frames coming this long
+STATIC = resources.files("user_rl.edge.teleop") / "static"
+
+
+def image_keys(obs_space: Any) -> list[str]:
+    """Observation keys that are camera images (uint8 HWC)."""
+    spaces = getattr(obs_space, "spaces", {})
+    return [k for k, s in spaces.items() if s.dtype == np.uint8 and len(s.shape) == 3 and s.shape[-1] in (1, 3)]
+
+
+def jpeg(image: np.ndarray, quality: int = 80) -> bytes:
+    bgr = cv2.cvtColor(image, cv2.COLOR_RGB2BGR) if image.shape[-1] == 3 else image
+    ok, data = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise ValueError(f"could not encode a {image.shape} frame as JPEG")
+    return data.tobytes()
+
+
+@dataclass
+class Client:
+    id: str
+    name: str
+    ws: web.WebSocketResponse
+    sent_frame: int = -1
+    errors: list[str] = field(default_factory=list)
+
+
+class TeleopServer:
+    def __init__(self, edge: "EdgeDaemon", source: WebTeleop, settings: "TeleopConfig", port: int, token: str) -> None:
+        self.edge, self.source, self.settings, self.token = edge, source, settings, token
+        self.robot_id = edge.robot.descriptor.id
+        self.latch = EStopLatch(edge.estop.path)  # the loop's latch file; a reader of our own (thread-safe)
+        robot = edge.robot
+        self.mapping = mapping_for_page(control_map(robot.action_space, getattr(robot, "gripper_index", None),
+                                                    getattr(robot, "action_names", None)), settings.speed)
+        self.camera_keys = image_keys(robot.observation_space)
+        self.renders = not self.camera_keys and callable(getattr(robot, "render", None))
+        self.cameras = self.camera_keys or (["view"] if self.renders else [])
+        self._port = port
+        self._clients: dict[str, Client] = {}
+        self._ids = itertools.count(1)
+        self._latest: StepRecord | None = None
+        self._frames: dict[str, np.ndarray] = {}
+        self._frame_seq = 0
+        self._jpegs: tuple[int, dict[str, bytes]] = (-1, {})
+        self._next_frame = 0.0
+        self._frames_wanted_until = 0.0
+        self.last_label: dict | None = None
+        self.estop_requests: list[float] = []  # time.monotonic() of each e-stop pressed on a page
+        self.bad_messages = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self.address = ""
+        self.thread = threading.Thread(target=self._serve, name=f"teleop-{self.robot_id}", daemon=True)
+
+    # -- life ------------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """The page's address with its token: what a person opens."""
+        return f"{self.address}?token={self.token}"
+
+    def start(self) -> "TeleopServer":
+        self.thread.start()
+        if not self._ready.wait(30) or self._error is not None:
+            raise RuntimeError(f"{self.robot_id}: the teleop page could not start on "
+                               f"{self.settings.host}:{self._port}: {self._error}")
+        self.edge.step_watchers.append(self.on_step)
+        return self
+
+    def _serve(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._start_site())
+        except BaseException as exc:  # e.g. the port is taken
+            self._error = exc
+            self._ready.set()
+            loop.close()
+            return
+        self._loop = loop
+        broadcaster = loop.create_task(self._broadcast())
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            broadcaster.cancel()
+            loop.run_until_complete(self._runner.cleanup())
+            loop.close()
+
+    async def _start_site(self) -> None:
+        app = web.Application(middlewares=[self._require_token])
+        app.add_routes([web.get("/", self._page), web.get("/teleop.js", self._static),
+                        web.get("/teleop.css", self._static), web.get("/api/state", self._api_state),
+                        web.get("/api/frame/{camera}", self._api_frame), web.get("/ws", self._websocket)])
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.settings.host, self._port)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        host = self.settings.host if self.settings.host not in ("0.0.0.0", "::", "") else socket.getfqdn()
+        self.address = f"http://{host}:{port}/"
+
+    def close(self) -> None:
+        if self.on_step in self.edge.step_watchers:
+            self.edge.step_watchers.remove(self.on_step)
+        if self._loop is not None and self.thread.is_alive():
+            for client in list(self._clients.values()):
+                asyncio.run_coroutine_threadsafe(client.ws.close(), self._loop)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self.thread.join(timeout=5)
+
+    # -- the control loop's side (its own thread) --------------------------------------------------
+    def on_step(self, record: StepRecord) -> None:
+        """After each step: keep it for the pages, report a command's first step, grab frames while watched."""
+        self._latest = record
+        if record.label != pb.LABEL_NONE:
+            self.last_label = {"episode": record.episode, "step": record.step, "label": pb.Label.Name(record.label)}
+        applied = self.source.applied(record)
+        if applied is not None and self._loop is not None:
+            asyncio.run_coroutine_threadsafe(self._tell_applied(applied), self._loop)
+        if self.renders and self._frame_seq == 0:  # a renderer's first frame is slow (GL set-up): not when someone looks
+            self.edge.robot.render(size=self.settings.view_size)
+            self._frame_seq = 1
+        now = time.monotonic()
+        watched = bool(self._clients) or now < self._frames_wanted_until
+        if watched and self.cameras and now >= self._next_frame:
+            self._next_frame = max(now, self._next_frame + 1.0 / self.settings.frame_hz)
+            if self.renders:
+                self._frames = {"view": self.edge.robot.render(size=self.settings.view_size)}
+            else:
+                self._frames = {key: np.array(record.obs[key]) for key in self.camera_keys}
+            self._frame_seq += 1
+
+    # -- HTTP --------------------------------------------------------------------------------------
+    @web.middleware
+    async def _require_token(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        given = request.query.get("token") or request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if not given:
+            raise web.HTTPUnauthorized(text=f"{self.robot_id}: this teleop page needs its token: open the address "
+                                            "the edge printed at start (it ends in ?token=...)")
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
+            raise web.HTTPForbidden(text=f"{self.robot_id}: wrong teleop token")
+        return await handler(request)
+
+    async def _page(self, request: web.Request) -> web.Response:
+        html = (STATIC / "index.html").read_text().replace("{{TOKEN}}", self.token).replace("{{ROBOT}}", self.robot_id)
+        return web.Response(text=html, content_type="text/html", headers={"Cache-Control": "no-store"})
+
+    async def _static(self, request: web.Request) -> web.Response:
+        name = request.path.lstrip("/")
+        kind = "application/javascript" if name.endswith(".js") else "text/css"
+        return web.Response(text=(STATIC / name).read_text(), content_type=kind)
+
+    async def _api_state(self, request: web.Request) -> web.Response:
+        return web.json_response(self.state())
+
+    async def _api_frame(self, request: web.Request) -> web.Response:
+        camera = request.match_info["camera"]
+        if camera not in self.cameras:
+            raise web.HTTPNotFound(text=f"{self.robot_id} has no camera {camera!r}; it has: "
+                                        f"{', '.join(self.cameras) or 'none'}")
+        self._frames_wanted_until = time.monotonic() + FRAME_ON_REQUEST_S
+        deadline = time.monotonic() + FRAME_ON_REQUEST_S
+        while camera not in self._frames and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if camera not in self._frames:
+            raise web.HTTPServiceUnavailable(text=f"{self.robot_id}: no frame yet (is the robot stepping?)")
+        return web.Response(body=self._encoded()[camera], content_type="image/jpeg")
+
+    def _encoded(self) -> dict[str, bytes]:
+        seq, frames = self._frame_seq, self._frames
+        if self._jpegs[0] != seq:
+            self._jpegs = (seq, {key: jpeg(image) for key, image in frames.items()})
+        return self._jpegs[1]
+
+    # -- what the pages see ------------------------------------------------------------------------
+    def state(self) -> dict:
+        record, edge = self._latest, self.edge
+        _, person = self.source.driver
+        state = {
+            "type": "state", "robot": self.robot_id, "policy_version": edge.policy_version,
+            "episode": record.episode if record else edge.episodes, "step": record.step if record else 0,
+            "reward": round(record.reward, 4) if record else 0.0, "steps": edge.steps,
+            "actor": pb.Actor.Name(record.actor).removeprefix("ACTOR_").lower() if record else "",
+            "action": [round(float(a), 3) for a in record.action] if record else [],
+            "driver": edge.interventions.driver_name or "policy", "teleop_driver": person or None,
+            "viewers": len(self._clients), "estop": self.latch.tripped(), "last_label": self.last_label,
+        }
+        if record is not None and not self.cameras:  # no picture: show the robot's state instead
+            state["observation"] = {k: [round(float(x), 3) for x in np.ravel(v)[:24]] for k, v in record.obs.items()}
+        return state
+
+    async def _send(self, client: Client, message: dict | bytes) -> None:
+        try:
+            if isinstance(message, bytes):
+                await asyncio.wait_for(client.ws.send_bytes(message), SEND_TIMEOUT_S)
+            else:
+                await asyncio.wait_for(client.ws.send_str(json.dumps(message)), SEND_TIMEOUT_S)
+        except (asyncio.TimeoutError, ConnectionError, RuntimeError):
+            pass  # a slow or closing page misses this one
+
+    async def _send_state(self, client: Client) -> None:
+        driver, _ = self.source.driver
+        await self._send(client, {**self.state(), "you": client.name, "you_drive": driver == client.id})
+
+    async def _broadcast(self) -> None:
+        period = 1.0 / max(STATE_HZ, self.settings.frame_hz)
+        while True:
+            await asyncio.sleep(period)
+            clients = list(self._clients.values())
+            if not clients:
+                continue
+            jobs = [self._send_state(c) for c in clients]
+            if self._frames:
+                encoded, seq = self._encoded(), self._jpegs[0]
+                for client in clients:
+                    if client.sent_frame != seq:
+                        client.sent_frame = seq
+                        jobs += [self._send(client, bytes([i]) + encoded[key])
+                                 for i, key in enumerate(self.cameras) if key in encoded]
+            await asyncio.gather(*jobs)
+
+    async def _tell_applied(self, applied: AppliedCommand) -> None:
+        client = self._clients.get(applied.client)
+        if client is not None:
+            await self._send(client, {"type": "applied", "id": applied.command_id, "received_at": applied.received_at,
+                                      "sent_at": applied.sent_at, "episode": applied.episode, "step": applied.step})
+
+    # -- the websocket: one per page ---------------------------------------------------------------
+    async def _websocket(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(heartbeat=10.0)
+        await ws.prepare(request)
+        number = next(self._ids)
+        client = Client(id=f"c{number}", name=f"viewer-{number}", ws=ws)
+        self._clients[client.id] = client
+        await self._send(client, {"type": "welcome", "robot": self.robot_id, "client": client.id, "name": client.name,
+                                  "cameras": self.cameras, "mapping": self.mapping,
+                                  "has_gripper": getattr(self.edge.robot, "gripper_index", None) is not None,
+                                  "control_hz": self.edge.settings.control_hz,
+                                  "command_timeout_s": self.settings.command_timeout_s})
+        try:
+            async for message in ws:
+                if message.type == WSMsgType.TEXT:
+                    await self._on_message(client, message.data)
+        finally:
+            del self._clients[client.id]
+            if self.source.hand_back(client.id):
+                log.warning("%s: %s left while driving: handed back to the policy", self.robot_id, client.name)
+        return ws
+
+    async def _on_message(self, client: Client, text: str) -> None:
+        try:
+            message = json.loads(text)
+            kind = message["type"]
+            reply = self._handle(client, kind, message)
+        except (NotYourTurn, ValueError, KeyError, TypeError) as exc:
+            self.bad_messages += 1
+            reply = {"type": "error", "message": str(exc) if not isinstance(exc, KeyError) else f"missing {exc}"}
+        if reply is not None:
+            await self._send(client, reply)
+        if reply is None or reply.get("type") != "pong":
+            await self._send_state(client)
+
+    def _handle(self, client: Client, kind: str, message: dict) -> dict | None:
+        """Act on one message from a page; the reply, if any."""
+        if kind == "ping":  # clock offset between page and robot, for the latency display
+            return {"type": "pong", "t": message["t"], "server": time.time() * 1000.0}
+        if kind == "command":
+            self.source.command(client.id, int(message["id"]), message["action"])
+            return None
+        if kind == "hello":
+            client.name = str(message.get("name") or client.name)[:40]
+        elif kind == "take_over":
+            self.source.take_over(client.id, client.name)
+            log.warning("%s: %s takes over", self.robot_id, client.name)
+        elif kind == "hand_back":
+            self.source.hand_back(client.id)
+        elif kind == "estop":  # anyone watching may stop the robot
+            self.estop_requests.append(time.monotonic())
+            self.latch.trip(f"teleop page: {client.name}")
+        elif kind == "rearm":
+            self.latch.clear()
+        elif kind in ("mark", "reset"):
+            driver, person = self.source.driver
+            if driver not in (None, client.id):
+                raise NotYourTurn(f"{person} is driving: only they may label or reset this episode")
+            if kind == "mark":
+                self.edge.requests.mark(bool(message["success"]))
+            else:
+                self.edge.requests.reset()
+        else:
+            raise ValueError(f"unknown message type {kind!r}")
+        return {"type": "ok", "for": kind}

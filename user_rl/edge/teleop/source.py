@@ -1,0 +1,131 @@
+"""The teleop page as an intervention source: the person who took over drives, with the action
+their held keys (or gamepad) command; nobody else can drive until they hand back.
+
+The page sends a command (a numbered action) whenever the keys held change, and again every
+fraction of `command_timeout_s` while any is held: a command not refreshed for that long (a
+page that froze, a lost link) stops the robot (zero motion) rather than let it run on. A
+driver whose connection closes hands back.
+
+Latency: the first step that uses a new command is remembered, and the control loop's step
+watcher reports it with the time the action was handed to the robot (`StepRecord.sent_at`),
+so the page can show key press -> robot.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from user_rl.edge.intervention import StepView
+from user_rl.edge.operator import StepRecord
+from user_rl.wire import user_rl_pb2 as pb
+
+
+class NotYourTurn(RuntimeError):
+    """Someone else drives (the message says who)."""
+
+
+@dataclass(frozen=True)
+class AppliedCommand:
+    """A command's first step on the robot: for the driver's latency display."""
+
+    client: str
+    command_id: int
+    received_at: float  # time.time() when the server got it
+    sent_at: float      # time.time() when the loop handed the action to the robot
+    episode: int
+    step: int
+
+
+class WebTeleop:
+    """An `InterventionSource` driven by one person at a time from the teleop page."""
+
+    actor = pb.ACTOR_HUMAN
+
+    def __init__(self, action_shape: tuple[int, ...], low: np.ndarray, high: np.ndarray,
+                 command_timeout_s: float = 0.5) -> None:
+        self.low, self.high = np.asarray(low, np.float32), np.asarray(high, np.float32)
+        self.command_timeout_s = command_timeout_s
+        self._zero = np.zeros(action_shape, np.float32)
+        self._lock = threading.Lock()
+        self._driver: str | None = None   # the driving client's id
+        self._person = ""                 # and the name it gave
+        self._action = self._zero
+        self._command_id = -1
+        self._received_at = 0.0           # time.time() of the current command
+        self._refreshed = 0.0             # time.monotonic() the current command was last sent
+        self._last_used = -1              # the newest command a step used
+        self._pending: tuple[str, int, float] | None = None  # its first step, not yet reported
+        self.stale_commands = 0           # commands that timed out (the robot was stopped instead)
+
+    @property
+    def name(self) -> str:
+        """What the mux records and shows as the driver: the person's name."""
+        person = self._person
+        return f"teleop:{person}" if person else "teleop"
+
+    @property
+    def driver(self) -> tuple[str | None, str]:
+        """(client id, person's name) of whoever drives, (None, "") when nobody does."""
+        with self._lock:
+            return self._driver, self._person
+
+    def take_over(self, client: str, person: str) -> None:
+        with self._lock:
+            if self._driver not in (None, client):
+                raise NotYourTurn(f"{self._person} is driving; wait until they hand back")
+            self._driver, self._person = client, person
+            self._set(self._zero, -1, time.time())
+            self._last_used, self._pending = -1, None
+
+    def hand_back(self, client: str) -> bool:
+        """The client stops driving (False if it was not driving)."""
+        with self._lock:
+            if self._driver != client:
+                return False
+            self._driver, self._person = None, ""
+            self._set(self._zero, -1, time.time())
+            return True
+
+    def command(self, client: str, command_id: int, action: list[float]) -> None:
+        """The driver's action from now on (a repeat of the current id only keeps it alive)."""
+        values = np.asarray(action, np.float32)
+        if values.shape != self._zero.shape or not np.isfinite(values).all():
+            raise ValueError(f"a command must be {self._zero.shape[0]} finite numbers, got {action!r}")
+        with self._lock:
+            if self._driver != client:
+                raise NotYourTurn(f"{self._person} is driving" if self._driver else "take over before you drive")
+            if command_id == self._command_id:
+                self._refreshed = time.monotonic()
+                return
+            self._set(np.clip(values, self.low, self.high), command_id, time.time())
+
+    def _set(self, action: np.ndarray, command_id: int, received_at: float) -> None:
+        self._action, self._command_id, self._received_at = action, command_id, received_at
+        self._refreshed = time.monotonic()
+
+    # -- on the control loop's thread ----------------------------------------------------------
+    def act(self, view: StepView) -> np.ndarray | None:
+        with self._lock:
+            if self._driver is None:
+                return None
+            if self._command_id >= 0 and time.monotonic() - self._refreshed > self.command_timeout_s:
+                if self._action is not self._zero:
+                    self.stale_commands += 1
+                self._action = self._zero  # stale: stop; the next command moves again
+            if self._command_id >= 0 and self._command_id != self._last_used:
+                self._last_used = self._command_id
+                self._pending = (self._driver, self._command_id, self._received_at)
+            return self._action.copy()
+
+    def applied(self, record: StepRecord) -> AppliedCommand | None:
+        """After a step: the command it used first, if any (None for later steps of the same command)."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+            if pending is None or record.actor != self.actor:
+                return None
+        client, command_id, received_at = pending
+        return AppliedCommand(client, command_id, received_at, record.sent_at, record.episode, record.step)

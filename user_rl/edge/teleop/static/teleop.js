@@ -1,0 +1,227 @@
+// One robot's teleop page: state and camera frames come over a websocket; so do people's
+// commands. The key/gamepad mapping comes from the server (the same one it shows here).
+"use strict";
+
+const token = new URLSearchParams(location.search).get("token") || "";
+const $ = (id) => document.getElementById(id);
+const now = () => performance.timeOrigin + performance.now(); // wall clock, sub-millisecond
+
+const teleop = {
+  ws: null, welcome: null, state: null, driving: false,
+  held: new Set(), gamepadAction: null, gripper: 0,
+  commandId: 0, lastAction: null, keyTimes: new Map(),  // command id -> when its key was pressed
+  clockOffset: 0, bestRtt: Infinity,                     // robot clock - page clock (ms)
+  latencies: [],                                         // {id, total_ms, server_ms}
+  frames: {},                                            // camera -> frames received
+};
+window.teleop = teleop;
+
+function send(message) {
+  if (teleop.ws && teleop.ws.readyState === WebSocket.OPEN) teleop.ws.send(JSON.stringify(message));
+}
+
+function say(text) { $("message").textContent = text; }
+
+function connect() {
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  const ws = new WebSocket(`${scheme}://${location.host}/ws?token=${encodeURIComponent(token)}`);
+  ws.binaryType = "arraybuffer";
+  teleop.ws = ws;
+  ws.onopen = () => {
+    $("connection").textContent = "connected";
+    const name = new URLSearchParams(location.search).get("name");
+    if (name) send({type: "hello", name});
+    ping();
+  };
+  ws.onclose = () => { $("connection").textContent = "disconnected: reload the page"; teleop.driving = false; };
+  ws.onmessage = (event) => {
+    if (typeof event.data !== "string") return showFrame(event.data);
+    const message = JSON.parse(event.data);
+    const handler = handlers[message.type];
+    if (handler) handler(message);
+  };
+}
+
+const handlers = {
+  welcome(m) {
+    teleop.welcome = m;
+    $("you").textContent = m.name;
+    buildViews(m.cameras);
+    buildMapping(m.mapping);
+    $("gripper").hidden = !m.has_gripper;
+  },
+  state(m) {
+    teleop.state = m;
+    teleop.driving = m.you_drive;
+    $("policy-version").textContent = m.policy_version < 0 ? "none yet (warm-up)" : m.policy_version;
+    $("episode").textContent = m.episode;
+    $("step").textContent = m.step;
+    $("reward").textContent = m.reward.toFixed(3);
+    $("actor").textContent = m.actor;
+    $("driver").textContent = m.driver + (m.you_drive ? " (you)" : "");
+    $("driver").className = m.you_drive ? "driving" : "";
+    $("you").textContent = m.you;
+    $("viewers").textContent = m.viewers;
+    $("last-label").textContent = m.last_label ? `${m.last_label.label.replace("LABEL_", "").toLowerCase()} ` +
+      `(episode ${m.last_label.episode}, step ${m.last_label.step})` : "-";
+    const someoneElse = m.teleop_driver !== null && !m.you_drive;
+    $("take-over").disabled = m.you_drive || someoneElse;
+    $("hand-back").disabled = !m.you_drive;
+    for (const id of ["mark-success", "mark-failure", "reset"]) $(id).disabled = someoneElse;
+    $("estop-banner").hidden = !m.estop;
+    $("estop-banner").textContent = m.estop ? `EMERGENCY STOP: ${m.estop}` : "";
+    if (m.observation) {
+      $("observation").hidden = false;
+      $("observation").textContent = JSON.stringify(m.observation, null, 1);
+    }
+  },
+  applied(m) {
+    const pressed = teleop.keyTimes.get(m.id);
+    if (pressed === undefined) return;
+    teleop.keyTimes.delete(m.id);
+    const total = m.sent_at * 1000 - (pressed + teleop.clockOffset);
+    teleop.latencies.push({id: m.id, total_ms: total, server_ms: (m.sent_at - m.received_at) * 1000});
+    showLatency();
+  },
+  pong(m) {
+    const rtt = now() - m.t;
+    if (rtt <= teleop.bestRtt) { teleop.bestRtt = rtt; teleop.clockOffset = m.server - (m.t + rtt / 2); }
+  },
+  error(m) { say(m.message); },
+  ok(m) { say(""); },
+};
+
+function ping() { send({type: "ping", t: now()}); }
+setInterval(ping, 2000);
+
+function quantile(sorted, q) { return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]; }
+
+function showLatency() {
+  const all = teleop.latencies.slice(-200).map((l) => l.total_ms).sort((a, b) => a - b);
+  const last = teleop.latencies[teleop.latencies.length - 1].total_ms;
+  $("latency").textContent = `${last.toFixed(0)} ms (p50 ${quantile(all, 0.5).toFixed(0)}, ` +
+    `p99 ${quantile(all, 0.99).toFixed(0)} over ${all.length})`;
+}
+
+// -- views ----------------------------------------------------------------------------------------
+function buildViews(cameras) {
+  const views = $("views");
+  views.textContent = cameras.length ? "" : "no camera: the robot's state is shown beside";
+  for (const camera of cameras) {
+    const figure = document.createElement("figure");
+    const img = document.createElement("img");
+    img.id = `view-${camera}`;
+    img.alt = camera;
+    const caption = document.createElement("figcaption");
+    caption.textContent = camera;
+    figure.append(img, caption);
+    views.append(figure);
+  }
+}
+
+function showFrame(buffer) {
+  const camera = teleop.welcome.cameras[new Uint8Array(buffer, 0, 1)[0]];
+  const img = $(`view-${camera}`);
+  if (!img) return;
+  const url = URL.createObjectURL(new Blob([buffer.slice(1)], {type: "image/jpeg"}));
+  const old = img.src;
+  img.onload = () => { if (old) URL.revokeObjectURL(old); };
+  img.src = url;
+  teleop.frames[camera] = (teleop.frames[camera] || 0) + 1;
+}
+
+// -- controls -------------------------------------------------------------------------------------
+function buildMapping(mapping) {
+  const body = $("mapping").querySelector("tbody");
+  body.textContent = "";
+  for (const d of mapping.dimensions) {
+    const row = document.createElement("tr");
+    const pad = d.axis !== null ? `stick axis ${d.axis}${d.axis_sign < 0 ? " (up = +)" : ""}` :
+      d.plus_button !== null ? `buttons ${d.plus_button} / ${d.minus_button}` : "-";
+    for (const text of [d.name, d.plus_label, d.minus_label, pad]) {
+      const cell = document.createElement("td");
+      cell.textContent = text;
+      row.append(cell);
+    }
+    body.append(row);
+  }
+}
+
+function keyAction() {
+  const {dimensions, speed} = teleop.welcome.mapping;
+  return dimensions.map((d) => d.name === "gripper" ? teleop.gripper :
+    ((teleop.held.has(d.plus_key) ? speed : 0) - (teleop.held.has(d.minus_key) ? speed : 0)));
+}
+
+function sendCommand(pressedAt) {
+  if (!teleop.driving || !teleop.welcome) return;
+  const action = teleop.held.size || !teleop.gamepadAction ? keyAction() : teleop.gamepadAction;
+  const same = teleop.lastAction && action.every((a, i) => a === teleop.lastAction[i]);
+  if (same) return;
+  teleop.commandId += 1;
+  teleop.keyTimes.set(teleop.commandId, pressedAt);
+  if (teleop.keyTimes.size > 500) teleop.keyTimes.delete(teleop.keyTimes.keys().next().value);
+  teleop.lastAction = action;
+  send({type: "command", id: teleop.commandId, action});
+}
+
+// A held command is refreshed, so that a page that freezes stops the robot (command_timeout_s).
+setInterval(() => {
+  if (teleop.driving && teleop.lastAction && teleop.lastAction.some((a) => a !== 0)) {
+    send({type: "command", id: teleop.commandId, action: teleop.lastAction});
+  }
+}, 100);
+
+function mappedKey(code) {
+  return teleop.welcome && teleop.welcome.mapping.dimensions.some((d) => d.plus_key === code || d.minus_key === code);
+}
+
+window.addEventListener("keydown", (event) => {
+  if (!mappedKey(event.code)) return;
+  event.preventDefault();
+  if (event.repeat || teleop.held.has(event.code)) return;
+  teleop.held.add(event.code);
+  const gripper = teleop.welcome.mapping.dimensions.find((d) => d.name === "gripper");
+  if (gripper && event.code === gripper.plus_key) teleop.gripper = 1;
+  if (gripper && event.code === gripper.minus_key) teleop.gripper = -1;
+  sendCommand(performance.timeOrigin + event.timeStamp);
+});
+
+window.addEventListener("keyup", (event) => {
+  if (!teleop.held.delete(event.code)) return;
+  event.preventDefault();
+  sendCommand(performance.timeOrigin + event.timeStamp);
+});
+
+window.addEventListener("blur", () => { teleop.held.clear(); sendCommand(now()); });  // keys let go elsewhere
+
+function pollGamepad() {
+  const pad = [...(navigator.getGamepads ? navigator.getGamepads() : [])].find((p) => p);
+  if (pad && teleop.welcome) {
+    const {dimensions} = teleop.welcome.mapping;
+    const deadzone = (v) => Math.abs(v) < 0.15 ? 0 : Math.round(v * 20) / 20;
+    const pressed = (i) => i !== null && pad.buttons[i] ? pad.buttons[i].value : 0;
+    const action = dimensions.map((d) => d.axis !== null ? deadzone((pad.axes[d.axis] || 0) * d.axis_sign) :
+      deadzone(pressed(d.plus_button) - pressed(d.minus_button)));
+    const moved = action.some((a) => a !== 0);
+    if (moved || teleop.gamepadAction) {
+      teleop.gamepadAction = moved ? action : null;
+      sendCommand(now());
+    }
+  }
+  requestAnimationFrame(pollGamepad);
+}
+requestAnimationFrame(pollGamepad);
+
+$("take-over").onclick = () => { teleop.lastAction = null; send({type: "take_over"}); };
+$("hand-back").onclick = () => { teleop.held.clear(); send({type: "hand_back"}); };
+$("mark-success").onclick = () => send({type: "mark", success: true});
+$("mark-failure").onclick = () => send({type: "mark", success: false});
+$("reset").onclick = () => send({type: "reset"});
+$("estop").onclick = () => send({type: "estop"});
+$("rearm").onclick = () => send({type: "rearm"});
+for (const [id, value] of [["gripper-close", 1], ["gripper-open", -1]]) {
+  $(id).onclick = () => { teleop.gripper = value; sendCommand(now()); };
+}
+
+connect();
