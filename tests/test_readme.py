@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def readme_commands() -> list[str]:
     blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
-    return [b.strip() for b in blocks if b.strip().startswith("pip install")]
+    return [b.strip() for b in blocks if b.strip().startswith(("pip install", "apt-get update"))]
 
 
 def test_ci_runs_the_readme_test_command() -> None:
