@@ -5,9 +5,10 @@ read at the end), so labels name episodes, and frames are picked from labelled e
 
 - positive: the last `positives` frames of a success episode: its final observation (the one the
   success was seen in) and the `positives - 1` before it;
-- negative: every frame of a failure episode, and the frames of a success episode from before
-  its last `2 * positives` (the task was not done yet; the `positives` frames in between are left
-  out, since a person marks success a moment after it happened);
+- negative: every frame of a failure episode, and a success episode's frames before its last
+  `positives` (the task was not done yet: these near misses are the negatives a classifier most
+  needs, or a policy learns to stop just short). After a person's mark, the `positives` frames
+  before the positives are left out, since a person marks success a moment after it happened;
 - unlabelled episodes are not used.
 
 A frame is an observation of a step record or an episode's final observation. Only sealed
@@ -64,12 +65,13 @@ def labelled_frames(path: str | Path, keys: list[str], positives: int = 1) -> La
         raise ValueError(f"positives must be at least 1, got {positives}")
     directory = buffer_directory(path)
     files = sorted(directory.glob("seg-*.seg"))
-    outcome: dict[tuple[int, int], tuple[bool, int]] = {}  # (stream, episode) -> (success, final frame's step)
+    outcome: dict[tuple[int, int], tuple[bool, int, int]] = {}  # (stream, episode) -> (success, final frame's step, margin)
     for file in files:
         cols = read_segment(file, verify=True).columns
         for row in np.flatnonzero((cols["kind"] == KIND_RECORD) & (cols["label"] != pb.LABEL_NONE)):
             key = (int(cols["stream"][row]), int(cols["episode"][row]))
-            outcome[key] = (bool(cols["label"][row] == pb.LABEL_SUCCESS), int(cols["step"][row]) + 1)
+            margin = positives if cols["label_by"][row] == pb.LABEL_BY_PERSON else 0
+            outcome[key] = (bool(cols["label"][row] == pb.LABEL_SUCCESS), int(cols["step"][row]) + 1, margin)
     if not outcome:
         raise NoLabelledFrames(f"{directory}: no labelled episodes (no row labelled success or failure): label "
                                "episodes on the teleop page, or record a sim that reports is_success")
@@ -83,15 +85,16 @@ def labelled_frames(path: str | Path, keys: list[str], positives: int = 1) -> La
             have = sorted(name.removeprefix(OBS) for name in cols if name.startswith(OBS))
             raise ValueError(f"the buffer's observations have no {missing[0]!r}; they have: {', '.join(have)}")
         frame = (cols["kind"] == KIND_RECORD) | (cols["kind"] == KIND_FINAL)
-        found = [(numbers[key], *outcome[key]) if key in outcome else (-1, False, 0)
+        found = [(numbers[key], *outcome[key]) if key in outcome else (-1, False, 0, 0)
                  for key in zip(cols["stream"].tolist(), cols["episode"].tolist())]
         number = np.array([f[0] for f in found], np.int64)
         known = frame & (number >= 0)
         won = known & np.array([f[1] for f in found], bool)
         final_step = np.array([f[2] for f in found], np.int64)
+        margin = np.array([f[3] for f in found], np.int64)
         from_end = final_step - cols["step"].astype(np.int64)  # 0: the episode's final frame
         positive = won & (from_end >= 0) & (from_end < positives)
-        negative = known & (~won | (from_end >= 2 * positives))
+        negative = known & (~won | (from_end >= positives + margin))
         rows = np.flatnonzero(positive | negative)
         for k in keys:
             obs[k].append(np.array(cols[OBS + k][rows]))
