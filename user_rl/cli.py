@@ -54,6 +54,20 @@ def _buffer_inspect(args: argparse.Namespace) -> int:
     return 0 if report["ok"] else 1
 
 
+def _reward_train(args: argparse.Namespace) -> int:
+    from user_rl.rewards.frames import NoLabelledFrames
+    from user_rl.rewards.training import train_classifier
+
+    try:
+        result = train_classifier(args.path, args.keys, args.out, positives=args.positives, holdout=args.holdout,
+                                  updates=args.updates, threshold=args.threshold, seed=args.seed)
+    except (NoLabelledFrames, ValueError) as exc:
+        print(f"user-rl: {exc}", file=sys.stderr)
+        return 2
+    print(f"{result.line()}; saved to {result.path}")
+    return 0
+
+
 def _edge(args: argparse.Namespace) -> int:
     from user_rl.edge.standalone import serve_edge
 
@@ -187,6 +201,21 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect.add_argument("--no-verify", action="store_true", help="skip the checksums (headers and sizes are still checked)")
     inspect.set_defaults(func=_buffer_inspect)
+
+    reward = sub.add_parser("reward", help="rewards learned from people: the success classifier")
+    reward_actions = reward.add_subparsers(dest="action", required=True)
+    rtrain = reward_actions.add_parser("train", help="train a success classifier on the labelled frames of a run's "
+                                       "buffer and print its accuracy on held-out episodes")
+    rtrain.add_argument("path", help="a run directory (its buffer/) or a buffer directory")
+    rtrain.add_argument("--keys", nargs="+", default=["image"], help="observation keys it reads (default: image)")
+    rtrain.add_argument("--out", default="classifier.pt", help="where to save it (reward.classifier)")
+    rtrain.add_argument("--positives", type=int, default=1,
+                        help="the last N frames of a success episode are successes (default 1)")
+    rtrain.add_argument("--holdout", type=float, default=0.2, help="share of labelled episodes held out")
+    rtrain.add_argument("--updates", type=int, default=1500, help="gradient steps")
+    rtrain.add_argument("--threshold", type=float, default=0.5, help="P(success) judged a success")
+    rtrain.add_argument("--seed", type=int, default=0)
+    rtrain.set_defaults(func=_reward_train)
 
     for name, text in (("edge", "run one robot's edge daemon outside the Ray cluster (e.g. behind NAT)"),
                        ("attach", "add a robot to a running training; Ctrl-C detaches it cleanly")):

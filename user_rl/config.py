@@ -100,6 +100,35 @@ class TeleopConfig(Section):
         return value
 
 
+class RewardConfig(Section):
+    """Which reward the run learns from, decided on each edge before a row is recorded (user_rl/rewards/).
+    With labels or classifier, the environment's own reward never leaves the edge."""
+
+    type: Literal["env", "labels", "classifier"] = Field(
+        "env", description="env: the environment's reward; labels: 1 on a row labelled success (person or env), "
+                           "else 0; classifier: 1 where a learned success classifier judges the observation a success "
+                           "(which ends the episode), else 0")
+    classifier: str | None = Field(None, description="classifier: the file `user-rl reward train` wrote")
+    threshold: float = Field(0.5, gt=0.0, lt=1.0, description="classifier: P(success) from which a step is a success")
+    keys: list[str] | None = Field(None, description="classifier: observation keys it reads (default: those it was trained on)")
+
+    @field_validator("classifier")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        """Edges may run in another working directory (Ray workers): the path is fixed where the config is read."""
+        return None if value is None else str(Path(value).expanduser().resolve())
+
+    @model_validator(mode="after")
+    def _classifier_settings(self) -> "RewardConfig":
+        if self.type == "classifier" and self.classifier is None:
+            raise ValueError("reward.classifier: reward.type classifier needs the classifier file's path")
+        if self.type != "classifier":
+            for key in ("classifier", "keys"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"reward.{key} is a setting of reward.type classifier; this run's is {self.type}")
+        return self
+
+
 class PolicyConfig(Section):
     type: Literal["mlp"] = "mlp"
     hidden: list[int] = Field(default_factory=lambda: [256, 256])
@@ -226,6 +255,7 @@ class Config(Section):
     fleet: FleetConfig = Field(default_factory=FleetConfig)
     intervention: InterventionConfig = Field(default_factory=InterventionConfig)
     teleop: TeleopConfig = Field(default_factory=TeleopConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)

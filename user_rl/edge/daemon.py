@@ -32,6 +32,7 @@ from user_rl.edge.link import DataLink, LinkSettings
 from user_rl.edge.operator import OperatorRequests, StepRecord
 from user_rl.edge.weights import WeightReceiver
 from user_rl.hal.robot import Robot
+from user_rl.rewards import EnvReward, RewardedStep, StepReward
 from user_rl.robots.estop import LATCH_NAME, EStopLatch
 from user_rl.robots.safety import ActionFilter, HoldBlocked, SafetySettings, Watchdog
 from user_rl.wire import user_rl_pb2 as pb
@@ -66,6 +67,7 @@ class EdgeDaemon:
         settings: EdgeSettings | None = None,
         context: zmq.Context | None = None,
         interventions: InterventionMux | None = None,
+        reward: StepReward | None = None,
     ) -> None:
         self.robot = robot
         self.actor = actor.eval()
@@ -99,6 +101,7 @@ class EdgeDaemon:
         self._stop = threading.Event()
         self.interventions = interventions or InterventionMux()  # who may act instead of the policy
         self.requests = OperatorRequests()  # labels and resets asked for by people
+        self.reward = reward or EnvReward()  # what each row records as its reward (user_rl/rewards/)
         self.step_watchers: list[Callable[[StepRecord], None]] = []  # called by the loop after each step
         self._robot_since: float | None = None  # inside a robot call (reset / step) since then
         self.teleop = None  # the robot's teleop page (user_rl/edge/teleop), when configured; closed with the daemon
@@ -276,18 +279,22 @@ class EdgeDaemon:
             elif (terminated or truncated) and "is_success" in result.info:
                 label = pb.LABEL_SUCCESS if result.info["is_success"] else pb.LABEL_FAILURE
                 label_by = pb.LABEL_BY_ENV
+            # The run's reward decides what is recorded; the env's reward goes no further than here.
+            step = self.reward(result.observation, RewardedStep(result.reward, terminated, truncated, label, label_by))
+            reward, terminated, truncated, label, label_by = (step.reward, step.terminated, step.truncated,
+                                                              step.label, step.label_by)
             ended = terminated or truncated
             if self.batch.count == 0:
                 self._batch_started = time.monotonic()
             self.batch.add(
-                obs, result.action_applied, result.reward, terminated, truncated,
+                obs, result.action_applied, reward, terminated, truncated,
                 episode=self.episodes, step=self._episode_step, policy_version=self.policy_version,
                 actor=actor, label=label, sensor_time=time.time(),
                 final_obs=result.observation if ended else None,
                 label_by=label_by if label != pb.LABEL_NONE else pb.LABEL_BY_ENV,
                 policy_action=proposal,
             )
-            self._tell_watchers(StepRecord(result.observation, result.action_applied, proposal, actor, result.reward,
+            self._tell_watchers(StepRecord(result.observation, result.action_applied, proposal, actor, reward,
                                            self.episodes, self._episode_step, self.policy_version, ended, label,
                                            sent_at))
             self.steps += 1

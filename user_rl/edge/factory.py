@@ -16,6 +16,7 @@ from user_rl.edge.link import LinkSettings
 from user_rl.wire.images import ImageCompression
 from user_rl.hal.registry import make_robot
 from user_rl.policies import make_actor
+from user_rl.rewards import make_reward
 from user_rl.robots.safety import SafetySettings
 from user_rl.security.curve import ClientKeys, robot_client_keys
 
@@ -60,7 +61,10 @@ def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
     if cfg.intervention.scripted:
         i = cfg.intervention
         interventions.add(ScriptedIntervener(robot, i.patience, i.min_progress, i.handback_distance))
-    edge = EdgeDaemon(robot, actor, data_address, weights_address, settings, interventions=interventions)
+    r = cfg.reward
+    reward = make_reward(r.type, robot.observation_space, r.classifier, r.threshold, r.keys)
+    edge = EdgeDaemon(robot, actor, data_address, weights_address, settings, interventions=interventions,
+                      reward=reward)
     if teleop is not None:
         from user_rl.edge.teleop import start_server
 
