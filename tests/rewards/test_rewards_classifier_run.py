@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conftest import record_run
+from tests.rewards.recording import record_run
 from user_rl.cloud.learner import Learner
 from user_rl.config import build_config
 from user_rl.edge.factory import make_edge

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import record_run
+from tests.rewards.recording import record_run
 from user_rl.cloud.buffer.rows import KIND_RECORD
 from user_rl.cloud.buffer.segment import read_segment
 from user_rl.cloud.learner import Learner
