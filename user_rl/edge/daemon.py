@@ -31,7 +31,7 @@ from user_rl.edge.intervention import InterventionMux, StepView
 from user_rl.edge.link import DataLink, LinkSettings
 from user_rl.edge.operator import OperatorRequests, StepRecord
 from user_rl.edge.weights import WeightReceiver
-from user_rl.hal.robot import Robot
+from user_rl.hal.robot import Robot, StepResult
 from user_rl.rewards import EnvReward, RewardedStep, StepReward
 from user_rl.robots.estop import LATCH_NAME, EStopLatch
 from user_rl.robots.safety import ActionFilter, HoldBlocked, SafetySettings, Watchdog
@@ -271,16 +271,7 @@ class EdgeDaemon:
                 obs = None
                 continue
             self.watchdog.due()
-            terminated, truncated = result.terminated, result.truncated
-            label, label_by = self.requests.take_label(), pb.LABEL_BY_PERSON
-            if label != pb.LABEL_NONE:  # a person's label ends the episode here
-                terminated = terminated or label == pb.LABEL_SUCCESS
-                truncated = not terminated
-            elif (terminated or truncated) and "is_success" in result.info:
-                label = pb.LABEL_SUCCESS if result.info["is_success"] else pb.LABEL_FAILURE
-                label_by = pb.LABEL_BY_ENV
-            # The run's reward decides what is recorded; the env's reward goes no further than here.
-            step = self.reward(result.observation, RewardedStep(result.reward, terminated, truncated, label, label_by))
+            step = self._outcome(result)
             reward, terminated, truncated, label, label_by = (step.reward, step.terminated, step.truncated,
                                                               step.label, step.label_by)
             ended = terminated or truncated
@@ -313,6 +304,20 @@ class EdgeDaemon:
         self._flush()
         self.link.poll(100)
         return self.status()
+
+    def _outcome(self, result: StepResult) -> RewardedStep:
+        """What the row records of a step: a person's label (which ends the episode), else the env's
+        success flag at an episode's end; then the run's reward decides the rest. The env's reward
+        goes no further than here."""
+        terminated, truncated = result.terminated, result.truncated
+        label, label_by = self.requests.take_label(), pb.LABEL_BY_PERSON
+        if label != pb.LABEL_NONE:
+            terminated = terminated or label == pb.LABEL_SUCCESS
+            truncated = not terminated
+        elif (terminated or truncated) and "is_success" in result.info:
+            label = pb.LABEL_SUCCESS if result.info["is_success"] else pb.LABEL_FAILURE
+            label_by = pb.LABEL_BY_ENV
+        return self.reward(result.observation, RewardedStep(result.reward, terminated, truncated, label, label_by))
 
     def _tell_watchers(self, record: StepRecord) -> None:
         """Watchers run on the loop's thread (they may render the robot): one that raises is dropped."""
