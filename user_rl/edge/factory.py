@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from user_rl.config import Config
-from pathlib import Path
-
 from user_rl.edge.daemon import EdgeDaemon, EdgeSettings
 from user_rl.edge.intervention import InterventionMux
-from user_rl.edge.scripted import ScriptedIntervener
 from user_rl.edge.link import LinkSettings
-from user_rl.wire.images import ImageCompression
+from user_rl.edge.scripted import ScriptedIntervener
 from user_rl.hal.registry import make_robot
+from user_rl.hal.robot import Robot
 from user_rl.policies import make_actor
 from user_rl.rewards import make_reward
 from user_rl.robots.safety import SafetySettings
 from user_rl.security.curve import ClientKeys, robot_client_keys
+from user_rl.wire.images import ImageCompression
+
+if TYPE_CHECKING:  # the teleop page is optional (its web framework is the teleop extra)
+    from user_rl.edge.teleop.source import WebTeleop
 
 log = logging.getLogger(__name__)
 
@@ -51,18 +55,13 @@ def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
         adapt=cfg.fleet.adapt,
         safety=SafetySettings(max_action_delta=cfg.safety.max_action_delta, deadline_s=cfg.safety.deadline_s),
     )
-    interventions = InterventionMux()
-    teleop = None
-    if cfg.teleop.enabled:  # a person at the page comes first: the scripted expert never locks them out
-        from user_rl.edge.teleop import make_source
-
-        teleop = make_source(robot, cfg.teleop)
-        interventions.add(teleop)
-    if cfg.intervention.scripted:
-        i = cfg.intervention
-        interventions.add(ScriptedIntervener(robot, i.patience, i.min_progress, i.handback_distance))
-    r = cfg.reward
-    reward = make_reward(r.type, robot.observation_space, r.classifier, r.threshold, r.keys)
+    try:  # a part that cannot be built (no expert, no classifier file) must not leave the robot open
+        interventions, teleop = intervention_sources(cfg, robot)
+        r = cfg.reward
+        reward = make_reward(r.type, robot.observation_space, r.classifier, r.threshold, r.keys)
+    except BaseException:
+        robot.close()
+        raise
     edge = EdgeDaemon(robot, actor, data_address, weights_address, settings, interventions=interventions,
                       reward=reward)
     if teleop is not None:
@@ -74,6 +73,21 @@ def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
             edge.close()
             raise
     return edge
+
+
+def intervention_sources(cfg: Config, robot: Robot) -> tuple[InterventionMux, "WebTeleop | None"]:
+    """Who may act instead of the policy: a person at the teleop page first (the scripted expert
+    never locks them out), then the scripted intervener."""
+    interventions, teleop = InterventionMux(), None
+    if cfg.teleop.enabled:
+        from user_rl.edge.teleop import make_source
+
+        teleop = make_source(robot, cfg.teleop)
+        interventions.add(teleop)
+    if cfg.intervention.scripted:
+        i = cfg.intervention
+        interventions.add(ScriptedIntervener(robot, i.patience, i.min_progress, i.handback_distance))
+    return interventions, teleop
 
 
 def link_settings(cfg: Config, spool_dir: Path | None, curve: ClientKeys | None = None,
