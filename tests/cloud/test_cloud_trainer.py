@@ -62,6 +62,18 @@ def post_all(trainer: Trainer, columns: list[dict[str, np.ndarray]]) -> None:
             assert trainer.submit(batch)
 
 
+def finish_resumed(resumed_spec: TrainerSpec, columns: list[dict[str, np.ndarray]], done: int) -> Reply:
+    """A trainer resumed after `done` of `columns`: it starts at that count, trains on the rest,
+    and answers with its final state."""
+    resumed = Trainer(resumed_spec, depth=2)
+    try:
+        assert resumed.updates == resumed.submitted == done
+        post_all(resumed, columns[done:])
+        return replies_until_state(resumed)[1]
+    finally:
+        resumed.close()
+
+
 @pytest.fixture
 def trainer():
     started = Trainer(spec(), depth=3)
@@ -117,13 +129,7 @@ def test_a_resumed_trainer_goes_on_from_the_state_and_rng_it_was_given(trainer: 
     _, middle = replies_until_state(trainer)
     post_all(trainer, columns[3:])
     _, straight = replies_until_state(trainer)
-    resumed = Trainer(spec(state=middle.state, rng=middle.rng), depth=2)
-    try:
-        assert resumed.updates == resumed.submitted == 3
-        post_all(resumed, columns[3:])
-        _, after = replies_until_state(resumed)
-    finally:
-        resumed.close()
+    after = finish_resumed(spec(state=middle.state, rng=middle.rng), columns, done=3)
     assert after.updates == straight.updates == 6
     for name, tensor in straight.state["critic"].items():
         assert torch.equal(after.state["critic"][name], tensor), name
@@ -149,13 +155,8 @@ def test_the_trainer_process_trains_and_resumes_behaviour_cloning() -> None:
     assert set(actors[-1].metrics) == {"bc_loss", "action_nll", "action_mse", "imitated_rows"}
     assert middle.state["algo"] == "bc" and straight.updates == 8
 
-    resumed = Trainer(spec(algo="bc", settings=BCSettings(actor_lr=1e-3), state=middle.state, rng=middle.rng), depth=2)
-    try:
-        assert resumed.updates == resumed.submitted == 4
-        post_all(resumed, columns[4:])
-        _, after = replies_until_state(resumed)
-    finally:
-        resumed.close()
+    after = finish_resumed(spec(algo="bc", settings=BCSettings(actor_lr=1e-3), state=middle.state, rng=middle.rng),
+                           columns, done=4)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the trainer
     try:
