@@ -33,7 +33,8 @@ def _learner(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from user_rl.evaluation import evaluate_checkpoint
 
-    result = evaluate_checkpoint(args.checkpoint, episodes=args.episodes, seed=args.seed)
+    result = evaluate_checkpoint(args.checkpoint, episodes=args.episodes, seed=args.seed,
+                                 overrides=args.overrides)
     if args.json:
         print(json.dumps(result))
     else:
@@ -60,7 +61,8 @@ def _reward_train(args: argparse.Namespace) -> int:
 
     try:
         result = train_classifier(args.path, args.keys, args.out, positives=args.positives, holdout=args.holdout,
-                                  updates=args.updates, threshold=args.threshold, seed=args.seed)
+                                  updates=args.updates, threshold=args.threshold, seed=args.seed,
+                                  hidden=args.hidden)
     except (NoLabelledFrames, ValueError) as exc:
         print(f"user-rl: {exc}", file=sys.stderr)
         return 2
@@ -182,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint on fresh episodes")
     ev.add_argument("checkpoint")
+    ev.add_argument("overrides", nargs="*", help="key=value changes to the run's config, e.g. "
+                    "robot.options.reward=sparse (the task's sparse variant)")
     ev.add_argument("--episodes", type=int, default=20)
     ev.add_argument("--seed", type=int, default=1, help="evaluation seed set (training evals use the run's seed)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -214,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     rtrain.add_argument("--holdout", type=float, default=0.2, help="share of labelled episodes held out")
     rtrain.add_argument("--updates", type=int, default=1500, help="gradient steps")
     rtrain.add_argument("--threshold", type=float, default=0.5, help="P(success) judged a success")
+    rtrain.add_argument("--hidden", type=int, nargs="+", default=None,
+                        help="hidden layer sizes of its head (default: 64)")
     rtrain.add_argument("--seed", type=int, default=0)
     rtrain.set_defaults(func=_reward_train)
 

@@ -68,15 +68,17 @@ def evaluate(robot: Robot, actor: nn.Module, episodes: int, seed: int = 0) -> Ev
     )
 
 
-def evaluate_checkpoint(path: str | Path, episodes: int = 20, seed: int = 1) -> dict:
-    """Rebuild a run's robot and actor from its checkpoint and evaluate them."""
+def evaluate_checkpoint(path: str | Path, episodes: int = 20, seed: int = 1,
+                        overrides: list[str] | None = None) -> dict:
+    """Rebuild a run's robot and actor from its checkpoint and evaluate them. `overrides` change the
+    run's config first (e.g. `robot.options.reward=sparse`: judge on the task's sparse variant)."""
     from user_rl.cloud.checkpoint import load_checkpoint
-    from user_rl.config import Config
+    from user_rl.config import build_config
     from user_rl.hal.registry import make_robot
     from user_rl.policies import make_actor
 
     ckpt = load_checkpoint(path)
-    cfg = Config.model_validate(ckpt["config"])
+    cfg = build_config(ckpt["config"], overrides)
     options = {**cfg.robot_options(0), "robot_id": "eval"}
     with make_robot(cfg.robot.type, **options) as robot:
         policy = ckpt["policy"]

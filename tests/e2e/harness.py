@@ -105,7 +105,7 @@ def train(config: str, run_root: Path, *overrides: str, timeout: float = 900) ->
     return summary
 
 
-def evaluate(checkpoint: str, episodes: int, seed: int) -> dict:
-    proc = run_cli("eval", checkpoint, "--episodes", str(episodes), "--seed", str(seed), "--json", timeout=300)
+def evaluate(checkpoint: str, episodes: int, seed: int, *overrides: str) -> dict:
+    proc = run_cli("eval", checkpoint, *overrides, "--episodes", str(episodes), "--seed", str(seed), "--json", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
