@@ -139,8 +139,9 @@ class AlgoConfig(Section):
     keeps the two lists equal; the config stays importable without torch). Each algorithm reads
     the fields of its own settings dataclass (`SACSettings`, `BCSettings`) from here by name."""
 
-    type: Literal["sac", "bc"] = Field(
+    type: Literal["sac", "drq", "bc"] = Field(
         "sac", description="sac: soft actor-critic (RLPD with critic_layer_norm, a high utd_ratio and buffer.mix); "
+                           "drq: SAC from pixels (a shared camera encoder, random-shift augmentation); "
                            "bc: behaviour cloning of interventions (HG-DAgger)")
     gamma: float = Field(0.99, gt=0.0, le=1.0)
     tau: float = Field(0.005, gt=0.0, le=1.0)
@@ -151,18 +152,21 @@ class AlgoConfig(Section):
     target_entropy_scale: float = 1.0
     learning_starts: int = Field(2000, ge=1)
     utd_ratio: float = Field(1.0, gt=0.0, description="learner updates per env step when paced")
-    critic_layer_norm: bool = Field(False, description="sac: LayerNorm in the critics' hidden layers (RLPD)")
+    critic_layer_norm: bool = Field(False, description="sac, drq: LayerNorm in the critics' hidden layers (RLPD)")
+    augment_pad: int = Field(4, ge=0, le=32, description="drq: images shift at random by up to this many pixels")
     policy_row_weight: float = Field(
         0.0, ge=0.0, description="bc: weight of rows where the policy acted (interventions weigh 1; 0 is HG-DAgger)")
 
-    ONLY_FOR: ClassVar[dict[str, str]] = {"critic_layer_norm": "sac", "policy_row_weight": "bc"}
+    ONLY_FOR: ClassVar[dict[str, tuple[str, ...]]] = {
+        "critic_layer_norm": ("sac", "drq"), "augment_pad": ("drq",), "policy_row_weight": ("bc",)}
 
     @model_validator(mode="after")
     def _settings_of_the_chosen_algorithm(self) -> "AlgoConfig":
         """A setting changed from its default for an algorithm the run does not use is a mistake."""
-        for key, owner in self.ONLY_FOR.items():
-            if self.type != owner and getattr(self, key) != AlgoConfig.model_fields[key].default:
-                raise ValueError(f"{key} is a setting of algo.type {owner}; this run's algo.type is {self.type}")
+        for key, owners in self.ONLY_FOR.items():
+            if self.type not in owners and getattr(self, key) != AlgoConfig.model_fields[key].default:
+                raise ValueError(f"{key} is a setting of algo.type {' or '.join(owners)}; "
+                                 f"this run's algo.type is {self.type}")
         return self
 
 

@@ -23,7 +23,7 @@ from user_rl.wire import user_rl_pb2 as pb
 OBS_SPACE = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (24, 24, 3), np.uint8),
                              "state": gym.spaces.Box(-1, 1, (4,), np.float32)})
 ACTION_SPACE = gym.spaces.Box(-1, 1, (3,), np.float32)
-METRICS = {"sac": {"critic_loss", "actor_loss", "alpha", "q"},
+METRICS = {"sac": {"critic_loss", "actor_loss", "alpha", "q"}, "drq": {"critic_loss", "actor_loss", "alpha", "q"},
            "bc": {"bc_loss", "action_nll", "action_mse", "imitated_rows"}}
 
 
@@ -46,17 +46,17 @@ def learner_batch(name: str, rng: np.random.Generator) -> dict:
 
 
 def test_an_unknown_algo_type_is_a_config_error_that_names_the_choices() -> None:
-    with pytest.raises(ConfigError, match=re.escape("config error: algo.type: Input should be 'sac' or 'bc' (got 'ppo')")):
+    with pytest.raises(ConfigError, match=re.escape("config error: algo.type: Input should be 'sac', 'drq' or 'bc' (got 'ppo')")):
         build_config({"algo": {"type": "ppo"}})
     assert set(get_args(AlgoConfig.model_fields["type"].annotation)) == set(ALGOS)  # the config lists the registry
-    with pytest.raises(ValueError, match="unknown algorithm 'ppo'; known: sac, bc"):
+    with pytest.raises(ValueError, match="unknown algorithm 'ppo'; known: sac, drq, bc"):
         make_algo("ppo", OBS_SPACE, ACTION_SPACE)
 
 
 def test_a_setting_of_another_algorithm_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="policy_row_weight is a setting of algo.type bc; this run's algo.type is sac"):
         build_config({"algo": {"policy_row_weight": 0.5}})
-    with pytest.raises(ConfigError, match="critic_layer_norm is a setting of algo.type sac; this run's algo.type is bc"):
+    with pytest.raises(ConfigError, match="critic_layer_norm is a setting of algo.type sac or drq; this run's algo.type is bc"):
         build_config({"algo": {"type": "bc", "critic_layer_norm": True}})
     with pytest.raises(ConfigError, match="algo.policy_row_weight: Input should be greater than or equal to 0"):
         build_config({"algo": {"type": "bc", "policy_row_weight": -1}})

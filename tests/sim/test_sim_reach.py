@@ -76,7 +76,8 @@ def test_target_does_not_collide(robot):
 
 
 @pytest.mark.parametrize("bad", [{"episode_steps": 0}, {"episode_steps": 101}, {"obs_mode": "depth"}, {"control_hz": 0},
-                                 {"arm": "9dof"}])
+                                 {"arm": "9dof"}, {"targets": "shelf"}, {"camera": "side"}, {"success_distance": 0},
+                                 {"obs_mode": "image", "camera": "top", "extra_cameras": ("top",)}])
 def test_bad_options_rejected(bad):
     with pytest.raises(ValueError):
         ReachRobot(**bad)
@@ -193,6 +194,10 @@ def test_image_mode():
     assert r.descriptor.cameras == ("front",)
     obs = r.reset()
     assert set(obs) == {"state", "image"} and obs in r.observation_space
+    # the arm only (sin, cos, velocity per joint, the fingertip): where the target is, only the pixels say
+    assert obs["state"].shape == (3 * r.model.nq + 3,)
+    np.testing.assert_allclose(obs["state"][-3:], r.ee_pos, atol=1e-6)
+    assert r.set_target(r.target_pos + 0.05)["state"].tolist() == obs["state"].tolist()
     img = obs["image"]
     assert img.dtype == np.uint8 and img.shape == (64, 64, 3) and img.std() > 5
     moved = r.set_target(r.target_pos + np.array([0.0, 0.15, 0.1]))["image"]
@@ -212,3 +217,26 @@ def test_state_mode_close_twice(robot):
     robot.reset()
     robot.close()
     robot.close()
+
+
+def test_the_pixels_variant_puts_targets_on_a_table_seen_from_the_top_camera():
+    r = ReachRobot(obs_mode="image", image_size=32, camera="top", targets="table", success_distance=0.05, seed=2)
+    assert r.descriptor.cameras == ("top",)
+    heights, red = set(), []
+    for _ in range(20):
+        obs = r.reset()
+        heights.add(round(float(r.target_pos[2]), 6))
+        image = obs["image"].astype(int)
+        red.append(np.argwhere((image[..., 0] > 120) & (image[..., 1] < 60) & (image[..., 2] < 60)).mean(0))
+    assert heights == {0.2}
+    # Seen from above, the target's pixels say where it is: they move from episode to episode.
+    assert np.ptp(np.array(red), axis=0).min() > 4
+    touched = []
+    for _ in range(5):  # the expert closes in; 4 cm counts as touching at a 5 cm success distance
+        r.reset()
+        while r.distance > 0.04 and r._step < r.episode_steps:
+            result = r.step(r.expert_action())
+        touched.append(result.info["is_success"] and result.reward > 0.9)
+        assert result.info["is_success"] == (result.info["distance"] < 0.05)
+    assert sum(touched) >= 4
+    r.close()

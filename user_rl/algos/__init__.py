@@ -6,6 +6,7 @@
 | `algo.type` | class | learns from |
 |---|---|---|
 | `sac` | `SAC` | rewards; with `critic_layer_norm`, a high `utd_ratio` and `buffer.mix` it is RLPD / HIL-SERL |
+| `drq` | `DrQ` | rewards, from pixels: SAC with one camera encoder (the critic's) and random-shift augmentation |
 | `bc` | `BehaviourCloning` | the actions of people (and the scripted intervener): HG-DAgger |
 
 To add one: a class with the interface of `base.Algorithm`, its settings fields added to
@@ -22,9 +23,10 @@ import torch
 
 from user_rl.algos.base import Algorithm, check_state_is_for, metrics_to_floats
 from user_rl.algos.bc import BCSettings, BehaviourCloning
+from user_rl.algos.drq import DrQ, DrQSettings
 from user_rl.algos.sac import SAC, SACSettings
 
-ALGOS: dict[str, type] = {"sac": SAC, "bc": BehaviourCloning}
+ALGOS: dict[str, type] = {"sac": SAC, "drq": DrQ, "bc": BehaviourCloning}
 
 
 def algo_class(name: str) -> type:
@@ -51,5 +53,5 @@ def make_algo(name: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Bo
     return cls(obs_space, action_space, policy, policy_options, settings, device)
 
 
-__all__ = ["ALGOS", "Algorithm", "BCSettings", "BehaviourCloning", "SAC", "SACSettings", "algo_class",
+__all__ = ["ALGOS", "Algorithm", "BCSettings", "BehaviourCloning", "DrQ", "DrQSettings", "SAC", "SACSettings", "algo_class",
            "algo_settings", "check_state_is_for", "make_algo", "metrics_to_floats"]

@@ -68,7 +68,7 @@ class SAC:
     def alpha(self) -> torch.Tensor:
         return self.log_alpha.exp()
 
-    def td_target(self, batch: dict) -> torch.Tensor:
+    def td_target(self, batch: dict, next_obs: dict | None = None) -> torch.Tensor:
         """The critics' regression target per row: r + discount * (1 - terminated) * soft V(s').
 
         `discount` is the row's own column when there is one (gamma ** n for n-step returns),
@@ -76,7 +76,7 @@ class SAC:
         V(s') = min of the target critics at a' ~ pi(s') minus alpha * log pi(a' | s').
         """
         with torch.no_grad():
-            next_obs = batch["next_obs"]
+            next_obs = batch["next_obs"] if next_obs is None else next_obs
             next_action, next_log_prob = self.actor.sample(next_obs)
             soft_value = torch.min(*self.critic_target(next_obs, next_action)) - self.alpha * next_log_prob
             discount = batch["discount"].unsqueeze(-1) if "discount" in batch else self.settings.gamma
@@ -91,17 +91,18 @@ class SAC:
         (`metrics_to_floats`) waits for the device, so the caller does it only when it reports.
         """
         s = self.settings
-        obs = batch["obs"]
+        obs, next_obs = self.view(batch["obs"]), self.view(batch["next_obs"])
         action = self.actor.normalize(batch["action"])
-        td_target = self.td_target(batch)
-        q1, q2 = self.critic(obs, action)
+        td_target = self.td_target(batch, next_obs)
+        features = self.critic.encoder(obs)
+        q1, q2 = self.critic.q_of(features, action)
         critic_loss = F.mse_loss(q1, td_target) + F.mse_loss(q2, td_target)
         self.critic_optim.zero_grad(set_to_none=True)
         critic_loss.backward()
         self.critic_optim.step()
 
-        new_action, log_prob = self.actor.sample(obs)
-        q_new = torch.min(*self.critic(obs, new_action))
+        new_action, log_prob = self.actor.sample_from(self.actor_features(obs, features))
+        q_new = torch.min(*self.critic.q_of(features.detach(), new_action))
         actor_loss = (self.alpha.detach() * log_prob - q_new).mean()
         self.actor_optim.zero_grad(set_to_none=True)
         actor_loss.backward()
@@ -122,6 +123,14 @@ class SAC:
             "alpha": self.alpha.detach(),
             "q": q1.detach().mean(),
         }
+
+    def view(self, obs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The observations a batch trains on (DrQ shifts its images at random)."""
+        return obs
+
+    def actor_features(self, obs: dict[str, torch.Tensor], critic_features: torch.Tensor) -> torch.Tensor:
+        """What the actor's head reads in its loss: its own encoder's output (DrQ: the critic's, detached)."""
+        return self.actor.encoder(obs)
 
     def state_dict(self) -> dict:
         return {

@@ -29,13 +29,20 @@ class GaussianActor(nn.Module):
         self.register_buffer("action_bias", (high + low) / 2.0)
 
     def distribution(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        mean, log_std = self.trunk(self.encoder(obs)).chunk(2, dim=-1)
+        return self.distribution_of(self.encoder(obs))
+
+    def distribution_of(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and log-std from encoded observations (DrQ hands the critic's features in)."""
+        mean, log_std = self.trunk(features).chunk(2, dim=-1)
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1.0)
         return mean, log_std
 
     def sample(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterised tanh-squashed sample in [-1, 1] and its log-probability."""
-        mean, log_std = self.distribution(obs)
+        return self.sample_from(self.encoder(obs))
+
+    def sample_from(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, log_std = self.distribution_of(features)
         # std = exp(...) is positive by construction; validating it costs a host sync per call on a GPU
         normal = Normal(mean, log_std.exp(), validate_args=False)
         pre_tanh = normal.rsample()
@@ -68,5 +75,9 @@ class TwinQCritic(nn.Module):
         self.q2 = mlp(in_dim, hidden, 1, layer_norm)
 
     def forward(self, obs: dict[str, torch.Tensor], action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.cat([self.encoder(obs), action], dim=-1)
+        return self.q_of(self.encoder(obs), action)
+
+    def q_of(self, features: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both Q-values from encoded observations (one encoder pass serves several uses)."""
+        x = torch.cat([features, action], dim=-1)
         return self.q1(x), self.q2(x)

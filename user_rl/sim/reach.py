@@ -60,20 +60,26 @@ ARMS = {
 MIN_START_DISTANCE = 0.10  # a start pose this close to the target is redrawn (no free successes)
 
 
-def reach_reward(distance: float) -> float:
+def reach_reward(distance: float, success_distance: float = SUCCESS_DISTANCE) -> float:
     """Dense shaping: minus the distance in metres, plus a bonus while the target is touched."""
-    return -distance + (SUCCESS_BONUS if distance < SUCCESS_DISTANCE else 0.0)
+    return -distance + (SUCCESS_BONUS if distance < success_distance else 0.0)
 
 
 REWARDS = ("dense", "sparse")  # sparse: 1 when the target is touched (which ends the episode), else 0
 EXPERT_DAMPING = 0.05  # damped least squares: smooth joint steps near singular poses
 
 
-def sample_target(rng: np.random.Generator) -> np.ndarray:
+TARGETS = ("volume", "table")  # table: every target at TABLE_HEIGHT, so a camera from above sees all of it
+TABLE_HEIGHT = 0.20  # 0.1 m above the shoulder: the arm reaches all of it without folding tight
+CAMERAS = ("front", "top")
+
+
+def sample_target(rng: np.random.Generator, targets: str = "volume") -> np.ndarray:
     """A target position (m) uniform in yaw, radius and height within the declared workspace."""
     yaw = rng.uniform(*TARGET_YAW)
     radius = rng.uniform(*TARGET_RADIUS)
-    return np.array([radius * np.cos(yaw), radius * np.sin(yaw), rng.uniform(*TARGET_HEIGHT)])
+    height = rng.uniform(*TARGET_HEIGHT) if targets == "volume" else TABLE_HEIGHT
+    return np.array([radius * np.cos(yaw), radius * np.sin(yaw), height])
 
 
 def _make_renderer(model: mujoco.MjModel, size: int) -> mujoco.Renderer:
@@ -89,7 +95,8 @@ def _make_renderer(model: mujoco.MjModel, size: int) -> mujoco.Renderer:
 
 
 class ReachRobot(Robot):
-    """Fingertip-to-target reaching with a 3- or 4-joint arm, state or state+image observations."""
+    """Fingertip-to-target reaching with a 3- or 4-joint arm, state or state+image observations
+    (in image mode the state holds only the arm: the target is seen, not told)."""
 
     device_kind = "sim"
 
@@ -105,11 +112,25 @@ class ReachRobot(Robot):
         extra_cameras: tuple[str, ...] = (),
         seed: int | None = None,
         reward: str = "dense",
+        camera: str = "front",
+        targets: str = "volume",
+        success_distance: float = SUCCESS_DISTANCE,
     ) -> None:
-        """`extra_cameras` (e.g. ("top",)) add `image_<name>` observations beside the front `image`.
-        `reward="sparse"`: 1 on touching the target, which ends the episode (terminated), else 0."""
+        """`camera`: what the `image` observation shows; `extra_cameras` (e.g. ("top",)) add
+        `image_<name>` observations beside it. `reward="sparse"`: 1 on touching the target, which
+        ends the episode (terminated), else 0. `targets="table"`: targets on one plane (the pixels
+        variant: seen from the top camera, the image says where the target is).
+        `success_distance` (m): how close counts as touching."""
         if reward not in REWARDS:
             raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {reward!r}")
+        if targets not in TARGETS:
+            raise ValueError(f"targets must be one of {', '.join(TARGETS)}, got {targets!r}")
+        if camera not in CAMERAS:
+            raise ValueError(f"camera must be one of {', '.join(CAMERAS)}, got {camera!r}")
+        if not 0.005 <= success_distance <= 0.2:
+            raise ValueError(f"success_distance must be in [0.005, 0.2] m, got {success_distance}")
+        self.targets = targets
+        self.success_distance = success_distance
         self.sparse = reward == "sparse"
         if arm not in ARMS:
             raise ValueError(f"unknown arm {arm!r}; allowed: {', '.join(ARMS)}")
@@ -121,14 +142,15 @@ class ReachRobot(Robot):
             raise ValueError(f"control_hz must be in (0, 100], got {control_hz}")
         if not 8 <= image_size <= 512:
             raise ValueError(f"image_size must be in 8..512, got {image_size}")
-        unknown = sorted(set(extra_cameras) - {"top"})
+        unknown = sorted(set(extra_cameras) - set(CAMERAS) | set(extra_cameras) & {camera})
         if unknown:
-            raise ValueError(f"unknown camera {unknown[0]!r}; the arm has: top (and the default front)")
+            raise ValueError(f"extra camera {unknown[0]!r}: the arm's other cameras are "
+                             f"{', '.join(c for c in CAMERAS if c != camera)} (`camera` shows {camera!r})")
         if extra_cameras and obs_mode != "image":
             raise ValueError("extra_cameras need obs_mode='image'")
         self.obs_mode = obs_mode
         self.image_size = image_size
-        self.cameras = {"image": "front", **{f"image_{name}": name for name in extra_cameras}}
+        self.cameras = {"image": camera, **{f"image_{name}": name for name in extra_cameras}}
         self.episode_steps = episode_steps
 
         self.arm = ARMS[arm]
@@ -149,7 +171,9 @@ class ReachRobot(Robot):
         self._step = -1  # -1: no episode yet
         self._closed = False
 
-        n_state = 3 * self.model.nq + 9  # sin, cos, velocity per joint; ee, target, target - ee
+        # sin, cos, velocity per joint; the fingertip; in state mode also the target and target - ee.
+        # In image mode the target is only in the pixels: a policy that reaches it must see it.
+        n_state = 3 * self.model.nq + (3 if obs_mode == "image" else 9)
         spaces: dict[str, gym.spaces.Space] = {
             "state": gym.spaces.Box(-np.inf, np.inf, (n_state,), np.float32)
         }
@@ -183,7 +207,7 @@ class ReachRobot(Robot):
             self._rng = np.random.default_rng(seed)
         m, d = self.model, self.data
         mujoco.mj_resetData(m, d)
-        target = sample_target(self._rng)
+        target = sample_target(self._rng, self.targets)
         d.mocap_pos[self._target_mocap] = target
         while True:  # rejection sampling; a handful of tries at most
             d.qpos[:] = self._rng.uniform(self.arm.start_low, self.arm.start_high)
@@ -213,14 +237,14 @@ class ReachRobot(Robot):
         mujoco.mj_step(m, d, nstep=self.n_substeps)
         self._step += 1
         distance = self.distance
-        touched = distance < SUCCESS_DISTANCE
+        touched = distance < self.success_distance
         return StepResult(
             observation=self._observation(),
-            reward=float(touched) if self.sparse else reach_reward(distance),
+            reward=float(touched) if self.sparse else reach_reward(distance, self.success_distance),
             terminated=self.sparse and touched,
             truncated=self._step >= self.episode_steps,
             action_applied=applied,
-            info={"distance": distance, "is_success": distance < SUCCESS_DISTANCE},
+            info={"distance": distance, "is_success": touched},
         )
 
     def predict(self, action: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -294,9 +318,10 @@ class ReachRobot(Robot):
         d = self.data
         ee = d.site_xpos[self._ee]
         target = d.mocap_pos[self._target_mocap]
-        state = np.concatenate(
-            [np.sin(d.qpos), np.cos(d.qpos), QVEL_SCALE * d.qvel, ee, target, target - ee]
-        ).astype(np.float32)
+        parts = [np.sin(d.qpos), np.cos(d.qpos), QVEL_SCALE * d.qvel, ee]
+        if self._renderer is None:
+            parts += [target, target - ee]
+        state = np.concatenate(parts).astype(np.float32)
         obs = {"state": state}
         if self._renderer is not None:
             for key, camera in self.cameras.items():
