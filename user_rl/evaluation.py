@@ -75,14 +75,20 @@ def evaluate_checkpoint(path: str | Path, episodes: int = 20, seed: int = 1,
     from user_rl.cloud.checkpoint import load_checkpoint
     from user_rl.config import build_config
     from user_rl.hal.registry import make_robot
-    from user_rl.policies import make_actor
 
     ckpt = load_checkpoint(path)
     cfg = build_config(ckpt["config"], overrides)
     options = {**cfg.robot_options(0), "robot_id": "eval"}
     with make_robot(cfg.robot.type, **options) as robot:
-        policy = ckpt["policy"]
-        actor = make_actor(policy["type"], robot.observation_space, robot.action_space, **policy["options"])
-        actor.load_state_dict(ckpt["actor"])
-        result = evaluate(robot, actor, episodes, seed=seed)
+        result = evaluate(robot, checkpoint_actor(ckpt, robot), episodes, seed=seed)
     return {"policy_version": ckpt["policy_version"], "robot": cfg.robot.type, **result.as_dict()}
+
+
+def checkpoint_actor(ckpt: dict, robot: Robot) -> nn.Module:
+    """The checkpoint's actor, built for `robot`'s spaces, with its weights loaded."""
+    from user_rl.policies import make_actor
+
+    policy = ckpt["policy"]
+    actor = make_actor(policy["type"], robot.observation_space, robot.action_space, **policy["options"])
+    actor.load_state_dict(ckpt["actor"])
+    return actor

@@ -16,8 +16,8 @@ import torch
 from tests.e2e.harness import evaluate, train
 from user_rl.cloud.checkpoint import load_checkpoint
 from user_rl.config import build_config
+from user_rl.evaluation import checkpoint_actor
 from user_rl.hal.registry import make_robot
-from user_rl.policies import make_actor
 from user_rl.sim.reach import ReachRobot
 
 FRESH_EPISODES = 100
@@ -31,10 +31,7 @@ def reach_what_it_is_shown(checkpoint: str, episodes: int) -> tuple[float, float
     options = cfg.robot_options(0)
     with make_robot(cfg.robot.type, **options) as robot, make_robot(cfg.robot.type, **options) as shown:
         assert isinstance(robot, ReachRobot) and isinstance(shown, ReachRobot)
-        actor = make_actor(ckpt["policy"]["type"], robot.observation_space, robot.action_space,
-                           **ckpt["policy"]["options"])
-        actor.load_state_dict(ckpt["actor"])
-        actor.eval()
+        actor = checkpoint_actor(ckpt, robot).eval()
         at_shown = at_real = 0
         for episode in range(episodes):
             obs = robot.reset(seed=50_000 + episode)

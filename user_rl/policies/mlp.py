@@ -29,9 +29,9 @@ class GaussianActor(nn.Module):
         self.register_buffer("action_bias", (high + low) / 2.0)
 
     def distribution(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.distribution_of(self.encoder(obs))
+        return self.distribution_from(self.encoder(obs))
 
-    def distribution_of(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def distribution_from(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and log-std from encoded observations (DrQ hands the critic's features in)."""
         mean, log_std = self.trunk(features).chunk(2, dim=-1)
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1.0)
@@ -42,7 +42,7 @@ class GaussianActor(nn.Module):
         return self.sample_from(self.encoder(obs))
 
     def sample_from(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean, log_std = self.distribution_of(features)
+        mean, log_std = self.distribution_from(features)
         # std = exp(...) is positive by construction; validating it costs a host sync per call on a GPU
         normal = Normal(mean, log_std.exp(), validate_args=False)
         pre_tanh = normal.rsample()

@@ -319,7 +319,7 @@ class ReachRobot(Robot):
         ee = d.site_xpos[self._ee]
         target = d.mocap_pos[self._target_mocap]
         parts = [np.sin(d.qpos), np.cos(d.qpos), QVEL_SCALE * d.qvel, ee]
-        if self._renderer is None:
+        if self.obs_mode != "image":
             parts += [target, target - ee]
         state = np.concatenate(parts).astype(np.float32)
         obs = {"state": state}
