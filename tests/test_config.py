@@ -3,6 +3,7 @@ says what is allowed."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,21 @@ def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
 def test_config_error_is_a_value_error() -> None:
     # Callers that catch ValueError (e.g. the CLI's one-line error path) see config mistakes too.
     assert issubclass(ConfigError, ValueError)
+
+
+def test_chunk_policies_and_their_algorithms_are_checked_together() -> None:
+    """policy.type flow trains with bc or qc; qc needs a critic to choose among samples; the buffer samples
+    as many future actions as the policy's chunk (and qc backs up over as many rewards)."""
+    cfg = build_config({}, ["policy.type=flow", "policy.chunk=5", "policy.best_of=8", "algo.type=qc"])
+    assert cfg.buffer.action_horizon == 5 and cfg.buffer.n_step == 5
+    assert cfg.policy.options() == {"hidden": [256, 256], "chunk": 5, "flow_steps": 10, "best_of": 8}
+    assert build_config({}, ["policy.type=flow", "policy.chunk=5", "algo.type=bc"]).buffer.n_step == 1
+    for overrides, message in (
+        (["policy.type=flow", "algo.type=sac"], "policy.type flow trains with algo.type bc or qc, not sac"),
+        (["policy.type=flow", "algo.type=qc"], "it needs policy.type flow with policy.best_of of 2 or more"),
+        (["policy.chunk=4"], "policy.chunk is a setting of policy.type flow; this policy is mlp"),
+        (["policy.type=flow", "policy.chunk=4", "algo.type=bc", "buffer.action_horizon=3"],
+         "buffer.action_horizon: this run's policy.chunk is 4; leave buffer.action_horizon out"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            build_config({}, overrides)

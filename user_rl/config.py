@@ -130,8 +130,39 @@ class RewardConfig(Section):
 
 
 class PolicyConfig(Section):
-    type: Literal["mlp"] = "mlp"
+    """The network edges run (`user_rl.policies.ACTORS`) and what it is built from."""
+
+    type: Literal["mlp", "flow"] = Field(
+        "mlp", description="mlp: a Gaussian actor (sac, drq, bc); flow: a flow-matching policy that outputs "
+                           "chunks of `chunk` actions (bc, qc)")
     hidden: list[int] = Field(default_factory=lambda: [256, 256])
+    chunk: int = Field(1, ge=1, le=64, description="flow: actions per inferred chunk (H); the edge infers once per chunk")
+    flow_steps: int = Field(10, ge=1, le=100, description="flow: Euler steps from noise to a chunk")
+    best_of: int = Field(1, ge=1, le=256, description="flow: chunks sampled per inference, of which the chunk critic "
+                                                       "picks one (Q-chunking; algo qc needs more than 1)")
+    weights: str | None = Field(None, description="initial actor weights: a .safetensors file or a run's checkpoint.pt")
+
+    FLOW_ONLY: ClassVar[tuple[str, ...]] = ("chunk", "flow_steps", "best_of")
+
+    @model_validator(mode="after")
+    def _flow_settings(self) -> "PolicyConfig":
+        if self.type != "flow":
+            for key in self.FLOW_ONLY:
+                if getattr(self, key) != PolicyConfig.model_fields[key].default:
+                    raise ValueError(f"policy.{key} is a setting of policy.type flow; this policy is {self.type}")
+        return self
+
+    @field_validator("weights")
+    @classmethod
+    def _absolute_weights(cls, value: str | None) -> str | None:
+        """The learner may run in another working directory (a Ray worker)."""
+        return None if value is None else str(Path(value).expanduser().resolve())
+
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments `make_actor(type, obs_space, action_space, **options)` takes."""
+        if self.type == "flow":
+            return {"hidden": self.hidden, "chunk": self.chunk, "flow_steps": self.flow_steps, "best_of": self.best_of}
+        return {"hidden": self.hidden}
 
 
 class AlgoConfig(Section):
@@ -139,10 +170,11 @@ class AlgoConfig(Section):
     keeps the two lists equal; the config stays importable without torch). Each algorithm reads
     the fields of its own settings dataclass (`SACSettings`, `BCSettings`) from here by name."""
 
-    type: Literal["sac", "drq", "bc"] = Field(
+    type: Literal["sac", "drq", "bc", "qc"] = Field(
         "sac", description="sac: soft actor-critic (RLPD with critic_layer_norm, a high utd_ratio and buffer.mix); "
                            "drq: SAC from pixels (a shared camera encoder, random-shift augmentation); "
-                           "bc: behaviour cloning of interventions (HG-DAgger)")
+                           "bc: behaviour cloning of interventions (HG-DAgger; mlp or flow policies); "
+                           "qc: Q-chunking, online RL for flow chunk policies (best-of-N on a chunk critic)")
     gamma: float = Field(0.99, gt=0.0, le=1.0)
     tau: float = Field(0.005, gt=0.0, le=1.0)
     actor_lr: float = Field(3e-4, gt=0.0)
@@ -189,7 +221,9 @@ class BufferConfig(Section):
     strategy: Literal["uniform", "recency", "task_balanced"] = "uniform"
     recency_half_life: int = Field(50_000, ge=1)
     mix: dict[str, float] | None = Field(None, description='e.g. {online: 0.5, demo: 0.5} (RLPD)')
-    n_step: int = Field(1, ge=1, le=20)
+    n_step: int = Field(1, ge=1, le=64, description="rewards summed per transition; algo qc sets it to policy.chunk")
+    action_horizon: int = Field(1, ge=1, le=64, description="future actions sampled per row (action_chunk, "
+                                                             "chunk_mask); set to policy.chunk by the run")
     attach: list[AttachConfig] = Field(default_factory=list)
     scrub: bool = Field(True, description="verify sealed segments' checksums in the background after start-up")
 
@@ -269,6 +303,23 @@ class Config(Section):
     safety: SafetyConfig = Field(default_factory=SafetyConfig)
     embodiments: dict[str, EmbodimentConfig] = Field(
         default_factory=dict, description="robot models with different spaces in one run, each with its own policy")
+
+    @model_validator(mode="after")
+    def _policy_suits_the_algorithm(self) -> "Config":
+        """Chunk policies train with bc or qc, which see chunks through the buffer's sampler."""
+        policy, algo = self.policy.type, self.algo.type
+        if policy == "flow" and algo not in ("bc", "qc"):
+            raise ValueError(f"policy.type flow trains with algo.type bc or qc, not {algo}")
+        if algo == "qc" and (policy != "flow" or self.policy.best_of < 2):
+            raise ValueError("algo.type qc picks the best of several sampled chunks: it needs policy.type flow "
+                             "with policy.best_of of 2 or more")
+        for key, wanted in (("action_horizon", self.policy.chunk), ("n_step", self.policy.chunk if algo == "qc" else None)):
+            if wanted is None:
+                continue
+            if key in self.buffer.model_fields_set and getattr(self.buffer, key) not in (1, wanted):
+                raise ValueError(f"buffer.{key}: this run's policy.chunk is {wanted}; leave buffer.{key} out")
+            setattr(self.buffer, key, wanted)
+        return self
 
     @model_validator(mode="after")
     def _watchdog_outlasts_a_control_period(self) -> "Config":

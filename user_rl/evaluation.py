@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from user_rl.hal.robot import Robot
+from user_rl.policies.chunking import ChunkRunner
 from user_rl.robots.safety import ActionFilter
 
 EVAL_SEED_BASE = 1_000_000
@@ -42,14 +43,15 @@ class EvalResult:
 def evaluate(robot: Robot, actor: nn.Module, episodes: int, seed: int = 0) -> EvalResult:
     actor.eval()
     safety = ActionFilter(robot.action_space)
+    policy = ChunkRunner(actor, deterministic=True)  # a chunk policy executes its chunks open loop, as on an edge
     successes: list[bool] = []
     returns, lengths = [], []
     for episode in range(episodes):
         obs = robot.reset(seed=EVAL_SEED_BASE + seed * 10_000 + episode)
+        policy.restart()
         total, steps = 0.0, 0
         while True:
-            batch = {k: torch.as_tensor(v).unsqueeze(0) for k, v in obs.items()}
-            action = actor.act(batch, deterministic=True)[0].numpy()
+            action, _ = policy(obs)
             result = robot.step(safety(action))
             total += result.reward
             steps += 1

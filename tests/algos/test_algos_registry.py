@@ -24,7 +24,21 @@ OBS_SPACE = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (24, 24, 3), np.uin
                              "state": gym.spaces.Box(-1, 1, (4,), np.float32)})
 ACTION_SPACE = gym.spaces.Box(-1, 1, (3,), np.float32)
 METRICS = {"sac": {"critic_loss", "actor_loss", "alpha", "q"}, "drq": {"critic_loss", "actor_loss", "alpha", "q"},
-           "bc": {"bc_loss", "action_nll", "action_mse", "imitated_rows"}}
+           "bc": {"bc_loss", "action_nll", "action_mse", "imitated_rows"}, "qc": {"critic_loss", "flow_loss", "q"}}
+CHUNK = 2
+# the policy each algorithm is tested with (qc needs a flow chunk policy with a critic to choose)
+POLICIES = {"qc": ("flow", {"chunk": CHUNK, "flow_steps": 2, "best_of": 3})}
+POLICY_CONFIG = {"qc": {"type": "flow", "chunk": CHUNK, "best_of": 3}}
+
+
+def algo_config(name: str, **settings) -> dict:
+    return {"algo": {"type": name, **settings}, **({"policy": POLICY_CONFIG[name]} if name in POLICY_CONFIG else {})}
+
+
+def build(name: str, seed: int):
+    torch.manual_seed(seed)
+    policy, options = POLICIES.get(name, ("mlp", {}))
+    return make_algo(name, OBS_SPACE, ACTION_SPACE, policy, {"hidden": [32], **options})
 
 
 def buffer_batch(rng: np.random.Generator, size: int = 16) -> dict[str, np.ndarray]:
@@ -36,7 +50,11 @@ def buffer_batch(rng: np.random.Generator, size: int = 16) -> dict[str, np.ndarr
             "action": rng.uniform(-1, 1, (size, 3)).astype(np.float32),
             "reward": rng.normal(size=size).astype(np.float32), "terminated": rng.random(size) < 0.1,
             "policy_version": np.ones(size, np.int64), "robot": np.zeros(size, np.int64),
-            "actor": np.resize(np.array([pb.ACTOR_POLICY, pb.ACTOR_HUMAN, pb.ACTOR_SCRIPTED], np.uint8), size)}
+            "actor": np.resize(np.array([pb.ACTOR_POLICY, pb.ACTOR_HUMAN, pb.ACTOR_SCRIPTED], np.uint8), size),
+            "discount": np.full(size, 0.99 ** CHUNK, np.float32),
+            "action_chunk": rng.uniform(-1, 1, (size, CHUNK, 3)).astype(np.float32),
+            "chunk_mask": np.arange(CHUNK)[None] < rng.integers(1, CHUNK + 1, (size, 1)),
+            "chunk_actor": np.resize(np.array([pb.ACTOR_POLICY, pb.ACTOR_SCRIPTED, pb.ACTOR_WARMUP], np.uint8), (size, CHUNK))}
 
 
 def learner_batch(name: str, rng: np.random.Generator) -> dict:
@@ -46,10 +64,10 @@ def learner_batch(name: str, rng: np.random.Generator) -> dict:
 
 
 def test_an_unknown_algo_type_is_a_config_error_that_names_the_choices() -> None:
-    with pytest.raises(ConfigError, match=re.escape("config error: algo.type: Input should be 'sac', 'drq' or 'bc' (got 'ppo')")):
+    with pytest.raises(ConfigError, match=re.escape("config error: algo.type: Input should be 'sac', 'drq', 'bc' or 'qc' (got 'ppo')")):
         build_config({"algo": {"type": "ppo"}})
     assert set(get_args(AlgoConfig.model_fields["type"].annotation)) == set(ALGOS)  # the config lists the registry
-    with pytest.raises(ValueError, match="unknown algorithm 'ppo'; known: sac, drq, bc"):
+    with pytest.raises(ValueError, match="unknown algorithm 'ppo'; known: sac, drq, bc, qc"):
         make_algo("ppo", OBS_SPACE, ACTION_SPACE)
 
 
@@ -64,7 +82,7 @@ def test_a_setting_of_another_algorithm_is_a_config_error() -> None:
 
 @pytest.mark.parametrize("name", sorted(ALGOS))
 def test_every_setting_comes_from_the_config_by_name(name: str) -> None:
-    cfg = build_config({"algo": {"type": name, "actor_lr": 1e-3}})
+    cfg = build_config(algo_config(name, actor_lr=1e-3))
     fields = {f.name for f in dataclasses.fields(ALGOS[name].Settings)}
     assert fields <= set(AlgoConfig.model_fields), f"{name} settings missing from AlgoConfig: {fields - set(AlgoConfig.model_fields)}"
     settings = algo_settings(name, cfg.algo.model_dump())
@@ -84,16 +102,14 @@ def test_the_configs_settings_reach_each_algorithm() -> None:
 def test_each_algorithm_trains_and_continues_exactly_from_its_state(name: str) -> None:
     rng = np.random.default_rng(0)
     batches = [learner_batch(name, rng) for _ in range(3)]
-    torch.manual_seed(0)
-    algo = make_algo(name, OBS_SPACE, ACTION_SPACE, policy_options={"hidden": [32]})
+    algo = build(name, 0)
     metrics = metrics_to_floats(algo.update(batches[0]))
     print(f"{name}: {metrics}")
     assert set(metrics) == METRICS[name] and np.isfinite(list(metrics.values())).all()
     state = copy.deepcopy(algo.state_dict())  # as a checkpoint holds it (a live state_dict shares its tensors)
     assert state["algo"] == name and "actor" in state  # the learner publishes state["actor"] on resume
 
-    torch.manual_seed(1)  # another initialisation: everything must come from the state
-    clone = make_algo(name, OBS_SPACE, ACTION_SPACE, policy_options={"hidden": [32]})
+    clone = build(name, 1)  # another initialisation: everything must come from the state
     clone.load_state_dict(state)
     assert clone.updates == algo.updates == 1
     for batch in batches[1:]:  # networks and optimisers alike: the same next steps
@@ -104,7 +120,9 @@ def test_each_algorithm_trains_and_continues_exactly_from_its_state(name: str) -
     for key, tensor in algo.actor.state_dict().items():
         assert torch.equal(clone.actor.state_dict()[key], tensor), key
     obs = batches[0]["obs"]
+    torch.manual_seed(3)
     action = algo.actor.act(obs, deterministic=True)
+    torch.manual_seed(3)  # best-of-N samples even when deterministic
     assert torch.equal(action, clone.actor.act(obs, deterministic=True)) and action.shape == (16, 3)
 
 

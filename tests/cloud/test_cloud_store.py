@@ -553,6 +553,39 @@ def test_n_step_returns_within_an_episode(tmp_path: Path) -> None:
     store.close()
 
 
+def test_action_chunks_are_the_next_actions_of_the_episode_with_who_executed_them(tmp_path: Path) -> None:
+    """A chunk policy learns from each row's next H executed actions: they never cross an episode's
+    end (masked there, repeating the last real action), and each says who executed it."""
+    horizon = 4
+    store = open_store(tmp_path, action_horizon=horizon)
+    writer = Writer(store)
+    a = Robot(1)
+    for i in range(15):
+        a.actor = pb.ACTOR_SCRIPTED if i % 3 == 0 else pb.ACTOR_POLICY  # who acted changes mid-episode
+        writer.add(a, 13)
+    store.commit()
+    actors = {}
+    for i in range(15):
+        for e, s, _ in a.emitted[13 * i : 13 * (i + 1)]:
+            actors[(e, s)] = pb.ACTOR_SCRIPTED if i % 3 == 0 else pb.ACTOR_POLICY
+    batch = store.sample(4096, np.random.default_rng(0))
+    check_batch(batch)
+    step, episode = batch[OBS + "state"][:, 2].astype(int), batch[OBS + "state"][:, 1].astype(int)
+    length = np.array([episode_length(1, e) for e in episode])
+    chunk, mask = batch["action_chunk"], batch["chunk_mask"]
+    assert chunk.shape == (4096, horizon, 2) and mask.shape == (4096, horizon)
+    np.testing.assert_array_equal(mask, np.arange(horizon)[None] < np.minimum(horizon, length - step)[:, None])
+    real = np.minimum(np.arange(horizon)[None], mask.sum(1)[:, None] - 1)  # a masked action repeats the last real one
+    np.testing.assert_allclose(chunk[..., 0], ((step[:, None] + real) / 1000).astype(np.float32))
+    np.testing.assert_array_equal(chunk[:, 0], batch["action"])
+    expected_actor = np.array([[actors[(e, s + j)] for j in r] for e, s, r in zip(episode, step, real)])
+    np.testing.assert_array_equal(batch["chunk_actor"], expected_actor)
+    assert (batch["chunk_actor"] == pb.ACTOR_SCRIPTED).any() and (batch["chunk_actor"] == pb.ACTOR_POLICY).any()
+    assert (~mask).any() and mask.all(1).any()
+    np.testing.assert_array_equal(batch["chunk_step"], 0)  # these rows say nothing of chunks: a chunk of one
+    store.close()
+
+
 # -- 7. disk limit -------------------------------------------------------------------------------
 
 def segment_bytes(tmp_path: Path) -> int:

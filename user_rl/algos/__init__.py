@@ -7,7 +7,8 @@
 |---|---|---|
 | `sac` | `SAC` | rewards; with `critic_layer_norm`, a high `utd_ratio` and `buffer.mix` it is RLPD / HIL-SERL |
 | `drq` | `DrQ` | rewards, from pixels: SAC with one camera encoder (the critic's) and random-shift augmentation |
-| `bc` | `BehaviourCloning` | the actions of people (and the scripted intervener): HG-DAgger |
+| `bc` | `BehaviourCloning` | the actions of people (and the scripted intervener): HG-DAgger; MLP or flow chunk policies |
+| `qc` | `QChunking` | rewards, for a flow chunk policy: a chunk critic picks the best of N sampled chunks (Q-chunking) |
 
 To add one: a class with the interface of `base.Algorithm`, its settings fields added to
 `AlgoConfig` under the same names, its name in `ALGOS` and in `AlgoConfig.type`.
@@ -24,9 +25,10 @@ import torch
 from user_rl.algos.base import Algorithm, check_state_is_for, metrics_to_floats
 from user_rl.algos.bc import BCSettings, BehaviourCloning
 from user_rl.algos.drq import DrQ, DrQSettings
+from user_rl.algos.qc import QChunking, QCSettings
 from user_rl.algos.sac import SAC, SACSettings
 
-ALGOS: dict[str, type] = {"sac": SAC, "drq": DrQ, "bc": BehaviourCloning}
+ALGOS: dict[str, type] = {"sac": SAC, "drq": DrQ, "bc": BehaviourCloning, "qc": QChunking}
 
 
 def algo_class(name: str) -> type:
@@ -53,5 +55,6 @@ def make_algo(name: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Bo
     return cls(obs_space, action_space, policy, policy_options, settings, device)
 
 
-__all__ = ["ALGOS", "Algorithm", "BCSettings", "BehaviourCloning", "DrQ", "DrQSettings", "SAC", "SACSettings", "algo_class",
+__all__ = ["ALGOS", "Algorithm", "BCSettings", "BehaviourCloning", "DrQ", "DrQSettings", "QCSettings", "QChunking",
+           "SAC", "SACSettings", "algo_class",
            "algo_settings", "check_state_is_for", "make_algo", "metrics_to_floats"]

@@ -17,6 +17,10 @@ the normalised [-1, 1] action units:
   scaled at the action bounds, where the pre-tanh target of a clipped action is large.
 The tanh's log-Jacobian depends only on the target action, so it is left out of the likelihood.
 
+A chunk policy (`policy.type: flow`) imitates each row's next H executed actions instead
+(`action_chunk`), by flow matching, with a weight per action from who executed it, so a chunk
+that a hand-back or the episode's end cut short teaches only what was demonstrated.
+
 Rows of weight 0 are dropped before the forward pass, so they cannot change the policy; a batch
 with no weighted row makes no optimiser step at all (Adam would still move the weights on its
 momentum), but it counts in `updates`, which counts the batches taken.
@@ -48,7 +52,8 @@ class BCSettings:
 class BehaviourCloning:
     name = "bc"
     Settings = BCSettings
-    batch_columns = ("obs", "action", "intervened", "policy_acted")
+    batch_columns = ("obs", "action", "intervened", "policy_acted", "action_chunk", "chunk_intervened",
+                     "chunk_policy_acted")  # the chunk_ columns: for a chunk policy (in its runs' batches only)
 
     def __init__(
         self,
@@ -65,12 +70,19 @@ class BehaviourCloning:
         self.device = torch.device(device)
         self.actor = make_actor(policy, obs_space, action_space, **(policy_options or {})).to(self.device)
         self.actor_optim = torch.optim.Adam(self.actor.parameters(), lr=self.settings.actor_lr)
+        self.chunked = hasattr(self.actor, "flow_loss")
         self.updates = 0
         self._last: dict[str, torch.Tensor] = {}
 
     def row_weights(self, batch: dict) -> torch.Tensor:
-        """1 for intervention rows, `policy_row_weight` for the policy's rows, 0 for the rest."""
-        return batch["intervened"].float() + self.settings.policy_row_weight * batch["policy_acted"].float()
+        """1 for intervention rows, `policy_row_weight` for the policy's rows, 0 for the rest
+        (for a chunk policy: per action of each row's chunk, (B, H))."""
+        prefix = "chunk_" if self.chunked else ""
+        if self.chunked and prefix + "intervened" not in batch:
+            raise KeyError("a chunk policy learns from action chunks: the batch needs action_chunk and "
+                           "chunk_intervened (buffer.action_horizon = policy.chunk)")
+        return batch[prefix + "intervened"].float() + \
+            self.settings.policy_row_weight * batch[prefix + "policy_acted"].float()
 
     def update(self, batch: dict) -> dict[str, torch.Tensor]:
         """One gradient step towards the weighted rows' actions: obs, action, intervened, policy_acted.
@@ -79,12 +91,14 @@ class BehaviourCloning:
         its two parts), `imitated_rows` (rows of the batch with a weight above 0).
         """
         weight = self.row_weights(batch)
-        rows = (weight > 0).nonzero().squeeze(1)
+        rows = (weight.view(len(weight), -1).sum(1) > 0).nonzero().squeeze(1)
         self.updates += 1
         if rows.numel() == 0:  # nothing to imitate: no step (Adam's momentum would move the weights)
             return {**self._last, "imitated_rows": torch.zeros((), device=self.device)}
         obs = {key: value[rows] for key, value in batch["obs"].items()}
         weight = weight[rows]
+        if self.chunked:
+            return self._flow_step(obs, self.actor.normalize(batch["action_chunk"][rows]), weight)
         target = self.actor.normalize(batch["action"][rows])
         mean, log_std = self.actor.distribution(obs)
         pre_tanh_target = torch.atanh(target.clamp(-TARGET_EDGE, TARGET_EDGE))
@@ -98,6 +112,15 @@ class BehaviourCloning:
         self.actor_optim.step()
         self._last = {"bc_loss": loss.detach(), "action_nll": action_nll.detach(), "action_mse": action_mse.detach()}
         return {**self._last, "imitated_rows": torch.tensor(float(rows.numel()), device=self.device)}
+
+    def _flow_step(self, obs: dict, chunks: torch.Tensor, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Flow matching towards the weighted actions of each row's chunk."""
+        loss = self.actor.flow_loss(self.actor.encoder(obs), chunks, weight)
+        self.actor_optim.zero_grad(set_to_none=True)
+        loss.backward()
+        self.actor_optim.step()
+        self._last = {"bc_loss": loss.detach()}
+        return {**self._last, "imitated_rows": torch.tensor(float(len(chunks)), device=self.device)}
 
     def state_dict(self) -> dict:
         return {"algo": self.name, "actor": self.actor.state_dict(), "actor_optim": self.actor_optim.state_dict(),

@@ -20,10 +20,16 @@ from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.transitions import OBS, intervened
 
 GROUPS = {"obs": OBS, "next_obs": NEXT_OBS}  # a name in `batch_columns` that stands for every column of a prefix
-OPTIONAL = {"discount"}  # in the buffer's batch only for n-step returns
-DERIVED = {  # float32 columns computed from the row's `actor` (algorithms never see the wire's enum)
-    "intervened": lambda batch: intervened(batch["actor"]).astype(np.float32),
-    "policy_acted": lambda batch: (batch["actor"] == pb.ACTOR_POLICY).astype(np.float32),
+# In the buffer's batch only for n-step returns (discount) or a chunk policy (buffer.action_horizon > 1).
+OPTIONAL = {"discount", "action_chunk", "chunk_mask", "chunk_intervened", "chunk_policy_acted"}
+DERIVED = {  # float32 columns computed from who acted (algorithms never see the wire's enum)
+    "intervened": ("actor", lambda batch: intervened(batch["actor"]).astype(np.float32)),
+    "policy_acted": ("actor", lambda batch: (batch["actor"] == pb.ACTOR_POLICY).astype(np.float32)),
+    # per action of a row's chunk, and 0 past its episode's end
+    "chunk_intervened": ("chunk_actor", lambda batch: (intervened(batch["chunk_actor"]) & batch["chunk_mask"])
+                         .astype(np.float32)),
+    "chunk_policy_acted": ("chunk_actor", lambda batch: ((batch["chunk_actor"] == pb.ACTOR_POLICY)
+                                                         & batch["chunk_mask"]).astype(np.float32)),
 }
 
 
@@ -32,18 +38,19 @@ def training_columns(batch: dict[str, np.ndarray],
     """The columns the algorithm reads (its `batch_columns`), and nothing else of the buffer's
     batch (policy_version, robot, ... stay here), so a batch slot is no bigger than it must be.
 
-    "intervened" and "policy_acted" are derived from the `actor` column. A column the algorithm
-    needs and the batch lacks is an error that names it (only "discount" may be missing)."""
+    "intervened" and "policy_acted" are derived from the `actor` column, their chunk_ versions
+    from `chunk_actor`. A column the algorithm needs and the batch lacks is an error that names
+    it (only the `OPTIONAL` ones may be missing)."""
     out: dict[str, np.ndarray] = {}
     for name in wanted:
         if name in GROUPS:
             out.update((key, array) for key, array in batch.items() if key.startswith(GROUPS[name]))
         elif name in batch:
             out[name] = batch[name]
-        elif name in DERIVED and "actor" in batch:
-            out[name] = DERIVED[name](batch)
+        elif name in DERIVED and DERIVED[name][0] in batch:
+            out[name] = DERIVED[name][1](batch)
         elif name not in OPTIONAL:
-            source = " (derived from the actor column)" if name in DERIVED else ""
+            source = f" (derived from the {DERIVED[name][0]} column)" if name in DERIVED else ""
             raise ValueError(f"the algorithm needs the batch column {name!r}{source}; the buffer's batch has "
                            f"{', '.join(sorted(batch))}")
     return out

@@ -182,9 +182,9 @@ class Learner:
             cfg = self.cfg
             settings = algo_settings(cfg.algo.type, cfg.algo.model_dump())  # the fields its Settings has
             spec = TrainerSpec(self.ingest.obs_space, self.ingest.action_space, cfg.policy.type,
-                               {"hidden": cfg.policy.hidden}, settings, str(self.device),
+                               cfg.policy.options(), settings, str(self.device),
                                learner_torch_threads(cfg), cfg.seed, cfg.learner.publish_every_updates, state, rng,
-                               algo=cfg.algo.type)
+                               algo=cfg.algo.type, initial_weights=cfg.policy.weights)
             self.trainer = Trainer(spec, cfg.learner.prefetch_batches)
         return self.trainer
 
@@ -425,7 +425,7 @@ class Learner:
             "format": 2,
             "config": self.cfg.model_dump(),
             "spaces": spaces_to_text(self.ingest.obs_space, self.ingest.action_space),
-            "policy": {"type": self.cfg.policy.type, "options": {"hidden": self.cfg.policy.hidden}},
+            "policy": {"type": self.cfg.policy.type, "options": self.cfg.policy.options()},
             "policy_version": self.version,
             "actor": trainer_state.state["actor"],
             "algo": trainer_state.state,

@@ -36,6 +36,7 @@ import torch.multiprocessing as torch_mp
 from user_rl.algos import Algorithm, algo_class, make_algo, metrics_to_floats
 from user_rl.cloud.buffer.store import NEXT_OBS
 from user_rl.cloud.checkpoint import snapshot
+from user_rl.policies.weights import load_weights
 from user_rl.wire.transitions import OBS
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class TrainerSpec:
     state: dict | None = None  # a checkpoint's algorithm state to continue from
     rng: dict | None = None  # and its RNG states ("torch", "cuda")
     algo: str = "sac"  # its name in `user_rl.algos.ALGOS`
+    initial_weights: str | None = None  # a fresh run's actor starts from this file (`policy.weights`)
 
 
 @dataclass
@@ -258,6 +260,10 @@ def serve(spec: TrainerSpec, ring: Ring, slots_channel, outbox, updates, idle_us
                          spec.settings, device)
         if spec.state is not None:
             algo.load_state_dict(spec.state)
+        elif spec.initial_weights is not None:
+            fresh = load_weights(algo.actor, spec.initial_weights)
+            log.warning("the actor starts from %s%s", spec.initial_weights,
+                        f"; {len(fresh)} tensors keep their initial values ({', '.join(fresh[:3])}, ...)" if fresh else "")
         if spec.rng is not None:
             torch.set_rng_state(spec.rng["torch"])
             if device.type == "cuda" and "cuda" in spec.rng:  # SAC's action noise is drawn on the GPU

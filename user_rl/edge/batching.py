@@ -47,9 +47,11 @@ class BatchBuilder:
         final_obs: dict[str, np.ndarray] | None = None,
         label_by: int = 0,
         policy_action: np.ndarray | None = None,
+        chunk_step: int = 0,
     ) -> None:
         """Record one step. `final_obs` is required when the episode ends at this step;
-        `policy_action` is what the policy proposed when someone else acted (else the action)."""
+        `policy_action` is what the policy proposed when someone else acted (else the action);
+        `chunk_step` is that proposal's index in the policy's action chunk."""
         if self.full:
             raise RuntimeError("batch is full; take() it first")
         i = self.count
@@ -60,6 +62,7 @@ class BatchBuilder:
         c["reward"][i], c["terminated"][i], c["truncated"][i] = reward, terminated, truncated
         c["episode"][i], c["step"][i], c["policy_version"][i] = episode, step, policy_version
         c["actor"][i], c["label"][i], c["label_by"][i], c["sensor_time"][i] = actor, label, label_by, sensor_time
+        c["chunk_step"][i] = chunk_step
         c[POLICY_ACTION][i] = action if policy_action is None else policy_action
         if terminated or truncated:
             if final_obs is None:

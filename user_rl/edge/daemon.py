@@ -1,7 +1,8 @@
 """The edge daemon: one robot's control loop with local policy inference.
 
 Each turn: swap in new weights if any arrived (a safe point between steps), pick an action
-(random until the first policy version arrives), pass it through the safety filter, step the
+(random until the first policy version arrives; a chunk policy infers once per chunk of H
+actions, `ChunkRunner`), pass it through the safety filter, step the
 robot, record the transition, and service the link (flush batches, heartbeats, acks). The
 link is never waited on, except by a sim paced to the learner's update rate (a real robot is
 never paced).
@@ -21,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
-import torch
 import zmq
 from torch import nn
 
@@ -32,6 +32,7 @@ from user_rl.edge.link import DataLink, LinkSettings
 from user_rl.edge.operator import OperatorRequests, StepRecord
 from user_rl.edge.weights import WeightReceiver
 from user_rl.hal.robot import Robot, StepResult
+from user_rl.policies.chunking import ChunkRunner
 from user_rl.rewards import EnvReward, RewardedStep, StepReward
 from user_rl.robots.estop import LATCH_NAME, EStopLatch
 from user_rl.robots.safety import ActionFilter, HoldBlocked, SafetySettings, Watchdog
@@ -71,6 +72,7 @@ class EdgeDaemon:
     ) -> None:
         self.robot = robot
         self.actor = actor.eval()
+        self.chunks = ChunkRunner(self.actor)  # the policy's actions, one chunk inference per H steps
         self.settings = s = settings or EdgeSettings()
         if s.pace_to_learner and robot.device_kind == "robot":
             raise ValueError(f"{robot.descriptor.id}: pace_to_learner is for simulators; a real robot never "
@@ -114,19 +116,22 @@ class EdgeDaemon:
             self.actor.load_state_dict(state)
             self.policy_version = version
 
-    def _choose_action(self, obs: dict[str, np.ndarray]) -> tuple[np.ndarray, int, np.ndarray]:
-        """(action, who chose it, the policy's proposal). The policy proposes on every step (random
-        warm-up actions until its first version arrives); an intervention source may act instead."""
+    def _choose_action(self, obs: dict[str, np.ndarray]) -> tuple[np.ndarray, int, np.ndarray, int]:
+        """(action, who chose it, the policy's proposal, its index in its chunk). The policy proposes
+        on every step (random warm-up actions until its first version arrives); an intervention
+        source may act instead, and then the policy's chunk is dropped: it was planned for a state
+        the robot has left."""
         if self.policy_version < 0:
-            proposal = self.robot.action_space.sample().astype(self.robot.action_space.dtype)
+            proposal, chunk_step = self.robot.action_space.sample().astype(self.robot.action_space.dtype), 0
         else:
-            batch = {k: torch.as_tensor(v).unsqueeze(0) for k, v in obs.items()}
-            proposal = self.actor.act(batch)[0].numpy()
+            proposal, chunk_step = self.chunks(obs)
         view = StepView(obs, proposal, self.episodes, self._episode_step)
         action, actor = self.interventions.choose(view)
-        if actor == pb.ACTOR_POLICY and self.policy_version < 0:
+        if actor != pb.ACTOR_POLICY:
+            self.chunks.restart()
+        elif self.policy_version < 0:
             actor = pb.ACTOR_WARMUP
-        return action, actor, proposal
+        return action, actor, proposal, chunk_step
 
     # -- link ---------------------------------------------------------------------------------
     def _flush(self) -> None:
@@ -223,6 +228,8 @@ class EdgeDaemon:
             self._held = False
             return self.robot.reset(seed=seed)
 
+        self.chunks.restart()
+
         self.watchdog.pause()  # a reset is not a stall
         obs = self._robot_call(reset)
         self.watchdog.due()
@@ -263,7 +270,7 @@ class EdgeDaemon:
             if obs is None:
                 obs, seed = self._start_episode(seed), None
             self._maybe_swap_weights()
-            chosen, actor, proposal = self._choose_action(obs)
+            chosen, actor, proposal, chunk_step = self._choose_action(obs)
             sent_at = time.time()
             result = self._robot_call(self.robot.step, self.safety(chosen), unless_held=True)
             if result is None:  # the watchdog held the robot after `obs`: that episode is over
@@ -283,7 +290,7 @@ class EdgeDaemon:
                 actor=actor, label=label, sensor_time=time.time(),
                 final_obs=result.observation if ended else None,
                 label_by=label_by if label != pb.LABEL_NONE else pb.LABEL_BY_ENV,
-                policy_action=proposal,
+                policy_action=proposal, chunk_step=chunk_step,
             )
             self._tell_watchers(StepRecord(result.observation, result.action_applied, proposal, actor, reward,
                                            self.episodes, self._episode_step, self.policy_version, ended, label,

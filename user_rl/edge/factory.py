@@ -41,7 +41,7 @@ def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
     real_robot = robot.device_kind == "robot"
     if real_robot and cfg.fleet.pace_to_learner:  # the default (for sims): not a mistake, so not a warning
         log.info("%s: a real robot never waits for the learner: fleet.pace_to_learner is ignored", options["robot_id"])
-    actor = make_actor(cfg.policy.type, robot.observation_space, robot.action_space, hidden=cfg.policy.hidden)
+    actor = make_actor(cfg.policy.type, robot.observation_space, robot.action_space, **cfg.policy.options())
     settings = EdgeSettings(
         control_hz=cfg.fleet.control_hz,
         pace_to_learner=cfg.fleet.pace_to_learner and not real_robot,

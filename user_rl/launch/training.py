@@ -64,7 +64,7 @@ class Evaluator:
         self.cfg = cfg
         self.robot = make_robot(cfg.robot.type, **{**cfg.robot_options(0), "robot_id": "eval"})
         self.actor = make_actor(cfg.policy.type, self.robot.observation_space, self.robot.action_space,
-                                hidden=cfg.policy.hidden)
+                                **cfg.policy.options())
         self.context = zmq.Context()
         self.receiver = WeightReceiver(self.context, weights_address,
                                        curve=launch_client_keys(cfg.security, weights_address))

@@ -47,6 +47,7 @@ def intervened(actor: np.ndarray) -> np.ndarray:
 # Per-row columns an edge may leave out (older edges): the learner stores 0 for them.
 OPTIONAL_COLUMNS: dict[str, np.dtype] = {
     "label_by": np.dtype(np.uint8),  # LabelBy enum: who gave the row's label
+    "chunk_step": np.dtype(np.uint8),  # the policy's proposal is action chunk_step of its chunk (0: a new chunk)
 }
 
 MAX_BATCH_ROWS = 65536

@@ -19,7 +19,7 @@ import numpy as np
 
 from user_rl.cloud.buffer.rows import successors
 from user_rl.cloud.buffer.sampling import SOURCES, Growable
-from user_rl.wire.transitions import intervened
+from user_rl.wire.transitions import OPTIONAL_COLUMNS, intervened
 
 INTERVENTION = SOURCES.index("intervention")
 CATALOG = {"position": np.int64, "next": np.int64, "order": np.int64, "source": np.uint8, "task": np.int32}
@@ -69,7 +69,8 @@ class SlotCache:
              pinned: bool = False, row_filter: np.ndarray | None = None) -> None:
         """Copy a segment's rows into a slot (the caller makes sure nobody samples it meanwhile)."""
         for name, array in self.arrays.items():
-            array[slot, :rows] = columns[name][:rows]
+            # a segment written before an optional column existed reads as its default, 0
+            array[slot, :rows] = columns[name][:rows] if name in columns or name not in OPTIONAL_COLUMNS else 0
         self.info[slot] = SlotInfo(segment, rows, source, time.monotonic(), pinned, row_filter)
         self.refresh(slot)
 
@@ -155,24 +156,29 @@ class SlotCache:
         slot = position // self.segment_rows
         return slot * self.segment_rows + self.next_row.reshape(-1)[position]
 
-    def n_step(self, start: np.ndarray, n: int, gamma: float) -> tuple[np.ndarray, ...]:
-        """Discounted n-step reward, discount for bootstrapping, last terminated flag, next-obs row.
-
-        The chain stops at the end of an episode and at the end of the segment.
-        """
-        reward = self.flat["reward"]
+    def walk(self, start: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of up to `n` consecutive steps from each start row, (B, n), and how many of them
+        are real, (B,). A walk stops at the end of its episode and where the next row's successor
+        has not arrived yet (the end of a segment); the rest of its row repeats the last real row."""
         terminated, truncated = self.flat["terminated"], self.flat["truncated"]
         flat_next = self.next_row.reshape(-1)
-        cur = start.copy()
-        total = reward[cur].astype(np.float32)
-        discount = np.full(len(cur), gamma, np.float32)
-        for _ in range(n - 1):
+        rows = np.empty((len(start), n), np.int64)
+        rows[:, 0] = cur = start
+        steps = np.ones(len(start), np.int64)
+        for k in range(1, n):
             nxt = self.successor(cur)
-            nxt_next = flat_next[nxt]
-            go = ~(terminated[cur] | truncated[cur]) & (nxt_next >= 0)
-            if not go.any():
-                break
+            go = ~(terminated[cur] | truncated[cur]) & (flat_next[nxt] >= 0) & (steps == k)
             cur = np.where(go, nxt, cur)
-            total = np.where(go, total + discount * reward[cur], total)
-            discount = np.where(go, discount * gamma, discount)
-        return total, discount, terminated[cur], self.successor(cur)
+            rows[:, k] = cur
+            steps += go
+        return rows, steps
+
+    def n_step(self, start: np.ndarray, n: int, gamma: float) -> tuple[np.ndarray, ...]:
+        """Discounted n-step reward, discount for bootstrapping, last terminated flag, next-obs row
+        (along `walk`: within the episode and the segment)."""
+        rows, steps = self.walk(start, n)
+        real = np.arange(n) < steps[:, None]
+        powers = gamma ** np.arange(n, dtype=np.float32)
+        total = (self.flat["reward"][rows] * powers * real).sum(1, dtype=np.float32)
+        last = rows[np.arange(len(rows)), steps - 1]
+        return total, (gamma ** steps).astype(np.float32), self.flat["terminated"][last], self.successor(last)

@@ -358,7 +358,12 @@ class PersistentReplay(StreamRegistry):
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """A batch: obs/*, next_obs/*, action, reward, terminated, policy_version, robot, who acted
-        (actor) and what the policy proposed (policy_action), label and label_by (+ discount)."""
+        (actor) and what the policy proposed (policy_action), label and label_by (+ discount).
+
+        With `action_horizon` H > 1 also each row's next H executed actions in its episode:
+        action_chunk (B, H, ...), chunk_mask (B, H; False past the episode's end, where the chunk
+        repeats the last real action), chunk_actor (who executed each) and chunk_step (each one's
+        index in the policy's chunk that proposed it)."""
         with self._lock:
             self.prefetcher.install_ready()
             catalog = self.cache.catalog_columns()
@@ -381,6 +386,11 @@ class PersistentReplay(StreamRegistry):
                 batch[name] = flat[name][position]
             if self.settings.n_step > 1:
                 batch["discount"] = discount
+            if self.settings.action_horizon > 1:
+                rows, steps = self.cache.walk(position, self.settings.action_horizon)
+                batch["action_chunk"] = flat["action"][rows]
+                batch["chunk_mask"] = np.arange(self.settings.action_horizon) < steps[:, None]
+                batch["chunk_actor"], batch["chunk_step"] = flat["actor"][rows], flat["chunk_step"][rows]
         self.prefetcher.sampled()
         return batch
 

@@ -1,0 +1,47 @@
+"""A chunk policy end to end: the edge infers once per chunk of H actions and executes them one per
+step; every row says which action of its chunk it was; the learner's sampler hands back each row's
+next H executed actions, and says who executed them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from user_rl.testing.wait import wait_until
+from user_rl.wire import user_rl_pb2 as pb
+
+H = 4
+
+
+def test_edges_execute_flow_chunks_and_the_learner_samples_them_back(running) -> None:
+    learner, edges = running(
+        ["fleet.num_robots=2", "policy.type=flow", f"policy.chunk={H}", "policy.flow_steps=2", "policy.hidden=[32]",
+         "algo.type=bc", "algo.learning_starts=200", "algo.batch_size=32", "learner.publish_every_updates=5",
+         "fleet.batch_transitions=16", "intervention.scripted=true"],
+        {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 30, "reward": "sparse"}},
+    )
+    wait_until(lambda: all(e.policy_version >= 2 for e in edges), 120, "two policy versions at every edge")
+    wait_until(lambda: learner.env_steps >= 1500, 120, "1,500 env steps")
+    buffer = learner.ingest.buffer
+    assert buffer.settings.action_horizon == H
+    batch = buffer.sample(4096, np.random.default_rng(0))
+    assert batch["action_chunk"].shape == (4096, H, 3)
+
+    by_policy = (batch["chunk_actor"] == pb.ACTOR_POLICY) & batch["chunk_mask"]
+    policy_rows = by_policy[:, 0] & (batch["policy_version"] >= 0)
+    assert policy_rows.sum() > 100
+    assert set(np.unique(batch["chunk_step"][policy_rows, 0])) == set(range(H))
+    # A chunk the policy executed to its end counts 0, 1, ..., H-1 along the following rows.
+    whole = policy_rows & by_policy.all(1) & (batch["chunk_step"][:, 0] == 0)
+    assert whole.sum() > 20
+    np.testing.assert_array_equal(batch["chunk_step"][whole], np.tile(np.arange(H), (whole.sum(), 1)))
+    # Where the policy drove, the executed action is its proposal (but where the safety filter shrank
+    # one at a joint limit).
+    same = np.abs(batch["action"] - batch["policy_action"]).max(1) < 1e-6
+    assert same[policy_rows].mean() > 0.97
+    # While the scripted expert drives, the policy's chunk is dropped every step: after the first step
+    # of a take-over (proposed mid-chunk) each proposal starts a new chunk.
+    scripted = (batch["chunk_actor"] == pb.ACTOR_SCRIPTED) & batch["chunk_mask"]
+    driving = scripted[:, 0] & scripted[:, 1]
+    assert driving.sum() > 20 and (batch["chunk_step"][driving, 1] == 0).all()
+    for edge in edges:  # one inference per chunk while the policy drives (plus restarts)
+        assert edge.chunks.inferences < 0.6 * edge.steps, (edge.chunks.inferences, edge.steps)

@@ -1,0 +1,109 @@
+"""Q-chunking (Li, Zhou and Levine, 2025, "Reinforcement Learning with Action Chunking"): online RL
+for a flow policy that acts in chunks of H actions, in its best-of-N form (QC).
+
+- The critic values a whole chunk, Q(s_t, a_t..a_{t+H-1}), and backs up over the chunk: the
+  target is the H-step discounted reward plus gamma^H times the value of the best of N chunks the
+  flow samples at s_{t+H} (fewer steps where the episode ended; only a termination stops the
+  bootstrap). Backing up H steps at once is what makes sparse rewards travel fast.
+- The flow stays a behaviour policy: flow matching on the executed chunks of every row the policy
+  or an intervener acted in (demonstrations included; random warm-up rows are left out).
+- The policy that acts samples N chunks and executes the one the critic values most. The critic
+  is part of the actor (`FlowChunkActor.value`), so edges get it with the weights.
+
+Start it from a behaviour-cloned flow (`policy.weights`) with the demonstrations attached
+(`buffer.attach`), and it improves that policy from the task's reward.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import gymnasium as gym
+import torch
+import torch.nn.functional as F
+
+from user_rl.algos.base import check_state_is_for
+from user_rl.policies import make_actor
+
+
+@dataclass
+class QCSettings:
+    gamma: float = 0.99
+    tau: float = 0.005
+    actor_lr: float = 3e-4
+    critic_lr: float = 3e-4
+
+
+class QChunking:
+    name = "qc"
+    Settings = QCSettings
+    batch_columns = ("obs", "next_obs", "reward", "terminated", "discount", "action_chunk", "chunk_intervened",
+                     "chunk_policy_acted")
+
+    def __init__(
+        self,
+        obs_space: gym.spaces.Dict,
+        action_space: gym.spaces.Box,
+        policy: str = "flow",
+        policy_options: dict | None = None,
+        settings: QCSettings | None = None,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.settings = s = settings or QCSettings()
+        self.device = torch.device(device)
+        self.actor = make_actor(policy, obs_space, action_space, **(policy_options or {})).to(self.device)
+        if getattr(self.actor, "value", None) is None:
+            raise ValueError("Q-chunking needs a chunk policy with a critic: policy.type flow with best_of >= 2")
+        self.critic = self.actor.value
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        flow = [p for name, p in self.actor.named_parameters() if not name.startswith("value.")]
+        self.actor_optim = torch.optim.Adam(flow, lr=s.actor_lr)
+        self.critic_optim = torch.optim.Adam(self.critic.parameters(), lr=s.critic_lr)
+        self.updates = 0
+
+    def td_target(self, batch: dict) -> torch.Tensor:
+        """H-step reward + discount * (1 - terminated) * Q_target(s', best of N chunks at s')."""
+        with torch.no_grad():
+            next_obs = batch["next_obs"]
+            next_chunk = self.actor.best_chunks(next_obs, self.actor.best_of, self.critic_target)
+            next_q = torch.min(*self.critic_target(next_obs, next_chunk.flatten(1)))
+            discount = batch["discount"].unsqueeze(-1) if "discount" in batch else self.settings.gamma
+            not_done = 1.0 - batch["terminated"].float().unsqueeze(-1)
+            return batch["reward"].unsqueeze(-1) + discount * not_done * next_q
+
+    def update(self, batch: dict) -> dict[str, torch.Tensor]:
+        """One critic step and one flow-matching step on a batch of chunked transitions."""
+        obs = batch["obs"]
+        chunks = self.actor.normalize(batch["action_chunk"])
+        target = self.td_target(batch)
+        q1, q2 = self.critic(obs, chunks.flatten(1))
+        critic_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
+        self.critic_optim.zero_grad(set_to_none=True)
+        critic_loss.backward()
+        self.critic_optim.step()
+
+        weight = batch["chunk_intervened"].float() + batch["chunk_policy_acted"].float()
+        flow_loss = self.actor.flow_loss(self.actor.encoder(obs), chunks, weight)
+        self.actor_optim.zero_grad(set_to_none=True)
+        flow_loss.backward()
+        self.actor_optim.step()
+
+        with torch.no_grad():
+            for target_param, param in zip(self.critic_target.parameters(), self.critic.parameters()):
+                target_param.lerp_(param, self.settings.tau)
+        self.updates += 1
+        return {"critic_loss": critic_loss.detach(), "flow_loss": flow_loss.detach(), "q": q1.detach().mean()}
+
+    def state_dict(self) -> dict:
+        return {"algo": self.name, "actor": self.actor.state_dict(), "critic_target": self.critic_target.state_dict(),
+                "actor_optim": self.actor_optim.state_dict(), "critic_optim": self.critic_optim.state_dict(),
+                "updates": self.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        check_state_is_for(state, self.name)
+        self.actor.load_state_dict(state["actor"])
+        self.critic_target.load_state_dict(state["critic_target"])
+        self.actor_optim.load_state_dict(state["actor_optim"])
+        self.critic_optim.load_state_dict(state["critic_optim"])
+        self.updates = int(state["updates"])
