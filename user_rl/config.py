@@ -186,11 +186,12 @@ class AlgoConfig(Section):
     utd_ratio: float = Field(1.0, gt=0.0, description="learner updates per env step when paced")
     critic_layer_norm: bool = Field(False, description="sac, drq: LayerNorm in the critics' hidden layers (RLPD)")
     augment_pad: int = Field(4, ge=0, le=32, description="drq: images shift at random by up to this many pixels")
-    policy_row_weight: float = Field(
-        0.0, ge=0.0, description="bc: weight of rows where the policy acted (interventions weigh 1; 0 is HG-DAgger)")
+    policy_row_weight: float | None = Field(
+        None, ge=0.0, description="bc, qc: weight of rows where the policy acted in what the policy imitates "
+                                  "(interventions weigh 1); default bc 0 (HG-DAgger), qc 1 (Q-chunking's behaviour flow)")
 
     ONLY_FOR: ClassVar[dict[str, tuple[str, ...]]] = {
-        "critic_layer_norm": ("sac", "drq"), "augment_pad": ("drq",), "policy_row_weight": ("bc",)}
+        "critic_layer_norm": ("sac", "drq"), "augment_pad": ("drq",), "policy_row_weight": ("bc", "qc")}
 
     @model_validator(mode="after")
     def _settings_of_the_chosen_algorithm(self) -> "AlgoConfig":

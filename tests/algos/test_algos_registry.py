@@ -72,7 +72,7 @@ def test_an_unknown_algo_type_is_a_config_error_that_names_the_choices() -> None
 
 
 def test_a_setting_of_another_algorithm_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="policy_row_weight is a setting of algo.type bc; this run's algo.type is sac"):
+    with pytest.raises(ConfigError, match="policy_row_weight is a setting of algo.type bc or qc; this run's algo.type is sac"):
         build_config({"algo": {"policy_row_weight": 0.5}})
     with pytest.raises(ConfigError, match="critic_layer_norm is a setting of algo.type sac or drq; this run's algo.type is bc"):
         build_config({"algo": {"type": "bc", "critic_layer_norm": True}})

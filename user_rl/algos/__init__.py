@@ -39,10 +39,10 @@ def algo_class(name: str) -> type:
 
 def algo_settings(name: str, fields: Mapping[str, Any] | None = None) -> Any:
     """The algorithm's settings dataclass, each field taken from `fields` (an `AlgoConfig` dump)
-    where it is there; the others keep their defaults."""
+    where it is there and not None; the others keep their defaults (which differ by algorithm)."""
     settings = algo_class(name).Settings
     known = {f.name for f in dataclasses.fields(settings)}
-    return settings(**{key: value for key, value in (fields or {}).items() if key in known})
+    return settings(**{key: value for key, value in (fields or {}).items() if key in known and value is not None})
 
 
 def make_algo(name: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, policy: str = "mlp",

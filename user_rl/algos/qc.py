@@ -6,7 +6,9 @@ for a flow policy that acts in chunks of H actions, in its best-of-N form (QC).
   flow samples at s_{t+H} (fewer steps where the episode ended; only a termination stops the
   bootstrap). Backing up H steps at once is what makes sparse rewards travel fast.
 - The flow stays a behaviour policy: flow matching on the executed chunks of every row the policy
-  or an intervener acted in (demonstrations included; random warm-up rows are left out).
+  or an intervener acted in (demonstrations included; random warm-up rows are left out). The
+  chunks best-of-N chose are among them, so the flow drifts towards what the critic prefers.
+  (`policy_row_weight` 0 keeps it a clone of the demonstrations: on reach that gained less.)
 - The policy that acts samples N chunks and executes the one the critic values most. The critic
   is part of the actor (`FlowChunkActor.value`), so edges get it with the weights.
 
@@ -33,6 +35,7 @@ class QCSettings:
     tau: float = 0.005
     actor_lr: float = 3e-4
     critic_lr: float = 3e-4
+    policy_row_weight: float = 1.0  # the flow's weight on rows the policy acted in (interventions weigh 1)
 
 
 class QChunking:
@@ -83,7 +86,7 @@ class QChunking:
         critic_loss.backward()
         self.critic_optim.step()
 
-        weight = batch["chunk_intervened"].float() + batch["chunk_policy_acted"].float()
+        weight = batch["chunk_intervened"].float() + self.settings.policy_row_weight * batch["chunk_policy_acted"].float()
         flow_loss = self.actor.flow_loss(self.actor.encoder(obs), chunks, weight)
         self.actor_optim.zero_grad(set_to_none=True)
         flow_loss.backward()
