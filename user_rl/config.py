@@ -132,25 +132,34 @@ class RewardConfig(Section):
 class PolicyConfig(Section):
     """The network edges run (`user_rl.policies.ACTORS`) and what it is built from."""
 
-    type: Literal["mlp", "flow"] = Field(
+    type: Literal["mlp", "flow", "vla"] = Field(
         "mlp", description="mlp: a Gaussian actor (sac, drq, bc); flow: a flow-matching policy that outputs "
-                           "chunks of `chunk` actions (bc, qc)")
-    hidden: list[int] = Field(default_factory=lambda: [256, 256])
+                           "chunks of `chunk` actions (bc, qc); vla: images + instruction + state through a "
+                           "transformer, into flow chunks (bc, qc)")
+    hidden: list[int] = Field(default_factory=lambda: [256, 256], description="vla: its flow head's (default: by size)")
+    size: Literal["tiny", "100m", "500m"] = Field("tiny", description="vla: the backbone's named size")
+    freeze: list[str] = Field(default_factory=list, description="parameter-name prefixes kept fixed in training, "
+                                                                "e.g. [encoder]: a pretrained backbone")
     chunk: int = Field(1, ge=1, le=64, description="flow: actions per inferred chunk (H); the edge infers once per chunk")
     flow_steps: int = Field(10, ge=1, le=100, description="flow: Euler steps from noise to a chunk")
     best_of: int = Field(1, ge=1, le=256, description="flow: chunks sampled per inference, of which the chunk critic "
                                                        "picks one (Q-chunking; algo qc needs more than 1)")
     weights: str | None = Field(None, description="initial actor weights: a .safetensors file or a run's checkpoint.pt")
 
-    FLOW_ONLY: ClassVar[tuple[str, ...]] = ("chunk", "flow_steps", "best_of")
+    ONLY_FOR: ClassVar[dict[str, tuple[str, ...]]] = {
+        "chunk": ("flow", "vla"), "flow_steps": ("flow", "vla"), "best_of": ("flow", "vla"), "size": ("vla",)}
 
     @model_validator(mode="after")
-    def _flow_settings(self) -> "PolicyConfig":
-        if self.type != "flow":
-            for key in self.FLOW_ONLY:
-                if getattr(self, key) != PolicyConfig.model_fields[key].default:
-                    raise ValueError(f"policy.{key} is a setting of policy.type flow; this policy is {self.type}")
+    def _settings_of_the_chosen_policy(self) -> "PolicyConfig":
+        for key, owners in self.ONLY_FOR.items():
+            if self.type not in owners and getattr(self, key) != PolicyConfig.model_fields[key].default:
+                raise ValueError(f"policy.{key} is a setting of policy.type {' or '.join(owners)}; "
+                                 f"this policy is {self.type}")
         return self
+
+    @property
+    def chunked(self) -> bool:
+        return self.type in ("flow", "vla")
 
     @field_validator("weights")
     @classmethod
@@ -160,9 +169,16 @@ class PolicyConfig(Section):
 
     def options(self) -> dict[str, Any]:
         """The keyword arguments `make_actor(type, obs_space, action_space, **options)` takes."""
-        if self.type == "flow":
-            return {"hidden": self.hidden, "chunk": self.chunk, "flow_steps": self.flow_steps, "best_of": self.best_of}
-        return {"hidden": self.hidden}
+        options: dict[str, Any] = {"hidden": self.hidden}
+        if self.chunked:
+            options.update(chunk=self.chunk, flow_steps=self.flow_steps, best_of=self.best_of)
+        if self.type == "vla":
+            options["size"] = self.size
+            if "hidden" not in self.model_fields_set:
+                options["hidden"] = None  # the size's own head
+        if self.freeze:
+            options["freeze"] = list(self.freeze)
+        return options
 
 
 class AlgoConfig(Section):
@@ -309,11 +325,11 @@ class Config(Section):
     def _policy_suits_the_algorithm(self) -> "Config":
         """Chunk policies train with bc or qc, which see chunks through the buffer's sampler."""
         policy, algo = self.policy.type, self.algo.type
-        if policy == "flow" and algo not in ("bc", "qc"):
-            raise ValueError(f"policy.type flow trains with algo.type bc or qc, not {algo}")
-        if algo == "qc" and (policy != "flow" or self.policy.best_of < 2):
+        if self.policy.chunked and algo not in ("bc", "qc"):
+            raise ValueError(f"policy.type {policy} trains with algo.type bc or qc, not {algo}")
+        if algo == "qc" and (not self.policy.chunked or self.policy.best_of < 2):
             raise ValueError("algo.type qc picks the best of several sampled chunks: it needs policy.type flow "
-                             "with policy.best_of of 2 or more")
+                             "or vla with policy.best_of of 2 or more")
         for key, wanted in (("action_horizon", self.policy.chunk), ("n_step", self.policy.chunk if algo == "qc" else None)):
             if wanted is None:
                 continue

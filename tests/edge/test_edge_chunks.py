@@ -45,3 +45,35 @@ def test_edges_execute_flow_chunks_and_the_learner_samples_them_back(running) ->
     assert driving.sum() > 20 and (batch["chunk_step"][driving, 1] == 0).all()
     for edge in edges:  # one inference per chunk while the policy drives (plus restarts)
         assert edge.chunks.inferences < 0.6 * edge.steps, (edge.chunks.inferences, edge.steps)
+
+
+def test_a_vla_with_a_frozen_pretrained_backbone_trains_its_head_through_the_learner(running, tmp_path) -> None:
+    """policy.weights names a local safetensors file with the backbone; policy.freeze keeps it: the
+    versions edges receive carry exactly the file's backbone, and a head that moves."""
+    import torch
+    from safetensors.torch import save_file
+
+    from user_rl.hal.registry import make_robot
+    from user_rl.policies import make_actor
+
+    robot_cfg = {"type": "mujoco_reach", "options": {"obs_mode": "image", "image_size": 32, "camera": "top",
+                                                     "targets": "table", "episode_steps": 30}}
+    robot = make_robot("mujoco_reach", robot_id="probe", **robot_cfg["options"])
+    pretrained = make_actor("vla", robot.observation_space, robot.action_space, chunk=H, size="tiny")
+    robot.close()
+    backbone = {name: t.contiguous() for name, t in pretrained.state_dict().items() if name.startswith("encoder.")}
+    save_file(backbone, str(tmp_path / "backbone.safetensors"))
+
+    learner, edges = running(
+        ["fleet.num_robots=1", "policy.type=vla", f"policy.chunk={H}", "policy.flow_steps=2",
+         f"policy.weights={tmp_path / 'backbone.safetensors'}", "policy.freeze=[encoder]",
+         "algo.type=bc", "algo.learning_starts=100", "algo.batch_size=16", "learner.publish_every_updates=5",
+         "fleet.batch_transitions=16", "intervention.scripted=true"], robot_cfg)
+    edge = edges[0]
+    wait_until(lambda: edge.policy_version >= 1, 120, "a first policy version at the edge")
+    first_head = {n: t.clone() for n, t in edge.actor.state_dict().items() if n.startswith("velocity_net.")}
+    wait_until(lambda: edge.policy_version >= 4, 120, "four policy versions at the edge")
+    state = edge.actor.state_dict()
+    for name, tensor in backbone.items():
+        assert torch.equal(state[name], tensor), f"{name} is not the file's"
+    assert any(not torch.equal(state[n], t) for n, t in first_head.items()), "the head did not train"

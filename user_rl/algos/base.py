@@ -50,3 +50,8 @@ def check_state_is_for(state: dict, name: str) -> None:
 def metrics_to_floats(metrics: dict[str, Any]) -> dict[str, float]:
     """Plain floats for a status or a log line (this is where the host waits for the device)."""
     return {name: float(value) for name, value in metrics.items()}
+
+
+def trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters an optimiser steps: all but the frozen ones (`policy.freeze`)."""
+    return [parameter for parameter in module.parameters() if parameter.requires_grad]

@@ -60,7 +60,7 @@ class QChunking:
             raise ValueError("Q-chunking needs a chunk policy with a critic: policy.type flow with best_of >= 2")
         self.critic = self.actor.value
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        flow = [p for name, p in self.actor.named_parameters() if not name.startswith("value.")]
+        flow = [p for name, p in self.actor.named_parameters() if not name.startswith("value.") and p.requires_grad]
         self.actor_optim = torch.optim.Adam(flow, lr=s.actor_lr)
         self.critic_optim = torch.optim.Adam(self.critic.parameters(), lr=s.critic_lr)
         self.updates = 0

@@ -4,8 +4,10 @@
 |---|---|---|
 | `mlp` | `GaussianActor` (`mlp.py`) | one action per step; its critic is `TwinQCritic` |
 | `flow` | `FlowChunkActor` (`flow.py`) | chunks of H actions (flow matching); carries its own chunk critic for best-of-N |
+| `vla` | `VLAChunkActor` (`vla.py`) | the same chunks from images + an instruction + state, through a transformer |
 
 Every actor has `act(obs, deterministic)`; a chunk actor also `act_chunk` and `chunk_length`.
+`make_actor(..., freeze=[prefix, ...])` keeps the parameters whose names start so fixed.
 `ChunkRunner` (`chunking.py`) runs either kind one action per step.
 """
 
@@ -19,15 +21,33 @@ from torch import nn
 from user_rl.policies.chunking import ChunkRunner, act_chunk, chunk_length
 from user_rl.policies.flow import FlowChunkActor
 from user_rl.policies.mlp import GaussianActor, TwinQCritic
+from user_rl.policies.vla import VLAChunkActor
 
-ACTORS: dict[str, type[nn.Module]] = {"mlp": GaussianActor, "flow": FlowChunkActor}
+ACTORS: dict[str, type[nn.Module]] = {"mlp": GaussianActor, "flow": FlowChunkActor, "vla": VLAChunkActor}
 CRITICS: dict[str, type[nn.Module]] = {"mlp": TwinQCritic}
 
 
-def make_actor(name: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, **options: Any) -> nn.Module:
+def make_actor(name: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box,
+               freeze: list[str] | tuple[str, ...] = (), **options: Any) -> nn.Module:
     if name not in ACTORS:
         raise KeyError(f"unknown policy {name!r}; known: {', '.join(sorted(ACTORS))}")
-    return ACTORS[name](obs_space, action_space, **options)
+    actor = ACTORS[name](obs_space, action_space, **options)
+    freeze_parameters(actor, freeze)
+    return actor
+
+
+def freeze_parameters(module: nn.Module, prefixes: list[str] | tuple[str, ...]) -> None:
+    """Keep the parameters whose names start with a prefix fixed (no gradient, so no optimiser step)."""
+    names = [name for name, _ in module.named_parameters()]
+    for prefix in prefixes:
+        matched = [name for name in names if name == prefix or name.startswith(prefix + ".")]
+        if not matched:
+            roots = sorted({name.split(".")[0] for name in names})
+            raise ValueError(f"freeze: no parameter is named {prefix!r} or {prefix}.*; this policy's parts: "
+                             f"{', '.join(roots)}")
+        for name, parameter in module.named_parameters():
+            if name in matched:
+                parameter.requires_grad_(False)
 
 
 def make_critic(name: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, **options: Any) -> nn.Module:
@@ -36,5 +56,5 @@ def make_critic(name: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.
     return CRITICS[name](obs_space, action_space, **options)
 
 
-__all__ = ["ACTORS", "CRITICS", "ChunkRunner", "FlowChunkActor", "GaussianActor", "TwinQCritic", "act_chunk",
-           "chunk_length", "make_actor", "make_critic"]
+__all__ = ["ACTORS", "CRITICS", "ChunkRunner", "FlowChunkActor", "GaussianActor", "TwinQCritic", "VLAChunkActor",
+           "act_chunk", "chunk_length", "freeze_parameters", "make_actor", "make_critic"]

@@ -43,7 +43,9 @@ def chunk_space(action_space: gym.spaces.Box, chunk: int) -> gym.spaces.Box:
 
 class FlowChunkActor(nn.Module):
     def __init__(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, hidden: list[int],
-                 chunk: int = 4, flow_steps: int = 10, best_of: int = 1) -> None:
+                 chunk: int = 4, flow_steps: int = 10, best_of: int = 1, encoder: nn.Module | None = None) -> None:
+        """`encoder`: what turns observations into one feature vector (`out_dim` wide); default the
+        MLP/CNN `DictEncoder`, a transformer backbone for the VLA (`vla.py`)."""
         super().__init__()
         if len(action_space.shape) != 1:
             raise ValueError(f"the flow policy takes a robot's per-step action vector, not shape {action_space.shape}")
@@ -51,7 +53,7 @@ class FlowChunkActor(nn.Module):
             raise ValueError(f"chunk, flow_steps and best_of must be >= 1 (got {chunk}, {flow_steps}, {best_of})")
         self.chunk_length, self.flow_steps, self.best_of = chunk, flow_steps, best_of
         self.action_dim = int(action_space.shape[0])
-        self.encoder = DictEncoder(obs_space)
+        self.encoder = encoder if encoder is not None else DictEncoder(obs_space)
         flat = chunk * self.action_dim
         self.velocity_net = mlp(self.encoder.out_dim + flat + TIME_FEATURES, hidden, flat)
         self.value = TwinQCritic(obs_space, gym.spaces.Box(-1.0, 1.0, (flat,), np.float32), hidden,

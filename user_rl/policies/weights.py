@@ -40,7 +40,8 @@ def save_weights(module: nn.Module, path: str | Path) -> None:
 
 
 def load_weights(actor: nn.Module, path: str | Path) -> list[str]:
-    """Load what the file has into `actor`; returns the names it left at their initial values."""
+    """Load what the file has into `actor`; returns the parameters it left at their initial values
+    (buffers such as the action scaling come from the spaces, not from training)."""
     stored = read_weights(path)
     own = actor.state_dict()
     unknown = sorted(set(stored) - set(own))
@@ -52,4 +53,4 @@ def load_weights(actor: nn.Module, path: str | Path) -> list[str]:
             raise ValueError(f"{path}: {name!r} has shape {list(tensor.shape)}, this policy's is "
                              f"{list(own[name].shape)}")
     actor.load_state_dict(stored, strict=False)
-    return sorted(set(own) - set(stored))
+    return sorted(name for name, _ in actor.named_parameters() if name not in stored)
