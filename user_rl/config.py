@@ -21,6 +21,14 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+def settings_of_other_types(section: BaseModel) -> list[tuple[str, tuple[str, ...]]]:
+    """(key, the types it belongs to) for each of the section's `ONLY_FOR` keys that is changed from
+    its default although the section's `type` is none of its owners."""
+    defaults = type(section).model_fields
+    return [(key, owners) for key, owners in section.ONLY_FOR.items()
+            if section.type not in owners and getattr(section, key) != defaults[key].default]
+
+
 class RobotConfig(Section):
     type: str = "mujoco_reach"
     options: dict[str, Any] = Field(default_factory=dict)
@@ -151,10 +159,8 @@ class PolicyConfig(Section):
 
     @model_validator(mode="after")
     def _settings_of_the_chosen_policy(self) -> "PolicyConfig":
-        for key, owners in self.ONLY_FOR.items():
-            if self.type not in owners and getattr(self, key) != PolicyConfig.model_fields[key].default:
-                raise ValueError(f"policy.{key} is a setting of policy.type {' or '.join(owners)}; "
-                                 f"this policy is {self.type}")
+        for key, owners in settings_of_other_types(self):
+            raise ValueError(f"policy.{key} is a setting of policy.type {' or '.join(owners)}; this policy is {self.type}")
         return self
 
     @property
@@ -212,10 +218,8 @@ class AlgoConfig(Section):
     @model_validator(mode="after")
     def _settings_of_the_chosen_algorithm(self) -> "AlgoConfig":
         """A setting changed from its default for an algorithm the run does not use is a mistake."""
-        for key, owners in self.ONLY_FOR.items():
-            if self.type not in owners and getattr(self, key) != AlgoConfig.model_fields[key].default:
-                raise ValueError(f"{key} is a setting of algo.type {' or '.join(owners)}; "
-                                 f"this run's algo.type is {self.type}")
+        for key, owners in settings_of_other_types(self):
+            raise ValueError(f"{key} is a setting of algo.type {' or '.join(owners)}; this run's algo.type is {self.type}")
         return self
 
 
