@@ -90,10 +90,9 @@ class FlowChunkActor(nn.Module):
 
     def best_chunks(self, obs: dict[str, torch.Tensor], n: int, critic: nn.Module) -> torch.Tensor:
         """Of `n` sampled chunks per observation, the one `critic` values most (normalised, (B, H, A))."""
-        features = self.encoder(obs)
-        repeated = features.repeat_interleave(n, dim=0)
-        candidates = self.sample_from(repeated)
-        values = torch.min(*critic({k: v.repeat_interleave(n, dim=0) for k, v in obs.items()}, candidates.flatten(1)))
+        candidates = self.sample_from(self.encoder(obs).repeat_interleave(n, dim=0))
+        judged = critic.encoder(obs).repeat_interleave(n, dim=0)  # each observation encoded once, not n times
+        values = torch.min(*critic.q_of(judged, candidates.flatten(1)))
         best = values.view(-1, n).argmax(dim=1)
         return candidates.view(-1, n, self.chunk_length, self.action_dim)[torch.arange(len(best)), best]
 
