@@ -12,7 +12,8 @@ import torch
 
 from user_rl.algos import BCSettings, BehaviourCloning, metrics_to_floats
 from user_rl.policies import make_actor
-from user_rl.policies.vla import SIZES, VLAChunkActor, encode_instruction
+from user_rl.hal.instruction import decode_instruction, encode_instruction
+from user_rl.policies.vla import SIZES, VLAChunkActor
 from user_rl.policies.weights import load_weights, save_weights
 
 OBS_SPACE = gym.spaces.Dict({
@@ -70,6 +71,7 @@ def test_the_instruction_reaches_the_policy_and_decides_its_actions() -> None:
     assert np.abs(left - WORDS["go left"]).mean() < 0.15 and np.abs(right - WORDS["go right"]).mean() < 0.15
     with pytest.raises(ValueError, match="must fit in 16 bytes"):
         encode_instruction("x" * 17, 16)
+    assert decode_instruction(encode_instruction("go left", 16)) == "go left"
 
 
 def test_a_frozen_backbone_from_a_safetensors_file_stays_as_loaded_while_the_head_learns(tmp_path: Path) -> None:

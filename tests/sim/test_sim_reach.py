@@ -77,7 +77,8 @@ def test_target_does_not_collide(robot):
 
 @pytest.mark.parametrize("bad", [{"episode_steps": 0}, {"episode_steps": 101}, {"obs_mode": "depth"}, {"control_hz": 0},
                                  {"arm": "9dof"}, {"targets": "shelf"}, {"camera": "side"}, {"success_distance": 0},
-                                 {"obs_mode": "image", "camera": "top", "extra_cameras": ("top",)}])
+                                 {"obs_mode": "image", "camera": "top", "extra_cameras": ("top",)},
+                                 {"goal": "red"}, {"targets": "two_colours", "goal": "blue"}])
 def test_bad_options_rejected(bad):
     with pytest.raises(ValueError):
         ReachRobot(**bad)
@@ -240,3 +241,40 @@ def test_the_pixels_variant_puts_targets_on_a_table_seen_from_the_top_camera():
         assert result.info["is_success"] == (result.info["distance"] < 0.05)
     assert sum(touched) >= 4
     r.close()
+
+
+def test_two_colours_the_instruction_names_the_target_to_touch():
+    """Two targets on the table; each episode's instruction names one, and only touching that one succeeds."""
+    from user_rl.hal.instruction import decode_instruction
+
+    r = ReachRobot(obs_mode="image", image_size=32, camera="top", targets="two_colours", success_distance=0.05,
+                   seed=4)
+    assert r.observation_space["instruction"].shape == (32,) and r.observation_space["state"].shape == (12,)
+    said, green_seen = [], 0
+    for _ in range(30):
+        obs = r.reset()
+        said.append(decode_instruction(obs["instruction"]))
+        red, green = r.data.mocap_pos[r._target_mocap], r.data.mocap_pos[r._green_mocap]
+        assert np.linalg.norm(red - green) >= 0.12 and red[2] == green[2] == 0.2
+        goal = red if said[-1] == "touch the red target" else green
+        np.testing.assert_array_equal(r.target_pos, goal)
+        image = obs["image"].astype(int)
+        green_seen += ((image[..., 1] > 120) & (image[..., 0] < 60)).any()
+    assert set(said) == {"touch the red target", "touch the green target"}
+    assert green_seen >= 25, "the green target is in view (unless the arm hides it)"
+    r.close()
+    for colour in ("red", "green"):  # the expert touches the named target; touching it ends the episode
+        fixed = ReachRobot(targets="two_colours", goal=colour, reward="sparse", seed=5)
+        wins = 0
+        for _ in range(5):
+            obs = fixed.reset()
+            assert decode_instruction(obs["instruction"]) == f"touch the {colour} target"
+            for _ in range(fixed.episode_steps):
+                result = fixed.step(fixed.expert_action())
+                if result.terminated or result.truncated:
+                    break
+            wins += result.terminated and result.info["is_success"]
+        assert wins >= 4
+        # state mode shows both targets (red, then green), not which one is the goal
+        np.testing.assert_allclose(obs["state"][-6:-3], fixed.data.mocap_pos[fixed._target_mocap], atol=1e-6)
+        fixed.close()

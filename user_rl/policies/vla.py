@@ -7,8 +7,8 @@ token gathers them. The flow head of `FlowChunkActor` turns the readout into chu
 (the π0 recipe, with an MLP action head). Sizes are named (`SIZES`: tiny for CI, ~100M and ~500M
 parameters for benchmarks) or given as `dim`, `depth`, `heads`.
 
-Observations: every uint8 HWC key is a camera; `instruction` is a uint8 vector of bytes (0 pads);
-every other key is proprioception. Pretrained weights load by name from a local safetensors file
+Observations: every uint8 HWC key is a camera; `instruction` is a uint8 vector of bytes (0 pads;
+`user_rl.hal.instruction` writes it); every other key is proprioception. Pretrained weights load by name from a local safetensors file
 (`policy.weights`), and `policy.freeze: [encoder]` trains only the action head.
 """
 
@@ -24,7 +24,7 @@ from torch import nn
 from user_rl.policies.encoders import is_image
 from user_rl.policies.flow import FlowChunkActor
 
-INSTRUCTION = "instruction"
+INSTRUCTION = "instruction"  # the observation key (user_rl/hal/instruction.py; policies import nothing of ours)
 
 
 @dataclass(frozen=True)
@@ -40,16 +40,6 @@ SIZES = {
     "100m": VLASize(dim=768, depth=14, heads=12, head_hidden=1024),
     "500m": VLASize(dim=1280, depth=25, heads=16, head_hidden=2048),
 }
-
-
-def encode_instruction(text: str, length: int) -> np.ndarray:
-    """The instruction as the policy reads it: its UTF-8 bytes, zero-padded to `length`."""
-    data = text.encode("utf-8")
-    if len(data) > length or b"\0" in data:
-        raise ValueError(f"instruction {text!r} must fit in {length} bytes and hold no NUL")
-    out = np.zeros(length, np.uint8)
-    out[: len(data)] = np.frombuffer(data, np.uint8)
-    return out
 
 
 class VLAEncoder(nn.Module):

@@ -24,6 +24,7 @@ import mujoco  # noqa: E402
 import numpy as np  # noqa: E402
 
 from user_rl.hal.descriptor import DeviceDescriptor  # noqa: E402
+from user_rl.hal.instruction import INSTRUCTION, encode_instruction, instruction_space  # noqa: E402
 from user_rl.hal.robot import Observation, Robot, StepResult  # noqa: E402
 
 ASSETS = Path(__file__).parent / "assets"
@@ -69,7 +70,12 @@ REWARDS = ("dense", "sparse")  # sparse: 1 when the target is touched (which end
 EXPERT_DAMPING = 0.05  # damped least squares: smooth joint steps near singular poses
 
 
-TARGETS = ("volume", "table")  # table: every target at TABLE_HEIGHT, so a camera from above sees all of it
+# table: every target at TABLE_HEIGHT, so a camera from above sees all of it; two_colours: a red and a
+# green target on the table, and the episode's instruction names the one to touch
+TARGETS = ("volume", "table", "two_colours")
+GOALS = ("random", "red", "green")  # two_colours: which target an episode's instruction names
+COLOUR_SEPARATION = 0.12  # m between the two targets' centres at least
+BELOW_FLOOR = np.array([0.3, 0.0, -1.0])  # where the green target waits when it is not used
 TABLE_HEIGHT = 0.20  # 0.1 m above the shoulder: the arm reaches all of it without folding tight
 CAMERAS = ("front", "top")
 
@@ -115,16 +121,24 @@ class ReachRobot(Robot):
         camera: str = "front",
         targets: str = "volume",
         success_distance: float = SUCCESS_DISTANCE,
+        goal: str = "random",
     ) -> None:
         """`camera`: what the `image` observation shows; `extra_cameras` (e.g. ("top",)) add
         `image_<name>` observations beside it. `reward="sparse"`: 1 on touching the target, which
         ends the episode (terminated), else 0. `targets="table"`: targets on one plane (the pixels
         variant: seen from the top camera, the image says where the target is).
-        `success_distance` (m): how close counts as touching."""
+        `success_distance` (m): how close counts as touching. `targets="two_colours"`: a red and a
+        green target on the table; each episode's `instruction` observation names the goal (`goal`:
+        random per episode, or always red / green), and only touching that one succeeds."""
         if reward not in REWARDS:
             raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {reward!r}")
         if targets not in TARGETS:
             raise ValueError(f"targets must be one of {', '.join(TARGETS)}, got {targets!r}")
+        if goal not in GOALS:
+            raise ValueError(f"goal must be one of {', '.join(GOALS)}, got {goal!r}")
+        if goal != "random" and targets != "two_colours":
+            raise ValueError(f"goal {goal!r} chooses between two targets: it needs targets='two_colours'")
+        self.goal = goal
         if camera not in CAMERAS:
             raise ValueError(f"camera must be one of {', '.join(CAMERAS)}, got {camera!r}")
         if not 0.005 <= success_distance <= 0.2:
@@ -166,17 +180,23 @@ class ReachRobot(Robot):
         # Every moving joint above the shoulder (elbow, wrist) must start clear of the floor.
         # (the bodies below the upper arm: world is body 0, the base 1, the upper arm 2).
         self._upper_joints = [b for b in range(self.model.nbody) if self.model.body_parentid[b] > 1]
-        self._target_mocap = self.model.body_mocapid[self.model.body("target").id]
+        self._target_mocap = self.model.body_mocapid[self.model.body("target").id]  # the red one
+        self._green_mocap = self.model.body_mocapid[self.model.body("target_green").id]
+        self._goal_mocap = self._target_mocap  # the target this episode asks for
+        self._instruction = encode_instruction("")  # two_colours: this episode's, set at reset
         self._rng = np.random.default_rng(seed)
         self._step = -1  # -1: no episode yet
         self._closed = False
 
-        # sin, cos, velocity per joint; the fingertip; in state mode also the target and target - ee.
-        # In image mode the target is only in the pixels: a policy that reaches it must see it.
+        # sin, cos, velocity per joint; the fingertip; in state mode also the target and target - ee
+        # (two_colours: both targets, red then green; the instruction says which is the goal).
+        # In image mode the targets are only in the pixels: a policy that reaches one must see it.
         n_state = 3 * self.model.nq + (3 if obs_mode == "image" else 9)
         spaces: dict[str, gym.spaces.Space] = {
             "state": gym.spaces.Box(-np.inf, np.inf, (n_state,), np.float32)
         }
+        if targets == "two_colours":
+            spaces[INSTRUCTION] = instruction_space()
         self._renderer: mujoco.Renderer | None = None
         self._view_renderer: mujoco.Renderer | None = None  # `render()` for people watching
         if obs_mode == "image":
@@ -192,7 +212,8 @@ class ReachRobot(Robot):
             model=f"reach_arm_{arm}",
             id=robot_id,
             control_hz=control_hz,
-            instruction="move the fingertip to the red target",
+            instruction="move the fingertip to the red target" if targets != "two_colours"
+            else "move the fingertip to the target the instruction names",
             cameras=tuple(self.cameras.values()) if obs_mode == "image" else (),
             joint_limits=tuple((float(lo), float(hi)) for lo, hi in self.model.jnt_range),
             workspace=WORKSPACE,
@@ -207,8 +228,7 @@ class ReachRobot(Robot):
             self._rng = np.random.default_rng(seed)
         m, d = self.model, self.data
         mujoco.mj_resetData(m, d)
-        target = sample_target(self._rng, self.targets)
-        d.mocap_pos[self._target_mocap] = target
+        target = self._place_targets()
         while True:  # rejection sampling; a handful of tries at most
             d.qpos[:] = self._rng.uniform(self.arm.start_low, self.arm.start_high)
             mujoco.mj_kinematics(m, d)
@@ -222,6 +242,21 @@ class ReachRobot(Robot):
         mujoco.mj_forward(m, d)
         self._step = 0
         return self._observation()
+
+    def _place_targets(self) -> np.ndarray:
+        """Draw this episode's target(s) and goal; returns the goal's position."""
+        d = self.data
+        red = sample_target(self._rng, self.targets)
+        green = BELOW_FLOOR
+        if self.targets == "two_colours":
+            green = sample_target(self._rng, self.targets)
+            while np.linalg.norm(green - red) < COLOUR_SEPARATION:
+                green = sample_target(self._rng, self.targets)
+            colour = self.goal if self.goal != "random" else ("red", "green")[int(self._rng.integers(2))]
+            self._goal_mocap = self._target_mocap if colour == "red" else self._green_mocap
+            self._instruction = encode_instruction(f"touch the {colour} target")
+        d.mocap_pos[self._target_mocap], d.mocap_pos[self._green_mocap] = red, green
+        return d.mocap_pos[self._goal_mocap].copy()
 
     def step(self, action: np.ndarray) -> StepResult:
         """Move the joint targets by 0.1 rad x action, simulate 1 / control_hz seconds."""
@@ -297,32 +332,37 @@ class ReachRobot(Robot):
 
     @property
     def target_pos(self) -> np.ndarray:
-        return self.data.mocap_pos[self._target_mocap].copy()
+        """The goal's position (two_colours: the target the instruction names)."""
+        return self.data.mocap_pos[self._goal_mocap].copy()
 
     @property
     def distance(self) -> float:
-        return float(np.linalg.norm(self.data.site_xpos[self._ee] - self.data.mocap_pos[self._target_mocap]))
+        return float(np.linalg.norm(self.data.site_xpos[self._ee] - self.data.mocap_pos[self._goal_mocap]))
 
     def distance_to_goal(self) -> float:
         """The fingertip's distance to the target (m): how the scripted intervener judges progress."""
         return self.distance
 
     def set_target(self, position: np.ndarray) -> Observation:
-        """Move the target (for scripted scenes and tests) and return the new observation."""
+        """Move the goal target (for scripted scenes and tests) and return the new observation."""
         self._check_open()
-        self.data.mocap_pos[self._target_mocap] = position
+        self.data.mocap_pos[self._goal_mocap] = position
         mujoco.mj_forward(self.model, self.data)
         return self._observation()
 
     def _observation(self) -> Observation:
         d = self.data
         ee = d.site_xpos[self._ee]
-        target = d.mocap_pos[self._target_mocap]
         parts = [np.sin(d.qpos), np.cos(d.qpos), QVEL_SCALE * d.qvel, ee]
-        if self.obs_mode != "image":
+        if self.obs_mode != "image" and self.targets == "two_colours":
+            parts += [d.mocap_pos[self._target_mocap], d.mocap_pos[self._green_mocap]]
+        elif self.obs_mode != "image":
+            target = d.mocap_pos[self._goal_mocap]
             parts += [target, target - ee]
         state = np.concatenate(parts).astype(np.float32)
         obs = {"state": state}
+        if self.targets == "two_colours":
+            obs[INSTRUCTION] = self._instruction.copy()
         if self._renderer is not None:
             for key, camera in self.cameras.items():
                 self._renderer.update_scene(d, camera=camera)
