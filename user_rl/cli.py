@@ -86,8 +86,8 @@ def _edge(args: argparse.Namespace) -> int:
         learner, weights = addresses["data"], addresses["weights"]
         run_policy = load_config(str(run_dir / "config.yaml"), []).policy
         if run_policy != cfg.policy:  # the edge could not load the learner's weights
-            raise ConfigError(f"config error: policy: the run trains {run_policy.model_dump()}, "
-                              f"this config says {cfg.policy.model_dump()}")
+            raise ConfigError(f"config error: policy: the run trains {run_policy.summary()}, "
+                              f"this config says {cfg.policy.summary()}")
     if not learner:
         raise ConfigError("config error: say where the learner is: --learner tcp://HOST:PORT or --run-dir RUN_DIR")
     status = serve_edge(cfg, args.robot, learner, weights, args.spool, args.max_steps)

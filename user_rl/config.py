@@ -173,6 +173,10 @@ class PolicyConfig(Section):
         """The learner may run in another working directory (a Ray worker)."""
         return None if value is None else str(Path(value).expanduser().resolve())
 
+    def summary(self) -> dict[str, Any]:
+        """The type and the settings changed from their defaults (for messages)."""
+        return {"type": self.type, **self.model_dump(exclude_defaults=True, exclude={"type"})}
+
     def options(self) -> dict[str, Any]:
         """The keyword arguments `make_actor(type, obs_space, action_space, **options)` takes."""
         options: dict[str, Any] = {"hidden": self.hidden}
