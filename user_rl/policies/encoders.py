@@ -59,6 +59,24 @@ class DictEncoder(nn.Module):
         return torch.cat(parts, dim=-1)
 
 
+class ActionScaling(nn.Module):
+    """An actor's map between the robot's action units and [-1, 1] (buffers, so they travel with
+    the weights): networks work in [-1, 1], edges execute robot units."""
+
+    def __init__(self, action_space: gym.spaces.Box) -> None:
+        super().__init__()
+        low = torch.as_tensor(action_space.low, dtype=torch.float32)
+        high = torch.as_tensor(action_space.high, dtype=torch.float32)
+        self.register_buffer("action_scale", (high - low) / 2.0)
+        self.register_buffer("action_bias", (high + low) / 2.0)
+
+    def normalize(self, action: torch.Tensor) -> torch.Tensor:
+        return ((action - self.action_bias) / self.action_scale).clamp(-1.0, 1.0)
+
+    def to_robot_units(self, normalised: torch.Tensor) -> torch.Tensor:
+        return normalised * self.action_scale + self.action_bias
+
+
 def mlp(in_dim: int, hidden: list[int], out_dim: int, layer_norm: bool = False) -> nn.Sequential:
     """Linear layers with ReLU between them; `layer_norm` puts a LayerNorm before each ReLU."""
     layers: list[nn.Module] = []

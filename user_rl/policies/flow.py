@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from user_rl.policies.encoders import DictEncoder, mlp
+from user_rl.policies.encoders import ActionScaling, DictEncoder, mlp
 from user_rl.policies.mlp import TwinQCritic
 
 TIME_FEATURES = 16
@@ -41,12 +41,12 @@ def chunk_space(action_space: gym.spaces.Box, chunk: int) -> gym.spaces.Box:
     return gym.spaces.Box(low, high, dtype=action_space.dtype)
 
 
-class FlowChunkActor(nn.Module):
+class FlowChunkActor(ActionScaling):
     def __init__(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, hidden: list[int],
                  chunk: int = 4, flow_steps: int = 10, best_of: int = 1, encoder: nn.Module | None = None) -> None:
         """`encoder`: what turns observations into one feature vector (`out_dim` wide); default the
         MLP/CNN `DictEncoder`, a transformer backbone for the VLA (`vla.py`)."""
-        super().__init__()
+        super().__init__(action_space)
         if len(action_space.shape) != 1:
             raise ValueError(f"the flow policy takes a robot's per-step action vector, not shape {action_space.shape}")
         if chunk < 1 or flow_steps < 1 or best_of < 1:
@@ -58,10 +58,6 @@ class FlowChunkActor(nn.Module):
         self.velocity_net = mlp(self.encoder.out_dim + flat + TIME_FEATURES, hidden, flat)
         self.value = TwinQCritic(obs_space, gym.spaces.Box(-1.0, 1.0, (flat,), np.float32), hidden,
                                  layer_norm=True) if best_of > 1 else None
-        low = torch.as_tensor(action_space.low, dtype=torch.float32)
-        high = torch.as_tensor(action_space.high, dtype=torch.float32)
-        self.register_buffer("action_scale", (high - low) / 2.0)
-        self.register_buffer("action_bias", (high + low) / 2.0)
 
     # -- the flow ------------------------------------------------------------------------------
     def velocity(self, features: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -108,12 +104,9 @@ class FlowChunkActor(nn.Module):
             noise = torch.zeros(len(features), self.chunk_length * self.action_dim, device=features.device) \
                 if deterministic else None
             normalised = self.sample_from(features, noise)
-        return normalised * self.action_scale + self.action_bias
+        return self.to_robot_units(normalised)
 
     @torch.no_grad()
     def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> torch.Tensor:
         """The chunk's first action (for callers that step one action at a time)."""
         return self.act_chunk(obs, deterministic)[:, 0]
-
-    def normalize(self, action: torch.Tensor) -> torch.Tensor:
-        return ((action - self.action_bias) / self.action_scale).clamp(-1.0, 1.0)

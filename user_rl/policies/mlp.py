@@ -12,21 +12,17 @@ import torch
 from torch import nn
 from torch.distributions import Normal
 
-from user_rl.policies.encoders import DictEncoder, mlp
+from user_rl.policies.encoders import ActionScaling, DictEncoder, mlp
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
-class GaussianActor(nn.Module):
+class GaussianActor(ActionScaling):
     def __init__(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, hidden: list[int]) -> None:
-        super().__init__()
+        super().__init__(action_space)
         self.encoder = DictEncoder(obs_space)
         self.action_dim = int(np.prod(action_space.shape))
         self.trunk = mlp(self.encoder.out_dim, hidden, 2 * self.action_dim)
-        low = torch.as_tensor(action_space.low, dtype=torch.float32)
-        high = torch.as_tensor(action_space.high, dtype=torch.float32)
-        self.register_buffer("action_scale", (high - low) / 2.0)
-        self.register_buffer("action_bias", (high + low) / 2.0)
 
     def distribution(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         return self.distribution_from(self.encoder(obs))
@@ -57,10 +53,7 @@ class GaussianActor(nn.Module):
             squashed = torch.tanh(self.distribution(obs)[0])
         else:
             squashed = self.sample(obs)[0]
-        return squashed * self.action_scale + self.action_bias
-
-    def normalize(self, action: torch.Tensor) -> torch.Tensor:
-        return ((action - self.action_bias) / self.action_scale).clamp(-1.0, 1.0)
+        return self.to_robot_units(squashed)
 
 
 class TwinQCritic(nn.Module):

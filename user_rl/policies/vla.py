@@ -74,12 +74,17 @@ class VLAEncoder(nn.Module):
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         batch = len(next(iter(obs.values())))
-        tokens, padding = [self.readout.expand(batch, -1, -1)], [torch.zeros(batch, 1, dtype=torch.bool)]
+        device = self.readout.device
+
+        def unpadded(n: int) -> torch.Tensor:
+            return torch.zeros(batch, n, dtype=torch.bool, device=device)
+
+        tokens, padding = [self.readout.expand(batch, -1, -1)], [unpadded(1)]
         for key in self.camera_keys:
             image = obs[key].permute(0, 3, 1, 2).float() / 255.0
             patches = self.patch_embed[key](image).flatten(2).transpose(1, 2) + self.patch_pos[key]
             tokens.append(patches)
-            padding.append(torch.zeros(batch, patches.shape[1], dtype=torch.bool))
+            padding.append(unpadded(patches.shape[1]))
         if self.has_instruction:
             text = obs[INSTRUCTION].long()
             tokens.append(self.byte_embed(text) + self.text_pos)
@@ -87,10 +92,9 @@ class VLAEncoder(nn.Module):
         if self.state_embed is not None:
             state = torch.cat([obs[k].flatten(1).float() for k in self.state_keys], dim=-1)
             tokens.append(self.state_embed(state).unsqueeze(1))
-            padding.append(torch.zeros(batch, 1, dtype=torch.bool))
+            padding.append(unpadded(1))
         x = torch.cat(tokens, dim=1)
-        mask = torch.cat(padding, dim=1).to(x.device)
-        return self.norm(self.transformer(x, src_key_padding_mask=mask)[:, 0])
+        return self.norm(self.transformer(x, src_key_padding_mask=torch.cat(padding, dim=1))[:, 0])
 
 
 class VLAChunkActor(FlowChunkActor):

@@ -173,10 +173,10 @@ class SlotCache:
             steps += go
         return rows, steps
 
-    def n_step(self, start: np.ndarray, n: int, gamma: float) -> tuple[np.ndarray, ...]:
-        """Discounted n-step reward, discount for bootstrapping, last terminated flag, next-obs row
-        (along `walk`: within the episode and the segment)."""
-        rows, steps = self.walk(start, n)
+    def n_step(self, rows: np.ndarray, steps: np.ndarray, gamma: float) -> tuple[np.ndarray, ...]:
+        """Discounted n-step reward, discount for bootstrapping, last terminated flag, next-obs row,
+        along a `walk` of n steps (within the episode and the segment)."""
+        n = rows.shape[1]
         real = np.arange(n) < steps[:, None]
         powers = gamma ** np.arange(n, dtype=np.float32)
         total = (self.flat["reward"][rows] * powers * real).sum(1, dtype=np.float32)

@@ -371,8 +371,11 @@ class PersistentReplay(StreamRegistry):
                                              catalog["task"].data, batch_size, rng, self.cache.version)
             position = catalog["position"].data[picked]
             flat = self.cache.flat
-            if self.settings.n_step > 1:
-                reward, discount, terminated, nxt = self.cache.n_step(position, self.settings.n_step, self.gamma)
+            n, horizon = self.settings.n_step, self.settings.action_horizon
+            # one walk serves both: a shorter walk is a prefix of a longer one
+            rows, steps = self.cache.walk(position, max(n, horizon)) if max(n, horizon) > 1 else (None, None)
+            if n > 1:
+                reward, discount, terminated, nxt = self.cache.n_step(rows[:, :n], np.minimum(steps, n), self.gamma)
             else:
                 reward, terminated = flat["reward"][position], flat["terminated"][position]
                 nxt = catalog["next"].data[picked]
@@ -384,12 +387,12 @@ class PersistentReplay(StreamRegistry):
             batch["robot"] = flat["stream"][position]
             for name in ("actor", POLICY_ACTION, "label", "label_by"):
                 batch[name] = flat[name][position]
-            if self.settings.n_step > 1:
+            if n > 1:
                 batch["discount"] = discount
-            if self.settings.action_horizon > 1:
-                rows, steps = self.cache.walk(position, self.settings.action_horizon)
+            if horizon > 1:
+                rows, steps = rows[:, :horizon], np.minimum(steps, horizon)
                 batch["action_chunk"] = flat["action"][rows]
-                batch["chunk_mask"] = np.arange(self.settings.action_horizon) < steps[:, None]
+                batch["chunk_mask"] = np.arange(horizon) < steps[:, None]
                 batch["chunk_actor"], batch["chunk_step"] = flat["actor"][rows], flat["chunk_step"][rows]
         self.prefetcher.sampled()
         return batch
