@@ -3,6 +3,7 @@ it; each write atomically replaces the last, so a crash mid-write leaves the pre
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -85,3 +86,35 @@ def test_a_failed_write_is_reported_and_does_not_stop_the_writer(tmp_path: Path,
     finally:
         writer.close()
     assert load_checkpoint(blocker / "checkpoint.pt")["n"] == 2 and writer.written == 1
+
+
+SPACES_TEXT = """
+from user_rl.cloud.checkpoint import spaces_to_text
+from user_rl.hal.registry import robot_spaces
+print(spaces_to_text(*robot_spaces("mujoco_reach", {"obs_mode": "image", "image_size": 16, "targets": "two_colours"}))
+      ["hello_hex"])
+"""
+
+
+def test_spaces_text_is_the_same_in_every_process_and_old_orders_still_match(tmp_path: Path) -> None:
+    """A resumed learner (a new process) reopens its buffer only if it writes its spaces as the last
+    one did: protobuf orders map entries by a per-process hash unless told to sort them, and the
+    two-colour reach's three observation keys came out in different orders."""
+    from user_rl.cloud.buffer.store import PersistentReplay
+    from user_rl.cloud.checkpoint import same_spaces, spaces_from_text
+    from user_rl.wire import user_rl_pb2 as pb
+
+    texts = {subprocess.run([sys.executable, "-c", SPACES_TEXT], capture_output=True, text=True, check=True,
+                            env={**os.environ, "MUJOCO_GL": "egl"}).stdout.strip() for _ in range(4)}
+    assert len(texts) == 1, texts
+    (text,) = texts
+    obs_space, action_space = spaces_from_text({"hello_hex": text})
+    PersistentReplay(tmp_path, obs_space, action_space).close()
+    PersistentReplay(tmp_path, obs_space, action_space).close()  # reopens
+
+    # A buffer written before the text was sorted keeps whatever order its learner wrote: still a match.
+    hello = pb.Hello.FromString(bytes.fromhex(text))
+    parts = [pb.Hello(observation_space={key: hello.observation_space[key]}).SerializeToString()
+             for key in sorted(hello.observation_space, reverse=True)]
+    unsorted = (b"".join(parts) + pb.Hello(action_space=hello.action_space).SerializeToString()).hex()
+    assert unsorted != text and same_spaces({"hello_hex": unsorted}, obs_space, action_space)

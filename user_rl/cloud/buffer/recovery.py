@@ -25,7 +25,7 @@ from user_rl.cloud.buffer.index import BufferIndex, SegmentRecord, StreamRecord
 from user_rl.cloud.buffer.rows import KIND_CARRY, KIND_RECORD, StreamState, account, row_bytes, successors
 from user_rl.cloud.buffer.sampling import SOURCES
 from user_rl.cloud.buffer.segment import CorruptSegment, read_segment, seal_open_file
-from user_rl.cloud.checkpoint import spaces_from_text, spaces_to_text
+from user_rl.cloud.checkpoint import same_spaces, spaces_from_text, spaces_to_text
 from user_rl.wire.transitions import intervened
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ def open_meta(index: BufferIndex, obs_space: gym.spaces.Dict, action_space: gym.
         rows = int(min(65536, max(256, segment_mb * 2**20 // row_bytes(schema))))
         index.set_meta({"spaces": spaces, "segment_rows": str(rows), "format": "1"})
         return rows
-    if stored != spaces:
+    if not same_spaces({"hello_hex": stored}, obs_space, action_space):
         obs, act = spaces_from_text({"hello_hex": stored})
         raise ValueError(f"the buffer at {index.path.parent} holds observations {obs} and actions {act}; "
                          "this fleet's spaces differ: use a new run directory")

@@ -1,4 +1,4 @@
-"""The buffer benchmarks run end to end at tiny sizes and write their JSON (no timing is checked)."""
+"""The benchmarks run end to end at tiny sizes and write their JSON (no timing is checked)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
-def run_bench(script: str, out: Path) -> dict:
-    done = subprocess.run([sys.executable, str(BENCH / script), "--quick", "--out", str(out)],
+def run_bench(script: str, out: Path, *args: str) -> dict:
+    done = subprocess.run([sys.executable, str(BENCH / script), *args, "--quick", "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ratio" in done.stdout
@@ -51,3 +51,14 @@ def test_growth_bench_reports_every_size(tmp_path: Path) -> None:
         assert row["ours_ms"] > 0 and row["raw_ms"] > 0 and row["samples"] > 0
         assert row["catalog_rebuilds"] == 0, "appends and seals must never rebuild the sample catalog"
     assert result["growth_ratio"] > 0 and result["ratio_vs_raw"] > 0
+
+
+def test_update_bench_reports_a_chunk_policys_rate_and_ratio(tmp_path: Path) -> None:
+    result = run_bench("policy_updates.py", tmp_path / "updates.json",
+                       str(BENCH.parent / "configs/reach_vla.yaml"), "--batch", "8", "robot.options.image_size=16",
+                       "policy.freeze=[encoder]")
+    assert result["config"]["algo"] == "bc" and result["config"]["policy"]["type"] == "vla"
+    assert 0 < result["actor_trainable_parameters"] < result["actor_parameters"]  # the backbone is frozen
+    for side in ("ours", "raw"):
+        assert result[side]["updates_per_s"] > 0 and result[side]["samples_per_s"] == result[side]["updates_per_s"] * 8
+    assert result["ratio"] > 0
