@@ -132,3 +132,18 @@ def test_flow_policy_runs_from_pixels() -> None:
     actor = FlowChunkActor(space, ACTION_SPACE, hidden=[16], chunk=2, flow_steps=2, best_of=3)
     obs = {"image": torch.zeros(2, 16, 16, 3, dtype=torch.uint8), "state": torch.zeros(2, 3)}
     assert actor.act_chunk(obs).shape == (2, 2, 2)
+
+
+def test_an_instructions_bytes_reach_an_mlp_policy_scaled_like_pixels() -> None:
+    """Raw byte values (up to 255) beside a state near 1 swamped the first layer: a flow policy did not
+    learn the two-colour reach from its state until the bytes were scaled to [0, 1]."""
+    from user_rl.hal.instruction import encode_instruction, instruction_space
+    from user_rl.policies.encoders import DictEncoder
+
+    space = gym.spaces.Dict({"instruction": instruction_space(8), "state": gym.spaces.Box(-1, 1, (2,), np.float32)})
+    encoder = DictEncoder(space)
+    text = torch.as_tensor(encode_instruction("red", 8)).unsqueeze(0)
+    features = encoder({"instruction": text, "state": torch.full((1, 2), 0.5)})
+    assert encoder.out_dim == 10
+    assert torch.allclose(features[0, :8], text[0].float() / 255.0) and 0 < features[0, :3].min()
+    assert torch.equal(features[0, 8:], torch.full((2,), 0.5))

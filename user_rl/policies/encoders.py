@@ -38,7 +38,10 @@ class ConvEncoder(nn.Module):
 
 
 class DictEncoder(nn.Module):
-    """Concatenates flattened vectors with the features of each camera, in sorted key order."""
+    """Concatenates flattened vectors with the features of each camera, in sorted key order.
+
+    A uint8 vector that is not an image (an instruction's bytes) is scaled to [0, 1], as pixels
+    are: raw byte values up to 255 beside states near 1 would swamp the first layer."""
 
     def __init__(self, space: gym.spaces.Dict) -> None:
         super().__init__()
@@ -46,17 +49,19 @@ class DictEncoder(nn.Module):
         self.cameras = nn.ModuleDict(
             {k: ConvEncoder(space[k].shape) for k in self.keys if is_image(space[k])}
         )
+        self.byte_keys = {k for k in self.keys if k not in self.cameras and space[k].dtype == np.uint8}
         self.out_dim = sum(
             self.cameras[k].out_dim if k in self.cameras else int(np.prod(space[k].shape))
             for k in self.keys
         )
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        parts = [
-            self.cameras[k](obs[k]) if k in self.cameras else obs[k].flatten(1).float()
-            for k in self.keys
-        ]
+        parts = [self.cameras[k](obs[k]) if k in self.cameras else self.vector(k, obs[k]) for k in self.keys]
         return torch.cat(parts, dim=-1)
+
+    def vector(self, key: str, value: torch.Tensor) -> torch.Tensor:
+        flat = value.flatten(1).float()
+        return flat / 255.0 if key in self.byte_keys else flat
 
 
 class ActionScaling(nn.Module):

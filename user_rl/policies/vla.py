@@ -42,6 +42,45 @@ SIZES = {
 }
 
 
+STEM_CHANNELS = 32
+
+
+class CameraStem(nn.Module):
+    """One token per `patch` x `patch` pixels: two 3x3 stride-2 convolutions, then a linear patchify
+    of what is left, with the instruction modulating both convolutions' features (FiLM, as RT-1's
+    image encoder does).
+
+    Why not a plain linear patch embedding (ViT)? Early convolutions let a vision transformer learn
+    from far less data (Xiao et al., 2021): with a linear one the tiny VLA did not learn to reach
+    from 12,000 demonstrated steps, with this stem it does. And conditioning the pixels on the
+    instruction early lets the stem keep the named target's colour and drop the other's, which the
+    transformer alone was slow to learn (`tests/e2e/test_e2e_vla.py` measures both instructions).
+    """
+
+    def __init__(self, channels: int, dim: int, patch: int, condition_dim: int = 0) -> None:
+        super().__init__()
+        if patch % 4:
+            raise ValueError(f"patch must be a multiple of 4 (two stride-2 convolutions), not {patch}")
+        self.convs = nn.ModuleList([nn.Conv2d(channels, STEM_CHANNELS, 3, stride=2, padding=1),
+                                    nn.Conv2d(STEM_CHANNELS, STEM_CHANNELS, 3, stride=2, padding=1)])
+        self.patchify = nn.Conv2d(STEM_CHANNELS, dim, patch // 4, stride=patch // 4)
+        self.film = nn.Linear(condition_dim, 2 * STEM_CHANNELS * len(self.convs)) if condition_dim else None
+        if self.film is not None:  # starts as the identity: scale 1, shift 0
+            nn.init.zeros_(self.film.weight)
+            nn.init.zeros_(self.film.bias)
+
+    def forward(self, image: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
+        """uint8 (B, H, W, C) in, tokens (B, H/patch * W/patch, dim) out."""
+        x = image.permute(0, 3, 1, 2).float() / 255.0
+        films = self.film(condition).view(len(x), len(self.convs), 2, STEM_CHANNELS, 1, 1) \
+            if self.film is not None and condition is not None else None
+        for i, conv in enumerate(self.convs):
+            x = nn.functional.gelu(conv(x))
+            if films is not None:
+                x = x * (1 + films[:, i, 0]) + films[:, i, 1]
+        return self.patchify(x).flatten(2).transpose(1, 2)
+
+
 class VLAEncoder(nn.Module):
     """Patches, instruction bytes and the proprioceptive state in; the readout token's features out."""
 
@@ -57,7 +96,7 @@ class VLAEncoder(nn.Module):
             h, w, c = obs_space[key].shape
             if h % patch or w % patch:
                 raise ValueError(f"camera {key!r}: {h}x{w} pixels do not split into {patch}x{patch} patches")
-            self.patch_embed[key] = nn.Conv2d(c, dim, patch, stride=patch)
+            self.patch_embed[key] = CameraStem(c, dim, patch, dim if self.has_instruction else 0)
             self.patch_pos[key] = nn.Parameter(torch.randn(1, (h // patch) * (w // patch), dim) * 0.02)
         if self.has_instruction:
             length = obs_space[INSTRUCTION].shape[0]
@@ -80,14 +119,18 @@ class VLAEncoder(nn.Module):
             return torch.zeros(batch, n, dtype=torch.bool, device=device)
 
         tokens, padding = [self.readout.expand(batch, -1, -1)], [unpadded(1)]
+        words, summary = None, None
+        if self.has_instruction:  # its bytes' embeddings, and their mean (what the camera stems read)
+            text = obs[INSTRUCTION].long()
+            words = self.byte_embed(text) + self.text_pos
+            present = (text != 0).unsqueeze(-1).float()
+            summary = (words * present).sum(1) / present.sum(1).clamp(min=1.0)
         for key in self.camera_keys:
-            image = obs[key].permute(0, 3, 1, 2).float() / 255.0
-            patches = self.patch_embed[key](image).flatten(2).transpose(1, 2) + self.patch_pos[key]
+            patches = self.patch_embed[key](obs[key], summary) + self.patch_pos[key]
             tokens.append(patches)
             padding.append(unpadded(patches.shape[1]))
-        if self.has_instruction:
-            text = obs[INSTRUCTION].long()
-            tokens.append(self.byte_embed(text) + self.text_pos)
+        if words is not None:
+            tokens.append(words)
             padding.append(text == 0)
         if self.state_embed is not None:
             state = torch.cat([obs[k].flatten(1).float() for k in self.state_keys], dim=-1)
