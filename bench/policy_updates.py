@@ -69,14 +69,14 @@ def buffer_batch(obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, batch
 
 
 class PlainStep:
-    """The raw baseline: the actor's encoder, a linear layer to the (chunk of) actions, MSE, Adam."""
+    """The raw baseline: the actor's encoder, a linear layer to the (chunk of) actions, MSE, Adam.
+    A frozen encoder (`policy.freeze`) stays frozen here too: both sides train the same parts."""
 
     def __init__(self, actor: nn.Module, targets: int, device: torch.device) -> None:
         self.encoder = copy.deepcopy(actor.encoder).to(device)
-        for parameter in self.encoder.parameters():
-            parameter.requires_grad_(True)
         self.head = nn.Linear(self.encoder.out_dim, targets).to(device)
-        self.optim = torch.optim.Adam([*self.encoder.parameters(), *self.head.parameters()], lr=3e-4)
+        trained = [p for p in [*self.encoder.parameters(), *self.head.parameters()] if p.requires_grad]
+        self.optim = torch.optim.Adam(trained, lr=3e-4)
 
     def update(self, obs: dict[str, torch.Tensor], target: torch.Tensor) -> torch.Tensor:
         loss = (self.head(self.encoder(obs)) - target.flatten(1)).pow(2).mean()
@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--quick", action="store_true", help="a few updates, for the smoke test")
     parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()  # overrides may come before or after the options
     if args.quick:
         args.updates, args.rounds = 3, 1
     if args.threads:
