@@ -1,7 +1,7 @@
 """A vision-language-action policy: camera images + an instruction + proprioception → action chunks.
 
-The backbone is a transformer over one sequence of tokens: image patches (a strided convolution
-per camera, as in ViT), the instruction's bytes (UTF-8, one token each, so no tokenizer file is
+The backbone is a transformer over one sequence of tokens: image patches (a small convolutional
+stem per camera, modulated by the instruction: `CameraStem`), the instruction's bytes (UTF-8, one token each, so no tokenizer file is
 needed and nothing is downloaded), and one token for the proprioceptive state; a learned readout
 token gathers them. The flow head of `FlowChunkActor` turns the readout into chunks of H actions
 (the π0 recipe, with an MLP action head). Sizes are named (`SIZES`: tiny for CI, ~100M and ~500M
@@ -51,10 +51,10 @@ class CameraStem(nn.Module):
     image encoder does).
 
     Why not a plain linear patch embedding (ViT)? Early convolutions let a vision transformer learn
-    from far less data (Xiao et al., 2021): with a linear one the tiny VLA did not learn to reach
-    from 12,000 demonstrated steps, with this stem it does. And conditioning the pixels on the
-    instruction early lets the stem keep the named target's colour and drop the other's, which the
-    transformer alone was slow to learn (`tests/e2e/test_e2e_vla.py` measures both instructions).
+    from far less data (Xiao et al., 2021): on 12,000 demonstrated steps of the one-target table
+    reach, the tiny VLA reached 0.05-0.1 with a linear one and 0.75 with this stem (3,000 updates).
+    The instruction's FiLM lets the stem keep the named target's colour and drop the other's; it
+    starts as the identity.
     """
 
     def __init__(self, channels: int, dim: int, patch: int, condition_dim: int = 0) -> None:
