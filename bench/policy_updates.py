@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import os
 import sys
@@ -45,7 +46,7 @@ from user_rl.wire import user_rl_pb2 as pb  # noqa: E402
 from user_rl.wire.transitions import OBS  # noqa: E402
 
 
-def buffer_batch(obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, batch: int, horizon: int,
+def buffer_batch(obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, batch: int, horizon: int, n_step: int,
                  rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Random columns shaped as `PersistentReplay.sample` returns them (half the rows intervened)."""
     out: dict[str, np.ndarray] = {}
@@ -60,7 +61,8 @@ def buffer_batch(obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, batch
     out["reward"] = rng.standard_normal(batch).astype(np.float32)
     out["terminated"] = rng.random(batch) < 0.05
     out["actor"] = rng.choice([pb.ACTOR_POLICY, pb.ACTOR_HUMAN], batch).astype(np.uint8)
-    out["discount"] = np.full(batch, 0.99 ** max(horizon, 1), np.float32)
+    if n_step > 1:  # the buffer gives a discount column only for n-step returns
+        out["discount"] = np.full(batch, 0.99 ** n_step, np.float32)
     if horizon > 1:
         out["action_chunk"] = rng.uniform(low, high, (batch, horizon, *action_space.shape)).astype(np.float32)
         out["chunk_mask"] = np.ones((batch, horizon), bool)
@@ -124,23 +126,22 @@ def main() -> None:
     horizon = cfg.buffer.action_horizon
     rng = np.random.default_rng(cfg.seed)
     host_batches = [{key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in
-                     training_columns(buffer_batch(obs_space, action_space, batch_size, horizon, rng),
+                     training_columns(buffer_batch(obs_space, action_space, batch_size, horizon,
+                                                   cfg.buffer.n_step, rng),
                                       algo.batch_columns).items()} for _ in range(4)]
     plain = PlainStep(algo.actor, int(np.prod(action_space.shape)) * max(horizon, 1), device)
     on_device = [training_batch(columns, device) for columns in host_batches]
     target = "action_chunk" if horizon > 1 else "action"
 
+    host_cycle, device_cycle = itertools.cycle(host_batches), itertools.cycle(on_device)
+
     def ours() -> torch.Tensor:
-        ours.calls += 1
-        metrics = algo.update(training_batch(host_batches[ours.calls % 4], device))
+        metrics = algo.update(training_batch(next(host_cycle), device))
         return next(iter(metrics.values()))
-    ours.calls = 0
 
     def raw() -> torch.Tensor:
-        raw.calls += 1
-        batch = on_device[raw.calls % 4]
+        batch = next(device_cycle)
         return plain.update(batch["obs"], batch[target])
-    raw.calls = 0
 
     for step in (ours, raw):  # warm-up: allocator, kernels, Adam's state
         timed(step, 2, device)
