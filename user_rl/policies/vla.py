@@ -64,21 +64,45 @@ class CameraStem(nn.Module):
         self.convs = nn.ModuleList([nn.Conv2d(channels, STEM_CHANNELS, 3, stride=2, padding=1),
                                     nn.Conv2d(STEM_CHANNELS, STEM_CHANNELS, 3, stride=2, padding=1)])
         self.patchify = nn.Conv2d(STEM_CHANNELS, dim, patch // 4, stride=patch // 4)
+        self.keypoints = SpatialSoftmax(STEM_CHANNELS, dim)  # read at the first convolution's resolution
         self.film = nn.Linear(condition_dim, 2 * STEM_CHANNELS * len(self.convs)) if condition_dim else None
         if self.film is not None:  # starts as the identity: scale 1, shift 0
             nn.init.zeros_(self.film.weight)
             nn.init.zeros_(self.film.bias)
 
     def forward(self, image: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
-        """uint8 (B, H, W, C) in, tokens (B, H/patch * W/patch, dim) out."""
+        """uint8 (B, H, W, C) in; tokens (B, 1 + H/patch * W/patch, dim) out: the keypoint token first,
+        then the patches."""
         x = image.permute(0, 3, 1, 2).float() / 255.0
         films = self.film(condition).view(len(x), len(self.convs), 2, STEM_CHANNELS, 1, 1) \
             if self.film is not None and condition is not None else None
+        keypoints = None
         for i, conv in enumerate(self.convs):
             x = nn.functional.gelu(conv(x))
             if films is not None:
                 x = x * (1 + films[:, i, 0]) + films[:, i, 1]
-        return self.patchify(x).flatten(2).transpose(1, 2)
+            if i == 0:
+                keypoints = self.keypoints(x)
+        return torch.cat([keypoints.unsqueeze(1), self.patchify(x).flatten(2).transpose(1, 2)], dim=1)
+
+
+class SpatialSoftmax(nn.Module):
+    """Where each feature channel is brightest, as an expected (x, y) in [-1, 1] (Levine et al., 2016),
+    projected to one token. Precise positions of small things (a 1-2 pixel target) survive that a
+    coarse patch grid blurs."""
+
+    def __init__(self, channels: int, dim: int) -> None:
+        super().__init__()
+        self.log_temperature = nn.Parameter(torch.zeros(()))
+        self.project = nn.Linear(2 * channels, dim)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = features.shape
+        weights = torch.softmax(features.flatten(2) / self.log_temperature.exp(), dim=-1)  # (B, C, H*W)
+        ys, xs = torch.meshgrid(torch.linspace(-1, 1, h, device=features.device),
+                                torch.linspace(-1, 1, w, device=features.device), indexing="ij")
+        grid = torch.stack([xs.flatten(), ys.flatten()], dim=-1)  # (H*W, 2)
+        return self.project((weights @ grid).flatten(1))
 
 
 class VLAEncoder(nn.Module):
@@ -97,7 +121,7 @@ class VLAEncoder(nn.Module):
             if h % patch or w % patch:
                 raise ValueError(f"camera {key!r}: {h}x{w} pixels do not split into {patch}x{patch} patches")
             self.patch_embed[key] = CameraStem(c, dim, patch, dim if self.has_instruction else 0)
-            self.patch_pos[key] = nn.Parameter(torch.randn(1, (h // patch) * (w // patch), dim) * 0.02)
+            self.patch_pos[key] = nn.Parameter(torch.randn(1, 1 + (h // patch) * (w // patch), dim) * 0.02)
         if self.has_instruction:
             length = obs_space[INSTRUCTION].shape[0]
             self.byte_embed = nn.Embedding(256, dim, padding_idx=0)
@@ -122,7 +146,9 @@ class VLAEncoder(nn.Module):
         words, summary = None, None
         if self.has_instruction:  # its bytes' embeddings, and their mean (what the camera stems read)
             text = obs[INSTRUCTION].long()
-            words = self.byte_embed(text) + self.text_pos
+            used = int((text != 0).any(0).nonzero().max()) + 1 if text.any() else 1
+            text = text[:, :used]  # the padding every instruction of the batch shares costs attention, adds nothing
+            words = self.byte_embed(text) + self.text_pos[:, :used]
             present = (text != 0).unsqueeze(-1).float()
             summary = (words * present).sum(1) / present.sum(1).clamp(min=1.0)
         for key in self.camera_keys:
