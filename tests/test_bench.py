@@ -62,3 +62,15 @@ def test_update_bench_reports_a_chunk_policys_rate_and_ratio(tmp_path: Path) -> 
     for side in ("ours", "raw"):
         assert result[side]["updates_per_s"] > 0 and result[side]["samples_per_s"] == result[side]["updates_per_s"] * 8
     assert result["ratio"] > 0
+
+
+def test_learn_from_demos_reports_success_per_instruction(tmp_path: Path) -> None:
+    out = tmp_path / "demos.json"
+    done = subprocess.run([sys.executable, str(BENCH / "learn_from_demos.py"), "--episodes", "3", "--updates", "4",
+                           "--eval-every", "2", "--eval-episodes", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["steps"] == 3 * 30  # every step of three 30-step expert episodes
+    assert [point["updates"] for point in result["curve"]] == [2, 4]
+    assert all(set(point["success"]) == {"red", "green"} for point in result["curve"])

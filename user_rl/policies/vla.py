@@ -1,15 +1,16 @@
 """A vision-language-action policy: camera images + an instruction + proprioception → action chunks.
 
-The backbone is a transformer over one sequence of tokens: image patches (a small convolutional
-stem per camera, modulated by the instruction: `CameraStem`), the instruction's bytes (UTF-8, one token each, so no tokenizer file is
-needed and nothing is downloaded), and one token for the proprioceptive state; a learned readout
-token gathers them. The flow head of `FlowChunkActor` turns the readout into chunks of H actions
-(the π0 recipe, with an MLP action head). Sizes are named (`SIZES`: tiny for CI, ~100M and ~500M
-parameters for benchmarks) or given as `dim`, `depth`, `heads`.
+The backbone is a transformer over one sequence of tokens: per camera a keypoint token and image
+patches (a small convolutional stem modulated by the instruction: `CameraStem`), the instruction's
+bytes (UTF-8, one token each, so no tokenizer file is needed and nothing is downloaded), and one
+token for the proprioceptive state; a learned readout token gathers them. The flow head of
+`FlowChunkActor` turns the readout into chunks of H actions (the π0 recipe, with an MLP action
+head). Sizes are named (`SIZES`: tiny for CI, ~100M and ~500M parameters for benchmarks).
 
 Observations: every uint8 HWC key is a camera; `instruction` is a uint8 vector of bytes (0 pads;
-`user_rl.hal.instruction` writes it); every other key is proprioception. Pretrained weights load by name from a local safetensors file
-(`policy.weights`), and `policy.freeze: [encoder]` trains only the action head.
+`user_rl.hal.instruction` writes it); every other key is proprioception. Pretrained weights load by
+name from a local safetensors file (`policy.weights`), and `policy.freeze: [encoder]` trains only
+the action head.
 """
 
 from __future__ import annotations
@@ -46,15 +47,16 @@ STEM_CHANNELS = 32
 
 
 class CameraStem(nn.Module):
-    """One token per `patch` x `patch` pixels: two 3x3 stride-2 convolutions, then a linear patchify
-    of what is left, with the instruction modulating both convolutions' features (FiLM, as RT-1's
-    image encoder does).
+    """A keypoint token, then one token per `patch` x `patch` pixels: two 3x3 stride-2 convolutions,
+    then a linear patchify of what is left, with the instruction modulating both convolutions'
+    features (FiLM, as RT-1's image encoder does).
 
     Why not a plain linear patch embedding (ViT)? Early convolutions let a vision transformer learn
     from far less data (Xiao et al., 2021): on 12,000 demonstrated steps of the one-target table
     reach, the tiny VLA reached 0.05-0.1 with a linear one and 0.75 with this stem (3,000 updates).
     The instruction's FiLM lets the stem keep the named target's colour and drop the other's; it
-    starts as the identity.
+    starts as the identity. On the two-colour reach the patches alone did not bind the colour word to
+    the coloured pixels (0.05 / 0.0 after 8,000 updates); with the keypoint token, 0.9 / 0.65.
     """
 
     def __init__(self, channels: int, dim: int, patch: int, condition_dim: int = 0) -> None:
