@@ -78,14 +78,15 @@ class CameraStem(nn.Module):
         x = image.permute(0, 3, 1, 2).float() / 255.0
         films = self.film(condition).view(len(x), len(self.convs), 2, STEM_CHANNELS, 1, 1) \
             if self.film is not None and condition is not None else None
-        keypoints = None
+        tokens = []
         for i, conv in enumerate(self.convs):
             x = nn.functional.gelu(conv(x))
             if films is not None:
                 x = x * (1 + films[:, i, 0]) + films[:, i, 1]
-            if i == 0:
-                keypoints = self.keypoints(x)
-        return torch.cat([keypoints.unsqueeze(1), self.patchify(x).flatten(2).transpose(1, 2)], dim=1)
+            if i == 0:  # keypoints at the finer resolution
+                tokens.append(self.keypoints(x).unsqueeze(1))
+        tokens.append(self.patchify(x).flatten(2).transpose(1, 2))
+        return torch.cat(tokens, dim=1)
 
 
 class SpatialSoftmax(nn.Module):
@@ -99,7 +100,7 @@ class SpatialSoftmax(nn.Module):
         self.project = nn.Linear(2 * channels, dim)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        b, c, h, w = features.shape
+        h, w = features.shape[-2:]
         weights = torch.softmax(features.flatten(2) / self.log_temperature.exp(), dim=-1)  # (B, C, H*W)
         ys, xs = torch.meshgrid(torch.linspace(-1, 1, h, device=features.device),
                                 torch.linspace(-1, 1, w, device=features.device), indexing="ij")
