@@ -4,8 +4,9 @@ success per instruction (two-colour reach) or overall, every `--eval-every` upda
 Not a speed benchmark: it answers "can this policy learn this task from clean demonstrations, and
 in how many updates?" without the fleet, so an online run that does not learn can be told apart
 from a policy that cannot. Episodes are collected with the expert alone (`ReachRobot.expert_action`);
-every step's target is the next H executed actions (the last one repeated at the episode's end),
-as the buffer's chunk sampler gives them; `algo.update` of behaviour cloning trains on them.
+every step's target is the next H executed actions, the last one repeated past the episode's end
+(as the buffer's chunk sampler gives them, though here the repeats are weighted like the rest, where
+a run's `chunk_mask` gives them weight 0); `algo.update` of behaviour cloning trains on them.
 
     python bench/learn_from_demos.py --policy vla --obs-mode image --targets two_colours --lr 1e-3
     python bench/learn_from_demos.py --policy flow --obs-mode state --targets table

@@ -15,6 +15,11 @@ def is_image(space: gym.spaces.Box) -> bool:
     return space.dtype == np.uint8 and len(space.shape) == 3
 
 
+def unit_pixels(image: torch.Tensor) -> torch.Tensor:
+    """uint8 (B, H, W, C) camera frames as float (B, C, H, W) in [0, 1], as every image encoder reads them."""
+    return image.permute(0, 3, 1, 2).float() / 255.0
+
+
 class ConvEncoder(nn.Module):
     """A small DrQ-style conv stack for one camera (HWC uint8 → features)."""
 
@@ -33,8 +38,7 @@ class ConvEncoder(nn.Module):
         self.out_dim = features
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
-        x = image.permute(0, 3, 1, 2).float() / 255.0
-        return self.head(self.net(x))
+        return self.head(self.net(unit_pixels(image)))
 
 
 class DictEncoder(nn.Module):

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from user_rl.policies.encoders import is_image
+from user_rl.policies.encoders import is_image, unit_pixels
 from user_rl.policies.flow import FlowChunkActor
 
 INSTRUCTION = "instruction"  # the observation key (user_rl/hal/instruction.py; policies import nothing of ours)
@@ -75,7 +75,7 @@ class CameraStem(nn.Module):
     def forward(self, image: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
         """uint8 (B, H, W, C) in; tokens (B, 1 + H/patch * W/patch, dim) out: the keypoint token first,
         then the patches."""
-        x = image.permute(0, 3, 1, 2).float() / 255.0
+        x = unit_pixels(image)
         films = self.film(condition).view(len(x), len(self.convs), 2, STEM_CHANNELS, 1, 1) \
             if self.film is not None and condition is not None else None
         tokens = []
