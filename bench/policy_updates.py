@@ -16,7 +16,7 @@ Batches are random, drawn from the robot's spaces (the config's robot is asked f
 learner does), so nothing is trained and only the rate means anything.
 
     python bench/policy_updates.py configs/reach_pixels.yaml [--batch 256] [--device cuda] [--updates 200]
-    python bench/policy_updates.py configs/reach_vla.yaml policy.options.size=100m --device cuda
+    python bench/policy_updates.py configs/reach_vla.yaml policy.size=100m --device cuda
 """
 
 from __future__ import annotations

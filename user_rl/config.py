@@ -81,6 +81,8 @@ class InterventionConfig(Section):
     patience: int = Field(5, ge=1, description="steps without min_progress before the scripted expert takes over")
     min_progress: float = Field(0.01, ge=0.0, description="distance to the goal the policy must gain over patience steps")
     handback_distance: float = Field(0.05, gt=0.0, description="the scripted expert hands back this close to the goal")
+    demo_episodes: int = Field(0, ge=0, description="the scripted expert drives each robot's first episodes throughout "
+                                                    "(demonstrations before the policy's first try)")
 
 
 TELEOP_TOKEN = re.compile(r"[A-Za-z0-9_-]{16,}")

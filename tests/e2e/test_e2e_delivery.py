@@ -129,6 +129,9 @@ def test_twenty_second_link_drop_spools_and_catches_up(tmp_path: Path, learner_f
     assert records == sum(e.steps for e in fleet.edges)
 
 
+UPLINK_WINDOW_S = 80  # its second half (40 s) shows whether the backlog grows
+
+
 def test_capped_uplink_carries_four_two_camera_robots_without_backlog(tmp_path: Path, learner_factory) -> None:
     cfg = build_config({
         **BASE,
@@ -144,17 +147,17 @@ def test_capped_uplink_carries_four_two_camera_robots_without_backlog(tmp_path: 
             FaultProxy(learner.addresses["weights"], delay_s=0.05, bandwidth_bps=20e6) as down:
         fleet = EdgeThreads(cfg, up.address, down.address, tmp_path / "spool")
         started, samples = time.monotonic(), []
-        while time.monotonic() - started < 120:
+        while time.monotonic() - started < UPLINK_WINDOW_S:
             time.sleep(5.0)
             samples.append((time.monotonic() - started, sum(e.link.unacked for e in fleet.edges), up.bytes_up))
         steps = [e.steps for e in fleet.edges]
         fleet.stop_and_drain()
     elapsed = samples[-1][0]
     uplink_mbit = samples[-1][2] * 8 / elapsed / 1e6
-    second_minute = [b for t, b, _ in samples if t > 60]
+    second_half = [b for t, b, _ in samples if t > UPLINK_WINDOW_S / 2]  # past the start-up burst
     print(f"backlog samples {[b for _, b, _ in samples]}, uplink {uplink_mbit:.1f} Mbit/s, steps {steps}")
-    assert min(steps) >= 0.9 * 10 * 120, "robots did not keep 10 Hz"
-    assert max(second_minute) <= 8, "the backlog grew"
+    assert min(steps) >= 0.9 * 10 * UPLINK_WINDOW_S, "robots did not keep 10 Hz"
+    assert max(second_half) <= 8, "the backlog grew"
     assert uplink_mbit < 20
     learner.stop()
     time.sleep(0.5)

@@ -95,6 +95,23 @@ def test_the_scripted_intervener_takes_over_a_stuck_policy_and_hands_back_once_r
         robot.close()
 
 
+def test_the_scripted_expert_demonstrates_the_first_episodes_whole_then_watches() -> None:
+    robot = make_robot("mujoco_reach", robot_id="r", seed=5)
+    intervener = ScriptedIntervener(robot, patience=5, handback_distance=0.05, demo_episodes=2)
+    try:
+        for episode in range(3):
+            mux = InterventionMux([intervener])
+            obs = robot.reset(seed=4)  # a start from which the expert gains ground on every step
+            for step in range(20):  # a policy that makes progress on its own (it proposes the expert's action)
+                action, actor = mux.choose(StepView(obs, robot.expert_action(), episode, step))
+                obs = robot.step(action).observation
+                # Demonstrations: the expert drives every step, even where the policy was doing well.
+                assert actor == (pb.ACTOR_SCRIPTED if episode < 2 else pb.ACTOR_POLICY), (episode, step)
+            assert mux.take_overs == (1 if episode < 2 else 0)
+    finally:
+        robot.close()
+
+
 def test_a_robot_without_an_expert_is_refused_by_the_scripted_intervener() -> None:
     robot = make_robot("gym", robot_id="pole", env_id="InvertedPendulum-v5")
     try:

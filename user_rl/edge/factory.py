@@ -86,7 +86,7 @@ def intervention_sources(cfg: Config, robot: Robot) -> tuple[InterventionMux, "W
         interventions.add(teleop)
     if cfg.intervention.scripted:
         i = cfg.intervention
-        interventions.add(ScriptedIntervener(robot, i.patience, i.min_progress, i.handback_distance))
+        interventions.add(ScriptedIntervener(robot, i.patience, i.min_progress, i.handback_distance, i.demo_episodes))
     return interventions, teleop
 
 

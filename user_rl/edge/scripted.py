@@ -5,7 +5,9 @@ robot's distance to its goal has shrunk by less than `min_progress` over the las
 steps (stuck, or moving away) while still farther than `handback_distance`, it takes over and drives with the sim's expert until the distance
 is below `handback_distance`; then it hands back and starts watching again. A new episode starts
 with the policy in charge. As the policy improves it keeps making progress, so the intervention
-rate falls.
+rate falls. `demo_episodes`: the expert drives the robot's first episodes from start to end, as a
+person records a few demonstrations before the policy's first try (HIL-SERL does the same): whole
+clean episodes to imitate, where take-overs alone give fragments that start from the policy's mistakes.
 
 The robot must offer `expert_action()` and `distance_to_goal()` (a sim knows its target; the
 reach arm has both).
@@ -27,7 +29,7 @@ class ScriptedIntervener:
     actor = pb.ACTOR_SCRIPTED
 
     def __init__(self, robot: Robot, patience: int = 5, min_progress: float = 0.01,
-                 handback_distance: float = 0.05) -> None:
+                 handback_distance: float = 0.05, demo_episodes: int = 0) -> None:
         missing = [m for m in ("expert_action", "distance_to_goal") if not callable(getattr(robot, m, None))]
         if missing:
             raise ValueError(f"{robot.descriptor.id}: the scripted intervener needs a sim with "
@@ -36,10 +38,14 @@ class ScriptedIntervener:
         self.patience = patience
         self.min_progress = min_progress
         self.handback_distance = handback_distance
+        self.demo_episodes = demo_episodes
         self.driving = False
         self._distances: deque[float] = deque(maxlen=patience + 1)
 
     def act(self, view: StepView) -> np.ndarray | None:
+        if view.episode < self.demo_episodes:  # a demonstration: the expert drives throughout
+            self.driving = True
+            return self.robot.expert_action()
         if view.step == 0:  # a new episode: the policy gets its chance
             self._distances.clear()
             self.driving = False
