@@ -74,6 +74,14 @@ class FleetConfig(Section):
     robot_id_prefix: str = Field("", description="robot ids are <prefix>-<index>; empty: the robot type")
 
 
+class EdgeConfig(Section):
+    """How each edge runs its policy (user_rl/edge/inference.py)."""
+
+    async_chunks: bool = Field(True, description="a chunk policy infers its next chunk while the current one runs, "
+                                                 "so the control loop does not wait on inference")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="where the edge runs its policy (cuda: the controller's GPU)")
+
+
 class InterventionConfig(Section):
     """Who may act instead of the policy on the edges (see user_rl/edge/scripted.py for the rule)."""
 
@@ -318,6 +326,7 @@ class Config(Section):
     resume: str | None = Field(None, description="run directory to continue (checkpoint and buffer)")
     robot: RobotConfig = Field(default_factory=RobotConfig)
     fleet: FleetConfig = Field(default_factory=FleetConfig)
+    edge: EdgeConfig = Field(default_factory=EdgeConfig)
     intervention: InterventionConfig = Field(default_factory=InterventionConfig)
     teleop: TeleopConfig = Field(default_factory=TeleopConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)

@@ -204,7 +204,10 @@ class Ingest:
                                  "backlog_bytes": hb.backlog_bytes, "dropped_transitions": hb.dropped_transitions,
                                  "safety_violations": dict(hb.safety_violations), "watchdog_holds": hb.watchdog_holds,
                                  "estopped": hb.estopped or None, "intervention_steps": hb.intervention_steps,
-                                 "take_overs": hb.take_overs, "driver": hb.driver}
+                                 "take_overs": hb.take_overs, "driver": hb.driver,
+                                 "inference": {"latency_ms": hb.inference_ms, "latency_p99_ms": hb.inference_p99_ms,
+                                               "chunk_age_steps": hb.chunk_age_steps, "starved_steps": hb.starved_steps,
+                                               "loop_jitter_p99_ms": hb.loop_jitter_p99_ms}}
             if hb.leaving and not session.detached:  # everything it sent is acked: close its episode
                 self.buffer.end_open_episodes(session.stream, reason="detached")
                 session.detached = True

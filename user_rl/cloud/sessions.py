@@ -78,6 +78,7 @@ class RobotSession:
             "intervention_rate": self.intervention_rate(),  # of its recent stored steps
             "take_overs": self.heartbeat.get("take_overs", 0),
             "driver": self.heartbeat.get("driver", ""),  # who acts now ("": the policy)
+            "inference": self.heartbeat.get("inference", {}),  # latency, chunk age, control-loop jitter
             "seconds_since_seen": round(time.monotonic() - self.last_seen, 2),
             "edge_restarts": self.streams - 1,
             "detached": self.detached,

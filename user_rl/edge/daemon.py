@@ -1,8 +1,9 @@
 """The edge daemon: one robot's control loop with local policy inference.
 
-Each turn: swap in new weights if any arrived (a safe point between steps), pick an action
-(random until the first policy version arrives; a chunk policy infers once per chunk of H
-actions, `ChunkRunner`), pass it through the safety filter, step the
+Each turn: hand new weights to the policy runner if any arrived, pick an action (random until
+the first policy version arrives; a chunk policy's next chunk is inferred in the background while
+the current one runs, `AsyncChunkRunner`, so the loop does not wait on inference; an actor without
+chunks infers in the loop, `ChunkRunner`), pass it through the safety filter, step the
 robot, record the transition, and service the link (flush batches, heartbeats, acks). The
 link is never waited on, except by a sim paced to the learner's update rate (a real robot is
 never paced).
@@ -16,6 +17,7 @@ a new one with `reset()` once it may move again, so no transition spans a stop.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,12 +29,14 @@ from torch import nn
 
 from user_rl.edge.adapt import BacklogAdapter
 from user_rl.edge.batching import BatchBuilder
+from user_rl.edge.inference import AsyncChunkRunner
 from user_rl.edge.intervention import InterventionMux, StepView
+from user_rl.edge.jitter import LoopJitter
 from user_rl.edge.link import DataLink, LinkSettings
 from user_rl.edge.operator import OperatorRequests, StepRecord
 from user_rl.edge.weights import WeightReceiver
 from user_rl.hal.robot import Robot, StepResult
-from user_rl.policies.chunking import ChunkRunner
+from user_rl.policies.chunking import ChunkRunner, chunk_length
 from user_rl.rewards import EnvReward, RewardedStep, StepReward
 from user_rl.robots.estop import LATCH_NAME, EStopLatch
 from user_rl.robots.safety import ActionFilter, HoldBlocked, SafetySettings, Watchdog
@@ -56,6 +60,8 @@ class EdgeSettings:
     link: LinkSettings = field(default_factory=LinkSettings)
     adapt: bool = True               # grow batches / compress harder while the backlog grows
     safety: SafetySettings = field(default_factory=SafetySettings)
+    async_chunks: bool = True        # a chunk policy infers its next chunk while the current one runs
+    device: str = "cpu"              # where the policy runs ("cuda" on a controller with a GPU)
 
 
 class EdgeDaemon:
@@ -72,8 +78,15 @@ class EdgeDaemon:
     ) -> None:
         self.robot = robot
         self.actor = actor.eval()
-        self.chunks = ChunkRunner(self.actor)  # the policy's actions, one chunk inference per H steps
         self.settings = s = settings or EdgeSettings()
+        period = 1.0 / s.control_hz if s.control_hz > 0 else 0.0
+        # The policy's actions, one chunk inference per H steps: in the background while a chunk runs
+        # when the loop keeps a clock (a sim stepped as fast as it goes waits for the policy anyway).
+        ahead = s.async_chunks and chunk_length(actor) > 1 and period > 0
+        self.chunks: ChunkRunner | AsyncChunkRunner = (
+            AsyncChunkRunner(self.actor, device=s.device, period_s=period if ahead else None)
+            if ahead or s.device != "cpu" else ChunkRunner(self.actor))
+        self.jitter = LoopJitter(period)
         if s.pace_to_learner and robot.device_kind == "robot":
             raise ValueError(f"{robot.descriptor.id}: pace_to_learner is for simulators; a real robot never "
                              "waits for the learner")
@@ -113,7 +126,7 @@ class EdgeDaemon:
         new = self.weights.poll_new()
         if new is not None:
             version, state = new
-            self.actor.load_state_dict(state)
+            self.chunks.swap(state)  # the async runner loads it between two inferences, off this loop
             self.policy_version = version
 
     def _choose_action(self, obs: dict[str, np.ndarray]) -> tuple[np.ndarray, int, np.ndarray, int]:
@@ -158,7 +171,8 @@ class EdgeDaemon:
                                 safety_violations=self._violations(), watchdog_holds=self.watchdog.holds,
                                 estopped=self.estop.tripped() or "",
                                 intervention_steps=self.interventions.intervention_steps,
-                                take_overs=self.interventions.take_overs, driver=self.interventions.driver_name)
+                                take_overs=self.interventions.take_overs, driver=self.interventions.driver_name,
+                                **self._inference_stats())
             self._last_heartbeat = now
         self.link.poll(0)
 
@@ -179,6 +193,7 @@ class EdgeDaemon:
                 self.watchdog.due()
                 return
             self.watchdog.pause()  # waiting for the learner on purpose: the robot is not stepping
+            self.jitter.paused()
             self._flush()
             self._service_link(time.monotonic())
             self.link.poll(20)
@@ -229,7 +244,7 @@ class EdgeDaemon:
             return self.robot.reset(seed=seed)
 
         self.chunks.restart()
-
+        self.jitter.paused()
         self.watchdog.pause()  # a reset is not a stall
         obs = self._robot_call(reset)
         self.watchdog.due()
@@ -278,6 +293,7 @@ class EdgeDaemon:
                 obs = None
                 continue
             self.watchdog.due()
+            self.jitter.stepped()
             step = self._outcome(result)
             reward, terminated, truncated, label, label_by = (step.reward, step.terminated, step.truncated,
                                                               step.label, step.label_by)
@@ -306,6 +322,9 @@ class EdgeDaemon:
             self._service_link(now)
             if period:
                 next_tick += period
+                behind = time.monotonic() - next_tick
+                if behind > 0:  # late: skip the ticks missed rather than step in a burst to catch up
+                    next_tick += period * math.ceil(behind / period)
                 time.sleep(max(0.0, next_tick - time.monotonic()))
         self.watchdog.pause()
         self._flush()
@@ -373,7 +392,17 @@ class EdgeDaemon:
             "interventions": self.interventions.status(),
             "teleop": self.teleop.address if self.teleop is not None else None,
             "robot_unanswered_s": round(time.monotonic() - since, 2) if (since := self._robot_since) else 0.0,
+            **self._inference_stats(),
         }
+
+    def _inference_stats(self) -> dict[str, float]:
+        """Inference latency, chunk age and control-loop jitter, as the heartbeat carries them."""
+        stats = {"loop_jitter_p99_ms": self.jitter.p99_ms()}
+        if isinstance(self.chunks, AsyncChunkRunner):
+            runner = self.chunks.status()
+            stats.update(inference_ms=runner["inference_ms"] or 0.0, inference_p99_ms=runner["inference_p99_ms"] or 0.0,
+                         chunk_age_steps=runner["chunk_age_steps"], starved_steps=runner["starved_steps"])
+        return stats
 
     def _violations(self) -> dict[str, int]:
         """The safety filter's interventions by kind, and holds that failed as "hold_failed"."""
@@ -415,6 +444,8 @@ class EdgeDaemon:
         if self.teleop is not None:
             self.teleop.close()
         self.watchdog.close()
+        if isinstance(self.chunks, AsyncChunkRunner):
+            self.chunks.close()
         self.weights.close()
         self.link.close()
         self.robot.close()

@@ -54,6 +54,8 @@ def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
                            real_robot=real_robot),
         adapt=cfg.fleet.adapt,
         safety=SafetySettings(max_action_delta=cfg.safety.max_action_delta, deadline_s=cfg.safety.deadline_s),
+        async_chunks=cfg.edge.async_chunks,
+        device=edge_device(cfg.edge.device),
     )
     try:  # a part that cannot be built (no expert, no classifier file) must not leave the robot open
         interventions, teleop = intervention_sources(cfg, robot)
@@ -73,6 +75,15 @@ def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
             edge.close()
             raise
     return edge
+
+
+def edge_device(device: str) -> str:
+    """The configured device, if this controller has it: a run's config may ask for a GPU that one
+    robot's controller lacks."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("edge.device is cuda but this controller has no CUDA GPU (torch.cuda.is_available() "
+                         "is False); set edge.device: cpu")
+    return device
 
 
 def intervention_sources(cfg: Config, robot: Robot) -> tuple[InterventionMux, "WebTeleop | None"]:

@@ -37,6 +37,10 @@ class ChunkRunner:
         """The next action starts a new chunk."""
         self._chunk = None
 
+    def swap(self, state: dict[str, torch.Tensor]) -> None:
+        """New weights, for the next chunk (the one in hand runs to its end)."""
+        self.actor.load_state_dict(state)
+
     @torch.no_grad()
     def __call__(self, obs: dict[str, np.ndarray]) -> tuple[np.ndarray, int]:
         """The action for this step and its index in its chunk."""
