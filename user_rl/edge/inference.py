@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from user_rl.policies.chunking import act_chunk, chunk_length
+from user_rl.policies.chunking import chunk_length, infer_chunk
 
 LATENCY_WINDOW = 50  # inferences whose latency the status summarises
 
@@ -82,8 +82,7 @@ class AsyncChunkRunner:
     def _infer(self, obs: dict[str, np.ndarray]) -> tuple[np.ndarray, float]:
         self._load_pending_weights()
         started = time.monotonic()
-        batch = {k: torch.as_tensor(v).unsqueeze(0).to(self.device) for k, v in obs.items()}
-        chunk = act_chunk(self.actor, batch, self.deterministic)[0].float().cpu().numpy()
+        chunk = infer_chunk(self.actor, obs, self.deterministic, self.device)
         return chunk, time.monotonic() - started
 
     def _submit(self, obs: dict[str, np.ndarray]) -> None:
@@ -140,11 +139,10 @@ class AsyncChunkRunner:
         self._step = 0
 
     def status(self) -> dict[str, Any]:
-        latencies = sorted(self.latencies)
+        latencies = np.fromiter(self.latencies, float)
         return {
-            "inference_ms": round(1000 * float(np.mean(latencies)), 2) if latencies else None,
-            "inference_p99_ms": round(1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 2)
-            if latencies else None,
+            "inference_ms": round(1000 * float(latencies.mean()), 2) if latencies.size else None,
+            "inference_p99_ms": round(1000 * float(np.percentile(latencies, 99)), 2) if latencies.size else None,
             "chunk_age_steps": self.chunk_age,
             "lead_steps": self.lead_steps(),
             "starved_steps": self.starved_steps,

@@ -25,6 +25,13 @@ def act_chunk(actor: nn.Module, obs: dict[str, torch.Tensor], deterministic: boo
     return actor.act(obs, deterministic=deterministic).unsqueeze(1)
 
 
+def infer_chunk(actor: nn.Module, obs: dict[str, np.ndarray], deterministic: bool = False,
+                device: torch.device | str = "cpu") -> np.ndarray:
+    """One observation in, its (H, A) chunk out as float32 numpy: what an edge runs per chunk."""
+    batch = {k: torch.as_tensor(v).unsqueeze(0).to(device) for k, v in obs.items()}
+    return act_chunk(actor, batch, deterministic)[0].float().cpu().numpy()
+
+
 class ChunkRunner:
     def __init__(self, actor: nn.Module, deterministic: bool = False) -> None:
         self.actor = actor
@@ -45,8 +52,7 @@ class ChunkRunner:
     def __call__(self, obs: dict[str, np.ndarray]) -> tuple[np.ndarray, int]:
         """The action for this step and its index in its chunk."""
         if self._chunk is None or self._next >= len(self._chunk):
-            batch = {k: torch.as_tensor(v).unsqueeze(0) for k, v in obs.items()}
-            self._chunk = act_chunk(self.actor, batch, self.deterministic)[0].numpy()
+            self._chunk = infer_chunk(self.actor, obs, self.deterministic)
             self._next = 0
             self.inferences += 1
         index = self._next
