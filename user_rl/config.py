@@ -80,6 +80,9 @@ class EdgeConfig(Section):
     async_chunks: bool = Field(True, description="a chunk policy infers its next chunk while the current one runs, "
                                                  "so the control loop does not wait on inference")
     device: Literal["cpu", "cuda"] = Field("cpu", description="where the edge runs its policy (cuda: the controller's GPU)")
+    apply_weights: Literal["chunk", "episode"] = Field(
+        "chunk", description="a new policy version takes over between two chunks (as soon as it arrives), "
+                             "or only when an episode starts (one policy per episode)")
 
 
 class InterventionConfig(Section):
@@ -267,7 +270,8 @@ class LearnerConfig(Section):
     publish_every_updates: int = Field(50, ge=1)
     torch_threads: int = Field(0, ge=0, description="0 picks what the fleet leaves free")
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    weight_dtype: Literal["float32", "bfloat16"] = "float32"
+    weight_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="what the actor's floats travel as: half the bytes in bfloat16 or float16")
     host: str = "127.0.0.1"
     data_port: int = Field(0, ge=0, le=65535, description="0 picks a free port; fix it so edges survive a learner restart")
     weights_port: int = Field(0, ge=0, le=65535)

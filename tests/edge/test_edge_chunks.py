@@ -78,3 +78,10 @@ def test_a_vla_with_a_frozen_pretrained_backbone_trains_its_head_through_the_lea
     for name, tensor in backbone.items():
         assert torch.equal(state[name], tensor), f"{name} is not the file's"
     assert any(not torch.equal(state[n], t) for n, t in first_head.items()), "the head did not train"
+    # The frozen backbone travelled once: every later version moved only the trainable bytes.
+    buffers, weights = learner.trainer.actor_buffers, edge.weights
+    trainable, frozen = buffers.own_layout.total_bytes, buffers.base_layout.total_bytes
+    received, completed = weights.received_bytes, weights.completed
+    print(f"{completed} versions: {received:,} bytes received; {frozen:,} frozen + {trainable:,} trainable each")
+    assert frozen > 0 and completed >= 3
+    assert frozen + completed * trainable <= received < frozen + (completed + 1) * trainable

@@ -60,8 +60,9 @@ def test_unpaced_edge_keeps_acting_while_no_learner_answers(tmp_path: Path) -> N
 
 
 def test_a_failing_weight_receiver_shows_in_the_status_and_starts_over(tmp_path: Path) -> None:
-    """A policy version the receiver cannot assemble (a tensor of shape (-2, 2)) used to kill its thread
-    with no trace: now the failure is logged, shown in the edge's status, and the next version arrives."""
+    """A policy version the receiver cannot take used to kill its thread with no trace: now a malformed
+    one (a tensor of shape (-2, 2)) is dropped and counted, one it cannot hold (4 TiB) is logged and
+    shown in the edge's status, and the next version arrives either way."""
     from user_rl.wire import user_rl_pb2 as pb
     from user_rl.wire.codec import decode, encode, envelope
     from user_rl.wire.weights import pack
@@ -74,28 +75,36 @@ def test_a_failing_weight_receiver_shows_in_the_status_and_starts_over(tmp_path:
     actor = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
     edge = EdgeDaemon(robot, actor, "tcp://127.0.0.1:1", f"tcp://127.0.0.1:{port}", EdgeSettings(), context)
 
-    def send_version(version: int, state: dict, bad_shape: bool = False) -> None:
+    def send_version(version: int, state: dict, shape: list[int] | None = None) -> None:
         assert server.poll(10_000), "the receiver did not ask for weights"
         identity, *frames = server.recv_multipart()
         assert decode(frames).kind == "weights_request"
         packed = pack(version, state)
-        if bad_shape:
-            packed.announce.tensors[0].shape[:] = [-2, 2]
-        server.send_multipart([identity, *encode(envelope(weights_announce=packed.announce))])
+        announce = packed.announce
+        if shape is not None:  # a first tensor of this shape, sizes to match
+            announce.tensors[0].shape[:] = shape
+            if min(shape) > 0:
+                announce.total_bytes += 4 * shape[0] * shape[1]
+                announce.chunk_bytes = 2**30
+                announce.num_chunks = -(-announce.total_bytes // 2**30)
+        server.send_multipart([identity, *encode(envelope(weights_announce=announce))])
         for index, chunk in enumerate(packed.chunks):
             head = envelope(weights_chunk=pb.WeightsChunk(version=version, index=index))
             server.send_multipart([identity, *encode(head, {"bytes": np.frombuffer(chunk, np.uint8)})])
 
     try:
         assert edge.status()["errors"] == {}
-        send_version(1, actor.state_dict(), bad_shape=True)
+        send_version(1, actor.state_dict(), shape=[-2, 2])
+        wait_until(lambda: edge.weights.errors == 1, 10, "the malformed version to be dropped")
+        edge.weights.resend_s = 0.5  # it asks again soon (it dropped what it was collecting)
+        send_version(2, actor.state_dict(), shape=[2**20, 2**20])
         wait_until(lambda: edge.status()["errors"], 10, "the failure to show")
         error = edge.status()["errors"]["weights"]
         print("status errors:", edge.status()["errors"])
         assert error.startswith("RuntimeError: ") and error.endswith("(failed 1x, started over each time)")
-        send_version(2, actor.state_dict())  # the receiver started over: it asks again and gets the next version
-        version, _ = edge.weights.wait_for(2, timeout=10)
-        assert version == 2
+        send_version(3, actor.state_dict())  # the receiver started over: it asks again and gets the next version
+        version, _ = edge.weights.wait_for(3, timeout=10)
+        assert version == 3
     finally:
         edge.close()
         server.close(0)

@@ -36,6 +36,7 @@ from user_rl.cloud.threads import GuardedThread
 from user_rl.cloud.trainer import Reply, Trainer, TrainerFailed, TrainerSpec
 from user_rl.cloud.version_lease import VersionLease
 from user_rl.cloud.weight_server import WeightServer
+from user_rl.wire.weights import CASTS, PackedWeights
 from user_rl.config import Config
 from user_rl.hal.registry import robot_spaces
 from user_rl.security.curve import learner_gate
@@ -96,8 +97,8 @@ class Learner:
                              cfg.algo.gamma, gate=self.gate, max_messages_per_s=lc.max_messages_per_s,
                              max_message_bytes=int(lc.max_message_mb * 2**20), max_robots=lc.max_robots,
                              forget_idle_s=lc.forget_idle_s)
-        cast = torch.bfloat16 if cfg.learner.weight_dtype == "bfloat16" else None
-        self.weights = WeightServer(self.context, f"tcp://{host}:{lc.weights_port}", cast, gate=self.gate)
+        self.weights = WeightServer(self.context, f"tcp://{host}:{lc.weights_port}", CASTS[lc.weight_dtype],
+                                    gate=self.gate)
         self.rng = np.random.default_rng(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.trainer: Trainer | None = None  # started once the fleet's spaces are known
@@ -184,7 +185,8 @@ class Learner:
             spec = TrainerSpec(self.ingest.obs_space, self.ingest.action_space, cfg.policy.type,
                                cfg.policy.options(), settings, str(self.device),
                                learner_torch_threads(cfg), cfg.seed, cfg.learner.publish_every_updates, state, rng,
-                               algo=cfg.algo.type, initial_weights=cfg.policy.weights)
+                               algo=cfg.algo.type, initial_weights=cfg.policy.weights,
+                               weight_dtype=cfg.learner.weight_dtype)
             self.trainer = Trainer(spec, cfg.learner.prefetch_batches)
         return self.trainer
 
@@ -294,17 +296,19 @@ class Learner:
         if self.trainer is not None:
             self.trainer.check()
 
-    def _publish(self, actor_state: dict, wait: bool = False) -> None:
+    def _publish(self, actor: PackedWeights, wait: bool = False) -> None:
         """Hand the actor's weights to the ingest thread, which publishes them under a new version."""
         with self._publish_cond:
             self._requested += 1
-            self._to_publish = (self._requested, actor_state)
+            replaced, self._to_publish = self._to_publish, (self._requested, actor)
+            if replaced is not None and replaced[1].release is not None:
+                replaced[1].release()  # never published: its buffer is free for the trainer again
             if wait:
                 request = self._requested
                 while self._published < request and not self._stop.is_set() and self._threads["ingest"].is_alive():
                     self._publish_cond.wait(0.1)
 
-    def _publish_now(self, state: dict) -> None:
+    def _publish_now(self, state: dict | PackedWeights) -> None:
         """Publish under a fresh version, reserved on disk first (ingest thread, or before it starts)."""
         version = self.lease.next()
         self.weights.publish(version, state)

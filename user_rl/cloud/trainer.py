@@ -11,8 +11,11 @@ The two sides share a ring of `depth` entries: the parent (`Trainer`) copies a s
 into the next free entry's slot and posts it; the child (`serve`) steps the algorithm on it and frees the
 entry. Two semaphores count the free and the posted entries: no pipe, no pickling, no helper
 thread per batch. Requests (the actor, to publish; the whole state, for a checkpoint) take an
-entry of the ring too, so each answer covers every batch posted before it. Answers come back
-through a queue as `torch.save` bytes (every `publish_every` updates, not per batch).
+entry of the ring too, so each answer covers every batch posted before it.
+
+The actor comes back in shared buffers (`actor_buffers.py`: one copy on the update thread, none
+after). A checkpoint's state is copied on the update thread (between two updates, so it is
+consistent) and serialised by a sender thread: the updates go on meanwhile.
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ import torch
 import torch.multiprocessing as torch_mp
 
 from user_rl.algos import Algorithm, algo_class, make_algo, metrics_to_floats
+from user_rl.cloud.actor_buffers import ActorBuffers
 from user_rl.cloud.buffer.store import NEXT_OBS
 from user_rl.cloud.checkpoint import snapshot
+from user_rl.wire.weights import CASTS
 from user_rl.policies.weights import load_weights
 from user_rl.wire.transitions import OBS
 
@@ -65,17 +70,19 @@ class TrainerSpec:
     rng: dict | None = None  # and its RNG states ("torch", "cuda")
     algo: str = "sac"  # its name in `user_rl.algos.ALGOS`
     initial_weights: str | None = None  # a fresh run's actor starts from this file (`policy.weights`)
+    weight_dtype: str = "float32"  # what the actor is published as (`learner.weight_dtype`)
 
 
 @dataclass
 class Reply:
-    """An answer from the trainer: kind "actor" (state = the actor's weights, with the latest
-    metrics) or "state" (state = the algorithm's whole state, rng = its RNG states)."""
+    """An answer from the trainer: kind "actor" (state = the actor's weights packed in a shared
+    buffer, with the latest metrics) or "state" (state = the algorithm's whole state, rng = its RNG
+    states)."""
 
     kind: str
     tag: str | None
     updates: int
-    state: dict
+    state: Any
     metrics: dict[str, float] | None = None
     rng: dict | None = None
 
@@ -115,6 +122,7 @@ class Trainer:
         self._next = 0  # the ring entry the next post takes
         self._holding = False  # an entry taken by `free_slot` and not posted yet
         self._slots: dict[str, torch.Tensor] | None = None
+        self.actor_buffers: ActorBuffers | None = None  # shared with the trainer, from its first actor on
         self.process = context.Process(
             target=serve, name="user-rl-trainer", daemon=True,
             args=(spec, self._ring, self._slots_channel, self._outbox, self._updates, self._idle_us, os.getpid()))
@@ -181,10 +189,12 @@ class Trainer:
         """The replies that have come (waiting up to `timeout` for the first); raises `TrainerFailed`."""
         message = self._next_message(timeout)
         while message is not None:
-            if message[0] in ("actor", "state"):
+            if message[0] == "actor_buffers":
+                self.actor_buffers = message[1]
+            elif message[0] in ("actor", "state"):
                 kind, tag, updates, data, extra = message
                 if kind == "actor":
-                    yield Reply(kind, tag, updates, from_bytes(data), metrics=extra)
+                    yield Reply(kind, tag, updates, self.actor_buffers.packed(data), metrics=extra)
                 else:
                     state, rng = from_bytes(data)
                     yield Reply(kind, tag, updates, state, rng=rng)
@@ -298,6 +308,7 @@ def _train(spec: TrainerSpec, algo: Algorithm, device: torch.device, ring: Ring,
     metrics: dict[str, torch.Tensor] = {}
     on_gpu = device.type == "cuda"
     depth, taken = len(ring.kinds), 0
+    publisher = ActorPublisher(algo, spec.weight_dtype, outbox)
     while True:
         waited = time.perf_counter()
         if not ring.posted.acquire(timeout=PARENT_CHECK_S):
@@ -320,20 +331,57 @@ def _train(spec: TrainerSpec, algo: Algorithm, device: torch.device, ring: Ring,
                 ring.free.release()
             updates.value = algo.updates
             if algo.updates == 1 or algo.updates % spec.publish_every == 0:
-                _send_actor(algo, None, metrics, outbox)
+                publisher.actor(None, metrics)
             continue
         ring.free.release()
         if kind == ACTOR:
-            _send_actor(algo, tag, metrics, outbox)
+            publisher.actor(tag, metrics)
         elif kind == STATE:
             rng = {"torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state(device)} if on_gpu else {})}
-            outbox.put(("state", tag, algo.updates, to_bytes((snapshot(algo.state_dict()), rng)), None))
+            state = snapshot(algo.state_dict())  # copied here, between updates; serialised by the sender
+            publisher.later(lambda updates=algo.updates, state=state, tag=tag:
+                            ("state", tag, updates, to_bytes((state, rng)), None))
         elif kind == STOP:
+            publisher.close()
             return
 
 
-def _send_actor(algo: Algorithm, tag: str | None, metrics: dict[str, torch.Tensor], outbox) -> None:
-    outbox.put(("actor", tag, algo.updates, to_bytes(snapshot(algo.actor.state_dict())), metrics_to_floats(metrics)))
+class ActorPublisher:
+    """The trainer's outbox: the actor into a shared buffer (update thread: one copy), anything
+    bigger serialised by a sender thread, every message in the order it was made."""
+
+    def __init__(self, algo: Algorithm, weight_dtype: str, outbox) -> None:
+        self.algo, self.cast, self.outbox = algo, CASTS[weight_dtype], outbox
+        self.buffers: ActorBuffers | None = None
+        self._queue: queue.Queue = queue.Queue()
+        self._sender = threading.Thread(target=self._send, name="trainer-sender", daemon=True)
+        self._sender.start()
+
+    def actor(self, tag: str | None, metrics: dict[str, torch.Tensor]) -> None:
+        if self.buffers is None:
+            self.buffers = ActorBuffers(self.algo.actor, self.cast)
+            self.later(lambda buffers=self.buffers: ("actor_buffers", buffers))
+        index = self.buffers.write(self.algo.actor, wait_s=0.0 if tag is None else 60.0)
+        if index is not None:
+            floats = metrics_to_floats(metrics)
+            self.later(lambda updates=self.algo.updates: ("actor", tag, updates, index, floats))
+
+    def later(self, make_message) -> None:
+        """Send what `make_message()` returns, from the sender thread, after everything before it."""
+        self._queue.put(make_message)
+
+    def _send(self) -> None:
+        while (make_message := self._queue.get()) is not None:
+            try:
+                self.outbox.put(make_message())
+            except BaseException as exc:  # the learner hears of it and stops
+                self.outbox.put(("error", f"{type(exc).__name__}: {exc}"))
+                raise
+
+    def close(self) -> None:
+        """Every message made so far is in the outbox when this returns."""
+        self._queue.put(None)
+        self._sender.join()
 
 
 def training_batch(columns: dict[str, torch.Tensor], device: torch.device) -> dict:

@@ -62,6 +62,7 @@ class EdgeSettings:
     safety: SafetySettings = field(default_factory=SafetySettings)
     async_chunks: bool = True        # a chunk policy infers its next chunk while the current one runs
     device: str = "cpu"              # where the policy runs ("cuda" on a controller with a GPU)
+    apply_weights: str = "chunk"     # new weights take over between two chunks, or only between episodes
 
 
 class EdgeDaemon:
@@ -123,6 +124,10 @@ class EdgeDaemon:
 
     # -- policy ------------------------------------------------------------------------------
     def _maybe_swap_weights(self) -> None:
+        """Hand a newly arrived version to the runner: at once (it loads it between two chunks), or
+        only as an episode starts (`apply_weights: episode`: one policy per episode)."""
+        if self.settings.apply_weights == "episode" and self._episode_step > 0:
+            return  # the receiver keeps the newest version until then
         new = self.weights.poll_new()
         if new is not None:
             version, state = new

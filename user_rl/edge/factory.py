@@ -56,6 +56,7 @@ def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
         safety=SafetySettings(max_action_delta=cfg.safety.max_action_delta, deadline_s=cfg.safety.deadline_s),
         async_chunks=cfg.edge.async_chunks,
         device=edge_device(cfg.edge.device),
+        apply_weights=cfg.edge.apply_weights,
     )
     try:  # a part that cannot be built (no expert, no classifier file) must not leave the robot open
         interventions, teleop = intervention_sources(cfg, robot)

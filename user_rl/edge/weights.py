@@ -3,6 +3,11 @@
 `poll_new()` never blocks: it hands over a complete state dict when one has arrived since the
 last call. `wait_for(version)` is the explicit blocking path (evaluation, start-up).
 
+What arrived is never fetched again: a transfer that breaks off (the link drops, the learner
+restarts) resumes with the chunks still missing, and a frozen base part is kept across versions,
+so after the first version only the trainable bytes travel. The tensors handed over are views of
+the receiver's buffers (one buffer per version: no copy after the socket's).
+
 A message that fails to decode is dropped and counted (`errors`). Anything else that goes wrong
 in the thread is logged with its traceback and kept in `error` (the edge's status shows it);
 the receiver then starts over with a fresh socket, so the robot keeps getting new policies.
@@ -20,7 +25,7 @@ import zmq
 from user_rl.security.curve import ClientKeys
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import WireError, decode, encode, envelope
-from user_rl.wire.weights import WeightsAssembly
+from user_rl.wire.weights import PartAssembly, WeightsAssembly, base_assembly
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +45,12 @@ class WeightReceiver:
         self.errors = 0     # messages dropped (undecodable, rejected)
         self.failures = 0   # times the receiver failed and started over
         self.last_failure: str | None = None
+        self.received_bytes = 0  # chunk bytes that arrived, all versions together
+        self.duplicate_chunks = 0  # chunks that arrived when already held (a resumed transfer should have none)
+        self.resumed = 0  # times a broken-off transfer was asked for again with what it already held
+        self.completed = 0  # versions received whole
+        self._own: WeightsAssembly | None = None  # the version being collected
+        self._base: PartAssembly | None = None  # the frozen base: complete once held, kept across versions
         self._thread = threading.Thread(target=self._run, name="weights", daemon=True)
         self._thread.start()
 
@@ -88,49 +99,78 @@ class WeightReceiver:
         if self.curve is not None:
             self.curve.apply(socket)
         socket.connect(self.address)
-        assembly: WeightsAssembly | None = None
         request_due = 0.0  # when to (re)send the long-poll request
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
                 if now >= request_due:
-                    assembly = None  # an unfinished version is abandoned and asked for again
-                    request = pb.WeightsRequest(have_version=self.version)
-                    socket.send_multipart(encode(envelope(weights_request=request)))
+                    socket.send_multipart(encode(envelope(weights_request=self._request())))
                     request_due = now + self.resend_s
                 if not socket.poll(100):
                     continue
                 try:
-                    assembly, completed = self._handle(decode(socket.recv_multipart(copy=False)), assembly)
+                    collecting, completed = self._handle(decode(socket.recv_multipart(copy=False)))
                 except WireError as exc:
                     self.errors += 1
-                    assembly, completed = None, False
+                    collecting, completed = self._own is not None, False
                     log.warning("weights: dropped a message: %s", exc)
                 if completed:
                     request_due = 0.0  # ask for the next version at once
-                elif assembly is not None:
+                elif collecting:
                     request_due = time.monotonic() + self.resend_s  # chunks are still coming
         finally:
             socket.close(0)
 
-    def _handle(self, msg, assembly: WeightsAssembly | None) -> tuple[WeightsAssembly | None, bool]:
-        """Advance the assembly with one message; return it and whether a version completed."""
+    def _request(self) -> pb.WeightsRequest:
+        """Ask for anything newer, naming what is held already (the base, a broken-off transfer's chunks)."""
+        request = pb.WeightsRequest(have_version=self.version)
+        for part in (self._own, self._base):
+            if part is not None and (part.complete or part.held):
+                request.held.add(id=part.id, complete=part.complete, chunks=[] if part.complete else part.held)
+        if self._own is not None:
+            self.resumed += 1
+        return request
+
+    def _handle(self, msg) -> tuple[bool, bool]:
+        """Advance the assemblies with one message; return whether a version is being collected and
+        whether one completed."""
         if msg.kind == "weights_announce":
-            return (WeightsAssembly(msg.body) if msg.body.version > self.version else None), False
+            self._on_announce(msg.body)
+            return self._own is not None, False
         if msg.kind == "weights_chunk":
-            if assembly is None or msg.body.version != assembly.version:
-                return assembly, False  # a chunk of a version we are not collecting
-            if not assembly.add(msg.body.index, msg.arrays["bytes"]):
-                return assembly, False
-            state = assembly.state()
+            chunk = msg.body
+            part = self._base if chunk.base else self._own
+            if self._own is None or chunk.version != self._own.version or part is None:
+                return self._own is not None, False  # a chunk of a version we are not collecting
+            self.received_bytes += msg.arrays["bytes"].nbytes
+            before = part.duplicates
+            part.add(chunk.index, msg.arrays["bytes"])
+            self.duplicate_chunks += part.duplicates - before
+            if not (self._own.complete and (self._base is None or self._base.complete)):
+                return True, False
+            state = {**(self._base.state() if self._base is not None else {}), **self._own.state()}
             with self._arrived:
-                self.version = assembly.version
-                self._pending = (assembly.version, state)
+                self.version = self._own.version
+                self.completed += 1
+                self._pending = (self.version, state)
                 self._arrived.notify_all()
-            return None, True
+            self._own = None
+            return False, True
         if msg.kind == "reject":
             raise WireError("rejected", msg.body.reason)
         raise WireError("unexpected", msg.kind)
+
+    def _on_announce(self, announce: pb.WeightsAnnounce) -> None:
+        """Collect a newer version; keep what is held of it already (same version, same base)."""
+        if announce.version <= self.version:
+            return
+        if self._own is None or self._own.version != announce.version:
+            self._own = WeightsAssembly(announce)
+        base_id = announce.base.id if announce.HasField("base") else None
+        if base_id is None:
+            self._base = None
+        elif self._base is None or self._base.id != base_id:
+            self._base = base_assembly(announce)
 
     def close(self) -> None:
         self._stop.set()

@@ -1,13 +1,20 @@
-"""Policy weights as one byte buffer cut into chunks, so a late or reconnecting edge can fetch them.
+"""Policy weights as byte buffers cut into chunks, so a late or reconnecting edge can fetch them.
 
-The layout (name, dtype, shape of each tensor, in order) travels in the announcement; each
-chunk is one raw frame. Casting to bfloat16 halves the bytes for edges that can run it.
+A version travels as an announcement (each tensor's name, dtype and shape, in order) plus raw
+chunks of its bytes. Two parts at most: the version's own bytes ("v<version>") and, when the
+actor has frozen parameters (a pretrained backbone), a base part named by a hash of its bytes.
+An edge keeps the base it holds, so after the first time only the trainable bytes travel.
+
+Packing writes each tensor once into one buffer (casting floats to bfloat16 or float16 on the
+way, for edges that run them); chunks are views of that buffer, never copies.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterable, Mapping
 
 import torch
 
@@ -19,77 +26,229 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
            "float64": torch.float64, "int64": torch.int64, "int32": torch.int32,
            "uint8": torch.uint8, "bool": torch.bool}
 _NAMES = {v: k for k, v in _DTYPES.items()}
+CASTS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}  # `learner.weight_dtype`
+
+
+# -- layout: where each tensor lives in a part's buffer ----------------------------------------
+
+ALIGN = 8  # each tensor starts at a multiple of 8 bytes, so it can be viewed in place as its dtype
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The tensors of one part, in order, and the bytes they take."""
+
+    slots: tuple[Slot, ...]
+    total_bytes: int
+
+    @classmethod
+    def of(cls, tensors: Iterable[tuple[str, torch.Tensor]], cast_floats_to: torch.dtype | None = None) -> "Layout":
+        slots, offset = [], 0
+        for name, tensor in tensors:
+            dtype = cast_floats_to if cast_floats_to is not None and tensor.is_floating_point() else tensor.dtype
+            if dtype not in _NAMES:
+                raise ValueError(f"tensor {name}: dtype {dtype} cannot be sent")
+            nbytes = tensor.numel() * torch.empty(0, dtype=dtype).element_size()
+            offset = _aligned(offset)
+            slots.append(Slot(name, dtype, tuple(tensor.shape), offset, nbytes))
+            offset += nbytes
+        return cls(tuple(slots), offset)
+
+    @classmethod
+    def from_specs(cls, specs: Iterable[pb.ArraySpec]) -> "Layout":
+        """The layout an announcement describes; refuses dtypes and shapes no sender could have meant."""
+        slots, offset = [], 0
+        for spec in specs:
+            if spec.dtype not in _DTYPES:
+                raise WireError("bad_dtype", f"weights {spec.name}: {spec.dtype}")
+            if any(d < 0 for d in spec.shape):
+                raise WireError("bad_shape", f"weights {spec.name}: shape {list(spec.shape)}")
+            dtype, shape = _DTYPES[spec.dtype], tuple(int(d) for d in spec.shape)
+            count = 1
+            for d in shape:
+                count *= d
+            nbytes = count * torch.empty(0, dtype=dtype).element_size()
+            offset = _aligned(offset)
+            slots.append(Slot(spec.name, dtype, shape, offset, nbytes))
+            offset += nbytes
+        return cls(tuple(slots), offset)
+
+    def specs(self) -> list[pb.ArraySpec]:
+        return [pb.ArraySpec(name=s.name, dtype=_NAMES[s.dtype], shape=s.shape) for s in self.slots]
+
+    def write(self, buffer: torch.Tensor, state: Mapping[str, torch.Tensor]) -> None:
+        """Copy (and cast) each tensor of `state` into its place in the uint8 `buffer`: one copy each."""
+        with torch.no_grad():
+            for s in self.slots:
+                if s.nbytes:
+                    buffer[s.offset : s.offset + s.nbytes].view(s.dtype).view(s.shape).copy_(state[s.name].detach())
+
+    def read(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each tensor as a view of the uint8 `buffer` (no copy)."""
+        if buffer.numel() < self.total_bytes:
+            raise WireError("bad_announce", f"the layout needs {self.total_bytes} bytes, the buffer has {buffer.numel()}")
+        return {s.name: buffer[s.offset : s.offset + s.nbytes].view(s.dtype).view(s.shape) if s.nbytes
+                else torch.empty(s.shape, dtype=s.dtype) for s in self.slots}
+
+
+# -- packed: ready to send ------------------------------------------------------------------------
+
+@dataclass
+class Part:
+    """One byte buffer of a version; chunk `i` is a view of bytes [i * chunk_bytes, ...)."""
+
+    id: str
+    layout: Layout
+    data: memoryview
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+
+    @property
+    def num_chunks(self) -> int:
+        return max(1, -(-self.layout.total_bytes // self.chunk_bytes))
+
+    def chunk(self, index: int) -> memoryview:
+        return self.data[index * self.chunk_bytes : (index + 1) * self.chunk_bytes]
+
+    def proto(self) -> pb.WeightsPart:
+        return pb.WeightsPart(id=self.id, tensors=self.layout.specs(), total_bytes=self.layout.total_bytes,
+                              num_chunks=self.num_chunks)
 
 
 @dataclass
 class PackedWeights:
-    announce: pb.WeightsAnnounce
-    chunks: list[bytes]
+    """A version ready to serve: its own part, maybe a base part, and who to tell once it is no longer needed."""
+
+    version: int
+    own: Part
+    base: Part | None = None
+    release: Callable[[], None] | None = None  # frees a shared buffer the trainer reuses (None: garbage-collected)
+    created_time: float = field(default_factory=time.time)
+
+    def numbered(self, version: int) -> "PackedWeights":
+        return replace(self, version=version, own=replace(self.own, id=own_part_id(version)))
+
+    @property
+    def announce(self) -> pb.WeightsAnnounce:
+        own = self.own
+        announce = pb.WeightsAnnounce(version=self.version, tensors=own.layout.specs(),
+                                      total_bytes=own.layout.total_bytes, num_chunks=own.num_chunks,
+                                      chunk_bytes=own.chunk_bytes, created_time=self.created_time)
+        if self.base is not None:
+            announce.base.CopyFrom(self.base.proto())
+        return announce
+
+    @property
+    def chunks(self) -> list[memoryview]:
+        """The version's own chunks, in order."""
+        return [self.own.chunk(i) for i in range(self.own.num_chunks)]
+
+
+def own_part_id(version: int) -> str:
+    return f"v{version}"
+
+
+def base_part_id(data: memoryview) -> str:
+    """A frozen part is named by its bytes, so an edge keeps it across versions and learner restarts."""
+    return "base:" + hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def byte_buffer(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8)
 
 
 def pack(
     version: int,
-    state: dict[str, torch.Tensor],
+    state: Mapping[str, torch.Tensor],
     cast_floats_to: torch.dtype | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    frozen: Iterable[str] = (),
 ) -> PackedWeights:
-    """Flatten a state dict into an announcement plus byte chunks."""
-    specs, parts = [], []
-    for name, tensor in state.items():
-        tensor = tensor.detach().to("cpu")
-        if cast_floats_to is not None and tensor.is_floating_point():
-            tensor = tensor.to(cast_floats_to)
-        if tensor.dtype not in _NAMES:
-            raise ValueError(f"tensor {name}: dtype {tensor.dtype} cannot be sent")
-        specs.append(pb.ArraySpec(name=name, dtype=_NAMES[tensor.dtype], shape=tensor.shape))
-        parts.append(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    blob = b"".join(parts)
-    chunks = [blob[i : i + chunk_bytes] for i in range(0, len(blob), chunk_bytes)] or [b""]
-    announce = pb.WeightsAnnounce(
-        version=version, tensors=specs, total_bytes=len(blob), num_chunks=len(chunks),
-        chunk_bytes=chunk_bytes, created_time=time.time(),
-    )
-    return PackedWeights(announce, chunks)
+    """Write a state dict into one buffer (the names in `frozen` into a base part of their own)."""
+    frozen = set(frozen)
+    parts = []
+    for names in ([n for n in state if n not in frozen], [n for n in state if n in frozen]):
+        layout = Layout.of(((n, state[n]) for n in names), cast_floats_to)
+        buffer = byte_buffer(layout.total_bytes)
+        layout.write(buffer, state)
+        parts.append((layout, memoryview(buffer.numpy()).cast("B")))
+    (own_layout, own_data), (base_layout, base_data) = parts
+    base = Part(base_part_id(base_data), base_layout, base_data, chunk_bytes) if base_layout.slots else None
+    return PackedWeights(version, Part(own_part_id(version), own_layout, own_data, chunk_bytes), base)
 
 
-class WeightsAssembly:
-    """Collects the chunks of one announced version; `state()` once every chunk is in."""
+# -- assembly on the edge ---------------------------------------------------------------------------
+
+class PartAssembly:
+    """Collects the chunks of one part; `state()` once every chunk is in (views of its buffer)."""
+
+    def __init__(self, part_id: str, specs: Iterable[pb.ArraySpec], total_bytes: int, num_chunks: int,
+                 chunk_bytes: int) -> None:
+        if num_chunks == 0 or total_bytes > num_chunks * max(chunk_bytes, 1):
+            raise WireError("bad_announce", f"weights {part_id}: inconsistent sizes")
+        self.id = part_id
+        self.layout = Layout.from_specs(specs)
+        if self.layout.total_bytes > total_bytes:
+            raise WireError("bad_announce", f"weights {part_id}: its tensors run past its {total_bytes} bytes")
+        self.total_bytes, self.num_chunks, self.chunk_bytes = total_bytes, num_chunks, chunk_bytes
+        self.buffer = byte_buffer(total_bytes)
+        self._bytes = memoryview(self.buffer.numpy()).cast("B") if total_bytes else memoryview(bytearray())
+        self.missing = set(range(num_chunks))
+        self.duplicates = 0  # chunks that arrived twice (a resumed transfer should have none)
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing
+
+    @property
+    def held(self) -> list[int]:
+        return sorted(set(range(self.num_chunks)) - self.missing)
+
+    def add(self, index: int, data: bytes | memoryview) -> bool:
+        """Store one chunk; return True when the part is complete."""
+        data = memoryview(data).cast("B")
+        start = index * self.chunk_bytes
+        end = min(start + self.chunk_bytes, self.total_bytes)
+        if index not in range(self.num_chunks) or data.nbytes != max(0, end - start):
+            raise WireError("bad_chunk", f"weights {self.id} chunk {index}: {data.nbytes} bytes")
+        if index not in self.missing:
+            self.duplicates += 1
+        self._bytes[start:end] = data
+        self.missing.discard(index)
+        return self.complete
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return self.layout.read(self.buffer)
+
+
+class WeightsAssembly(PartAssembly):
+    """The version's own part of an announcement (the whole version when it has no base)."""
 
     def __init__(self, announce: pb.WeightsAnnounce) -> None:
-        if announce.num_chunks == 0 or announce.total_bytes > announce.num_chunks * max(announce.chunk_bytes, 1):
-            raise WireError("bad_announce", f"version {announce.version}: inconsistent sizes")
+        super().__init__(own_part_id(announce.version), announce.tensors, announce.total_bytes, announce.num_chunks,
+                         announce.chunk_bytes)
         self.announce = announce
-        self.buffer = bytearray(announce.total_bytes)
-        self.missing = set(range(announce.num_chunks))
 
     @property
     def version(self) -> int:
         return self.announce.version
 
-    def add(self, index: int, data: bytes | memoryview) -> bool:
-        """Store one chunk; return True when the version is complete."""
-        data = memoryview(data).cast("B")
-        start = index * self.announce.chunk_bytes
-        end = min(start + self.announce.chunk_bytes, self.announce.total_bytes)
-        if index not in range(self.announce.num_chunks) or data.nbytes != end - start:
-            raise WireError("bad_chunk", f"version {self.version} chunk {index}: {data.nbytes} bytes")
-        self.buffer[start:end] = data
-        self.missing.discard(index)
-        return not self.missing
 
-    def state(self) -> dict[str, torch.Tensor]:
-        state, offset = {}, 0
-        for spec in self.announce.tensors:
-            if spec.dtype not in _DTYPES:
-                raise WireError("bad_dtype", f"weights {spec.name}: {spec.dtype}")
-            dtype = _DTYPES[spec.dtype]
-            count = 1
-            for d in spec.shape:
-                count *= int(d)
-            nbytes = count * torch.empty(0, dtype=dtype).element_size()
-            if offset + nbytes > len(self.buffer):
-                raise WireError("bad_announce", f"weights {spec.name} run past the buffer")
-            flat = torch.frombuffer(self.buffer, dtype=dtype, count=count, offset=offset) if count else torch.empty(0, dtype=dtype)
-            state[spec.name] = flat.reshape(tuple(spec.shape)).clone()
-            offset += nbytes
-        return state
+def base_assembly(announce: pb.WeightsAnnounce) -> PartAssembly | None:
+    """An assembly for the announcement's base part, or None when it has none."""
+    if not announce.HasField("base"):
+        return None
+    base = announce.base
+    return PartAssembly(base.id, base.tensors, base.total_bytes, base.num_chunks, announce.chunk_bytes)

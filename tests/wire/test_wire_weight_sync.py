@@ -1,0 +1,176 @@
+"""Weight sync for large models: an edge that joins late or whose link drops mid-transfer ends on
+the newest version without fetching twice what it already holds, and once an edge holds the frozen
+backbone, a new version moves only the trainable bytes. Real sockets, a real TCP link that drops."""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import pytest
+import torch
+import zmq
+
+from user_rl.cloud.actor_buffers import ActorBuffers
+from user_rl.cloud.weight_server import WeightServer
+from user_rl.edge.weights import WeightReceiver
+from user_rl.testing.fault_proxy import FaultProxy
+from user_rl.testing.wait import wait_until
+from user_rl.wire.weights import PackedWeights, pack
+
+MIB = 1 << 20
+FROZEN = ["backbone.weight"]
+
+
+def model_state(seed: int) -> dict[str, torch.Tensor]:
+    """4 MiB of trainable head (changes each version) and 4 MiB of frozen backbone (never changes)."""
+    head = torch.Generator().manual_seed(seed)
+    return {"head.weight": torch.randn(1024, 1024, generator=head),
+            "backbone.weight": torch.randn(1024, 1024, generator=torch.Generator().manual_seed(1234))}
+
+
+class Server:
+    """The weight server in a thread of its own (it owns its socket); publishes go through a queue."""
+
+    def __init__(self, context: zmq.Context) -> None:
+        self.server = WeightServer(context, "tcp://127.0.0.1:0")
+        self._jobs: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                while not self._jobs.empty():
+                    version, weights, done = self._jobs.get()
+                    self.server.publish(version, weights)
+                    done.set()
+                self.server.poll(10)
+        finally:
+            self.server.close()
+
+    def publish(self, version: int, weights: PackedWeights) -> None:
+        done = threading.Event()
+        self._jobs.put((version, weights, done))
+        assert done.wait(10.0)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10.0)
+
+
+@pytest.fixture
+def context():
+    ctx = zmq.Context()
+    yield ctx
+    ctx.term()
+
+
+def held_chunks(receiver: WeightReceiver) -> int:
+    return sum(len(part.held) for part in (receiver._own, receiver._base) if part is not None)
+
+
+def assert_equal_state(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == want.keys()
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor), name
+
+
+def test_an_edge_whose_link_drops_mid_transfer_fetches_only_what_it_lacks(context) -> None:
+    server = Server(context)
+    v1 = model_state(1)
+    server.publish(1, pack(1, v1, frozen=FROZEN))
+    total = 8 * MIB
+    with FaultProxy(server.server.endpoint, bandwidth_bps=16e6) as link:  # 2 MB/s: ~4 s for the version
+        receiver = WeightReceiver(context, link.address, resend_s=1.0)
+        try:
+            wait_until(lambda: held_chunks(receiver) >= 3, 20, "three chunks of eight")
+            link.drop(1.0)  # the link resets; the chunks in flight are lost
+            held = held_chunks(receiver)
+            assert 3 <= held < 8
+            version, state = receiver.wait_for(1, timeout=30)
+            assert version == 1
+            assert_equal_state(state, v1)
+            print(f"held {held} of 8 chunks when the link dropped; resumed {receiver.resumed}x; "
+                  f"received {receiver.received_bytes / MIB:.1f} MiB, the server sent {server.server.sent_bytes / MIB:.1f} MiB")
+            assert link.drops == 1 and receiver.resumed >= 1
+            assert receiver.duplicate_chunks == 0  # nothing it held came again
+            assert receiver.received_bytes == total  # every byte once
+            assert server.server.sent_bytes < total + (8 - held) * MIB + 1  # after the drop: only what it lacked
+        finally:
+            receiver.close()
+    server.close()
+
+
+def test_an_edge_cut_off_while_a_newer_version_comes_ends_on_it_keeping_the_backbone_it_has(context) -> None:
+    server = Server(context)
+    server.publish(1, pack(1, model_state(1), frozen=FROZEN))
+    with FaultProxy(server.server.endpoint, bandwidth_bps=16e6) as link:
+        receiver = WeightReceiver(context, link.address, resend_s=1.0)
+        try:
+            # The version's own 4 MiB come first, then the backbone's: cut once part of the backbone is in.
+            wait_until(lambda: receiver._base is not None and len(receiver._base.held) >= 1, 20,
+                       "a first chunk of the backbone")
+            link.drop(3.0)
+            base_held = len(receiver._base.held)
+            v2 = model_state(2)
+            server.publish(2, pack(2, v2, frozen=FROZEN))  # while the edge is cut off
+            version, state = receiver.wait_for(1, timeout=30)
+            assert version == 2  # the newest, not the one it was collecting
+            assert_equal_state(state, v2)
+            print(f"held {base_held} of 4 backbone chunks when cut off; received {receiver.received_bytes / MIB:.1f} MiB")
+            assert receiver.duplicate_chunks == 0
+            # v1's head (4 MiB), the backbone once (4 MiB), v2's head (4 MiB): not a byte more.
+            assert receiver.received_bytes == 12 * MIB
+            assert 1 <= base_held < 4
+        finally:
+            receiver.close()
+    server.close()
+
+
+def test_a_late_edge_gets_the_newest_and_then_only_the_trainable_bytes_of_a_frozen_backbone_vla(context) -> None:
+    """The learner's own path: the trainer writes a VLA with a frozen vision encoder into shared
+    buffers, the server serves them as they are and hands each buffer back once replaced."""
+    from user_rl.hal.registry import make_robot
+    from user_rl.policies import make_actor
+
+    robot = make_robot("mujoco_reach", robot_id="probe", obs_mode="image", image_size=32, camera="top",
+                       targets="two_colours")
+    actor = make_actor("vla", robot.observation_space, robot.action_space, chunk=5, size="tiny", freeze=["encoder"])
+    robot.close()
+    buffers = ActorBuffers(actor, torch.bfloat16)
+    trainable, frozen = buffers.own_layout.total_bytes, buffers.base_layout.total_bytes
+    print(f"tiny VLA in bfloat16: {trainable:,} trainable bytes, {frozen:,} frozen")
+    assert frozen > 0 and trainable > 0
+
+    server = Server(context)
+    receiver = None
+    try:
+        for version in (1, 2, 3):
+            with torch.no_grad():
+                for p in actor.parameters():
+                    if p.requires_grad:
+                        p.add_(0.01)
+            server.publish(version, buffers.packed(buffers.write(actor)))
+        wait_until(lambda: buffers.free == 2, 5, "the replaced buffers to be handed back")
+        receiver = WeightReceiver(context, server.server.endpoint)
+        version, state = receiver.wait_for(0, timeout=10)
+        assert version == 3  # the late edge fetches the newest only
+        want = actor.state_dict()
+        for name, tensor in want.items():
+            assert torch.equal(state[name], tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor), name
+        assert receiver.received_bytes == trainable + frozen
+
+        before_edge, before_server = receiver.received_bytes, server.server.sent_bytes
+        server.publish(4, buffers.packed(buffers.write(actor)))
+        version, state = receiver.wait_for(4, timeout=10)
+        assert version == 4
+        assert receiver.received_bytes - before_edge == trainable  # the backbone stayed where it was
+        assert server.server.sent_bytes - before_server == trainable
+        for name in want:
+            assert name in state
+    finally:
+        if receiver is not None:
+            receiver.close()
+        server.close()
