@@ -174,3 +174,33 @@ def test_a_late_edge_gets_the_newest_and_then_only_the_trainable_bytes_of_a_froz
         if receiver is not None:
             receiver.close()
         server.close()
+
+
+def test_a_new_version_reuses_only_memory_no_policy_still_holds(context) -> None:
+    """The receiver assembles into an earlier version's buffer (no page faults) only once every tensor
+    of that version is gone: a policy still holding version 1 never sees it overwritten."""
+    server = Server(context)
+    receiver = WeightReceiver(context, server.server.endpoint)
+    storage = lambda state: state["head.weight"].untyped_storage().data_ptr()  # noqa: E731
+    try:
+        states = {v: model_state(v) for v in (1, 2, 3, 4)}
+        server.publish(1, pack(1, states[1], frozen=FROZEN))
+        _, held = receiver.wait_for(1, timeout=10)  # kept, as a policy that has not loaded it yet would
+        server.publish(2, pack(2, states[2], frozen=FROZEN))
+        _, second = receiver.wait_for(2, timeout=10)
+        second_memory = storage(second)
+        del second  # loaded and dropped
+        server.publish(3, pack(3, states[3], frozen=FROZEN))
+        _, third = receiver.wait_for(3, timeout=10)
+        assert storage(third) == second_memory  # the free buffer, not the held one
+        assert storage(third) != storage(held)
+        assert_equal_state(held, states[1])  # untouched
+        assert_equal_state(third, states[3])
+        del third
+        server.publish(4, pack(4, states[4], frozen=FROZEN))
+        _, fourth = receiver.wait_for(4, timeout=10)
+        assert storage(fourth) == second_memory
+        assert_equal_state(held, states[1])
+    finally:
+        receiver.close()
+        server.close()

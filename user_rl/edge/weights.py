@@ -6,7 +6,9 @@ last call. `wait_for(version)` is the explicit blocking path (evaluation, start-
 What arrived is never fetched again: a transfer that breaks off (the link drops, the learner
 restarts) resumes with the chunks still missing, and a frozen base part is kept across versions,
 so after the first version only the trainable bytes travel. The tensors handed over are views of
-the receiver's buffers (one buffer per version: no copy after the socket's).
+the receiver's buffers (one buffer per version: no copy after the socket's). A version's buffer
+is used again for a later one once none of its tensors is alive (the policy has loaded it): its
+memory is touched already, so assembling costs no page faults.
 
 A message that fails to decode is dropped and counted (`errors`). Anything else that goes wrong
 in the thread is logged with its traceback and kept in `error` (the edge's status shows it);
@@ -16,8 +18,11 @@ the receiver then starts over with a fresh socket, so the robot keeps getting ne
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
+
+import numpy as np
 
 import torch
 import zmq
@@ -28,6 +33,8 @@ from user_rl.wire.codec import WireError, decode, encode, envelope
 from user_rl.wire.weights import PartAssembly, WeightsAssembly, base_assembly
 
 log = logging.getLogger(__name__)
+
+KEEP_BUFFERS = 2  # used buffers kept for reuse (the newest's may still be loading)
 
 
 class WeightReceiver:
@@ -51,6 +58,7 @@ class WeightReceiver:
         self.completed = 0  # versions received whole
         self._own: WeightsAssembly | None = None  # the version being collected
         self._base: PartAssembly | None = None  # the frozen base: complete once held, kept across versions
+        self._used: list[np.ndarray] = []  # buffers of versions handed over, to reuse once free
         self._thread = threading.Thread(target=self._run, name="weights", daemon=True)
         self._thread.start()
 
@@ -154,6 +162,7 @@ class WeightReceiver:
                 self.completed += 1
                 self._pending = (self.version, state)
                 self._arrived.notify_all()
+            self._used = [self._own.buffer, *self._used][:KEEP_BUFFERS]
             self._own = None
             return False, True
         if msg.kind == "reject":
@@ -165,12 +174,19 @@ class WeightReceiver:
         if announce.version <= self.version:
             return
         if self._own is None or self._own.version != announce.version:
-            self._own = WeightsAssembly(announce)
+            self._own = WeightsAssembly(announce, self._free_buffer())
         base_id = announce.base.id if announce.HasField("base") else None
         if base_id is None:
             self._base = None
         elif self._base is None or self._base.id != base_id:
             self._base = base_assembly(announce)
+
+    def _free_buffer(self) -> np.ndarray | None:
+        """A used buffer none of whose tensors is alive any more (only this list refers to it)."""
+        for index in range(len(self._used)):
+            if sys.getrefcount(self._used[index]) == 2:  # the list's reference and the argument's
+                return self._used.pop(index)
+        return None
 
     def close(self) -> None:
         self._stop.set()

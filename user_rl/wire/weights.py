@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping
 
+import numpy as np
 import torch
 
 from user_rl.wire import user_rl_pb2 as pb
@@ -195,7 +196,10 @@ class PartAssembly:
     """Collects the chunks of one part; `state()` once every chunk is in (views of its buffer)."""
 
     def __init__(self, part_id: str, specs: Iterable[pb.ArraySpec], total_bytes: int, num_chunks: int,
-                 chunk_bytes: int) -> None:
+                 chunk_bytes: int, buffer: np.ndarray | None = None) -> None:
+        """`buffer`: uint8 memory to assemble into (at least `total_bytes`), e.g. an earlier version's
+        that nothing uses any more: its pages are touched already, so storing chunks costs no page
+        faults (fresh memory made a 1 MiB chunk cost 0.8 ms instead of 0.1). None allocates."""
         if num_chunks == 0 or total_bytes > num_chunks * max(chunk_bytes, 1):
             raise WireError("bad_announce", f"weights {part_id}: inconsistent sizes")
         self.id = part_id
@@ -203,8 +207,9 @@ class PartAssembly:
         if self.layout.total_bytes > total_bytes:
             raise WireError("bad_announce", f"weights {part_id}: its tensors run past its {total_bytes} bytes")
         self.total_bytes, self.num_chunks, self.chunk_bytes = total_bytes, num_chunks, chunk_bytes
-        self.buffer = byte_buffer(total_bytes)
-        self._bytes = memoryview(self.buffer.numpy()).cast("B") if total_bytes else memoryview(bytearray())
+        fits = buffer is not None and buffer.dtype == np.uint8 and buffer.ndim == 1 and len(buffer) >= total_bytes
+        self.buffer = buffer if fits else np.empty(total_bytes, np.uint8)
+        self._bytes = memoryview(self.buffer)
         self.missing = set(range(num_chunks))
         self.duplicates = 0  # chunks that arrived twice (a resumed transfer should have none)
 
@@ -230,15 +235,16 @@ class PartAssembly:
         return self.complete
 
     def state(self) -> dict[str, torch.Tensor]:
-        return self.layout.read(self.buffer)
+        """The tensors, as views of the buffer: while any of them lives, the buffer is in use."""
+        return self.layout.read(torch.from_numpy(self.buffer))
 
 
 class WeightsAssembly(PartAssembly):
     """The version's own part of an announcement (the whole version when it has no base)."""
 
-    def __init__(self, announce: pb.WeightsAnnounce) -> None:
+    def __init__(self, announce: pb.WeightsAnnounce, buffer: np.ndarray | None = None) -> None:
         super().__init__(own_part_id(announce.version), announce.tensors, announce.total_bytes, announce.num_chunks,
-                         announce.chunk_bytes)
+                         announce.chunk_bytes, buffer)
         self.announce = announce
 
     @property
