@@ -4,19 +4,17 @@ backbone, a new version moves only the trainable bytes. Real sockets, a real TCP
 
 from __future__ import annotations
 
-import queue
-import threading
 
 import pytest
 import torch
 import zmq
 
 from user_rl.cloud.actor_buffers import ActorBuffers
-from user_rl.cloud.weight_server import WeightServer
 from user_rl.edge.weights import WeightReceiver
 from user_rl.testing.fault_proxy import FaultProxy
 from user_rl.testing.wait import wait_until
-from user_rl.wire.weights import PackedWeights, pack
+from user_rl.testing.weight_server import ServerThread
+from user_rl.wire.weights import pack
 
 MIB = 1 << 20
 FROZEN = ["backbone.weight"]
@@ -27,37 +25,6 @@ def model_state(seed: int) -> dict[str, torch.Tensor]:
     head = torch.Generator().manual_seed(seed)
     return {"head.weight": torch.randn(1024, 1024, generator=head),
             "backbone.weight": torch.randn(1024, 1024, generator=torch.Generator().manual_seed(1234))}
-
-
-class Server:
-    """The weight server in a thread of its own (it owns its socket); publishes go through a queue."""
-
-    def __init__(self, context: zmq.Context) -> None:
-        self.server = WeightServer(context, "tcp://127.0.0.1:0")
-        self._jobs: queue.Queue = queue.Queue()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                while not self._jobs.empty():
-                    version, weights, done = self._jobs.get()
-                    self.server.publish(version, weights)
-                    done.set()
-                self.server.poll(10)
-        finally:
-            self.server.close()
-
-    def publish(self, version: int, weights: PackedWeights) -> None:
-        done = threading.Event()
-        self._jobs.put((version, weights, done))
-        assert done.wait(10.0)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(10.0)
 
 
 @pytest.fixture
@@ -78,11 +45,11 @@ def assert_equal_state(got: dict[str, torch.Tensor], want: dict[str, torch.Tenso
 
 
 def test_an_edge_whose_link_drops_mid_transfer_fetches_only_what_it_lacks(context) -> None:
-    server = Server(context)
+    server = ServerThread(context)
     v1 = model_state(1)
     server.publish(1, pack(1, v1, frozen=FROZEN))
     total = 8 * MIB
-    with FaultProxy(server.server.endpoint, bandwidth_bps=16e6) as link:  # 2 MB/s: ~4 s for the version
+    with FaultProxy(server.endpoint, bandwidth_bps=16e6) as link:  # 2 MB/s: ~4 s for the version
         receiver = WeightReceiver(context, link.address, resend_s=1.0)
         try:
             wait_until(lambda: held_chunks(receiver) >= 3, 20, "three chunks of eight")
@@ -104,9 +71,9 @@ def test_an_edge_whose_link_drops_mid_transfer_fetches_only_what_it_lacks(contex
 
 
 def test_an_edge_cut_off_while_a_newer_version_comes_ends_on_it_keeping_the_backbone_it_has(context) -> None:
-    server = Server(context)
+    server = ServerThread(context)
     server.publish(1, pack(1, model_state(1), frozen=FROZEN))
-    with FaultProxy(server.server.endpoint, bandwidth_bps=16e6) as link:
+    with FaultProxy(server.endpoint, bandwidth_bps=16e6) as link:
         receiver = WeightReceiver(context, link.address, resend_s=1.0)
         try:
             # The version's own 4 MiB come first, then the backbone's: cut once part of the backbone is in.
@@ -144,7 +111,7 @@ def test_a_late_edge_gets_the_newest_and_then_only_the_trainable_bytes_of_a_froz
     print(f"tiny VLA in bfloat16: {trainable:,} trainable bytes, {frozen:,} frozen")
     assert frozen > 0 and trainable > 0
 
-    server = Server(context)
+    server = ServerThread(context)
     receiver = None
     try:
         for version in (1, 2, 3):
@@ -154,7 +121,7 @@ def test_a_late_edge_gets_the_newest_and_then_only_the_trainable_bytes_of_a_froz
                         p.add_(0.01)
             server.publish(version, buffers.packed(buffers.write(actor)))
         wait_until(lambda: buffers.free == 2, 5, "the replaced buffers to be handed back")
-        receiver = WeightReceiver(context, server.server.endpoint)
+        receiver = WeightReceiver(context, server.endpoint)
         version, state = receiver.wait_for(0, timeout=10)
         assert version == 3  # the late edge fetches the newest only
         want = actor.state_dict()
@@ -179,8 +146,8 @@ def test_a_late_edge_gets_the_newest_and_then_only_the_trainable_bytes_of_a_froz
 def test_a_new_version_reuses_only_memory_no_policy_still_holds(context) -> None:
     """The receiver assembles into an earlier version's buffer (no page faults) only once every tensor
     of that version is gone: a policy still holding version 1 never sees it overwritten."""
-    server = Server(context)
-    receiver = WeightReceiver(context, server.server.endpoint)
+    server = ServerThread(context)
+    receiver = WeightReceiver(context, server.endpoint)
     storage = lambda state: state["head.weight"].untyped_storage().data_ptr()  # noqa: E731
     try:
         states = {v: model_state(v) for v in (1, 2, 3, 4)}

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 
 import pytest
 import torch
 import zmq
 
-from user_rl.cloud.weight_server import WeightServer
 from user_rl.edge.weights import WeightReceiver
+from user_rl.testing.weight_server import ServerThread
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import WireError, decode, encode, envelope
 from user_rl.wire.weights import WeightsAssembly, pack
@@ -110,38 +108,6 @@ def test_inconsistent_announce_is_refused() -> None:
 
 
 # -- live: WeightServer <-> WeightReceiver over real sockets ---------------------------------
-
-class ServerThread:
-    """Owns the WeightServer's socket in one thread; `publish` is handed over through a queue."""
-
-    def __init__(self, context: zmq.Context) -> None:
-        self.server = WeightServer(context, "tcp://127.0.0.1:0")
-        self.endpoint = self.server.endpoint
-        self._jobs: queue.Queue = queue.Queue()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                while not self._jobs.empty():
-                    version, state, done = self._jobs.get()
-                    self.server.publish(version, state)
-                    done.set()
-                self.server.poll(20)
-        finally:
-            self.server.close()
-
-    def publish(self, version: int, state: dict[str, torch.Tensor]) -> None:
-        done = threading.Event()
-        self._jobs.put((version, state, done))
-        assert done.wait(5.0)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5.0)
-
 
 @pytest.fixture
 def context():
