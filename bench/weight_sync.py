@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from user_rl.cloud.actor_buffers import ActorBuffers  # noqa: E402
 from user_rl.cloud.weight_server import WeightServer  # noqa: E402
 from user_rl.edge.weights import WeightReceiver  # noqa: E402
+from user_rl.wire.weights import byte_view  # noqa: E402
 
 CONTROL_HZ = 50
 ROW = 4096  # each tensor is (rows, 4096): a few hundred tensors, as a transformer has
@@ -148,7 +149,7 @@ def run_size(params: int, edges: int, rounds: int) -> dict:
                                                    nbytes, reports, stop), daemon=True) for i in range(edges)]
     for p in procs:
         p.start()
-    data = memoryview(buffers.own[0].numpy()).cast("B")  # the same bytes the plain copy sends
+    data = byte_view(buffers.own[0])  # the same bytes the plain copy sends
     jobs: queue.Queue = queue.Queue()
     serving = threading.Event()
     serving.set()

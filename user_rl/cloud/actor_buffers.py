@@ -20,7 +20,8 @@ import time
 import torch
 from torch import nn
 
-from user_rl.wire.weights import DEFAULT_CHUNK_BYTES, Layout, PackedWeights, Part, base_part_id, own_part_id
+from user_rl.wire.weights import (DEFAULT_CHUNK_BYTES, Layout, PackedWeights, Part, base_part_id, byte_view,
+                                  own_part_id)
 
 BUFFERS = 3  # one the server sends from, one a slow edge may still drain, one to write the next into
 
@@ -41,8 +42,7 @@ class ActorBuffers:
         self.base_id = ""
         if self.base_layout.slots:
             self.base_layout.write(self.base, state)
-            self.base_id = base_part_id(_bytes(self.base))
-        self.skipped = 0  # routine publishes skipped because every buffer was in use
+            self.base_id = base_part_id(byte_view(self.base))
 
     # -- the trainer's side ------------------------------------------------------------------------
     def write(self, actor: nn.Module, wait_s: float = 0.0) -> int | None:
@@ -53,7 +53,6 @@ class ActorBuffers:
             if len(free):
                 break
             if time.monotonic() >= deadline:
-                self.skipped += 1
                 return None
             time.sleep(0.005)
         index = int(free[0])
@@ -64,8 +63,8 @@ class ActorBuffers:
     # -- the learner's side ------------------------------------------------------------------------
     def packed(self, index: int) -> PackedWeights:
         """Buffer `index` as weights to serve (numbered when published); serving it hands it back."""
-        own = Part(own_part_id(-1), self.own_layout, _bytes(self.own[index]), self.chunk_bytes)
-        base = Part(self.base_id, self.base_layout, _bytes(self.base), self.chunk_bytes) if self.base_id else None
+        own = Part(own_part_id(-1), self.own_layout, byte_view(self.own[index]), self.chunk_bytes)
+        base = Part(self.base_id, self.base_layout, byte_view(self.base), self.chunk_bytes) if self.base_id else None
 
         def release() -> None:
             self.busy[index] = 0
@@ -76,6 +75,3 @@ class ActorBuffers:
     def free(self) -> int:
         return int((self.busy == 0).sum())
 
-
-def _bytes(buffer: torch.Tensor) -> memoryview:
-    return memoryview(buffer.numpy()).cast("B") if buffer.numel() else memoryview(b"")

@@ -57,33 +57,37 @@ class Layout:
 
     @classmethod
     def of(cls, tensors: Iterable[tuple[str, torch.Tensor]], cast_floats_to: torch.dtype | None = None) -> "Layout":
-        slots, offset = [], 0
+        entries = []
         for name, tensor in tensors:
             dtype = cast_floats_to if cast_floats_to is not None and tensor.is_floating_point() else tensor.dtype
             if dtype not in _NAMES:
                 raise ValueError(f"tensor {name}: dtype {dtype} cannot be sent")
-            nbytes = tensor.numel() * torch.empty(0, dtype=dtype).element_size()
-            offset = _aligned(offset)
-            slots.append(Slot(name, dtype, tuple(tensor.shape), offset, nbytes))
-            offset += nbytes
-        return cls(tuple(slots), offset)
+            entries.append((name, dtype, tuple(tensor.shape)))
+        return cls.packed(entries)
 
     @classmethod
     def from_specs(cls, specs: Iterable[pb.ArraySpec]) -> "Layout":
         """The layout an announcement describes; refuses dtypes and shapes no sender could have meant."""
-        slots, offset = [], 0
+        entries = []
         for spec in specs:
             if spec.dtype not in _DTYPES:
                 raise WireError("bad_dtype", f"weights {spec.name}: {spec.dtype}")
             if any(d < 0 for d in spec.shape):
                 raise WireError("bad_shape", f"weights {spec.name}: shape {list(spec.shape)}")
-            dtype, shape = _DTYPES[spec.dtype], tuple(int(d) for d in spec.shape)
+            entries.append((spec.name, _DTYPES[spec.dtype], tuple(int(d) for d in spec.shape)))
+        return cls.packed(entries)
+
+    @classmethod
+    def packed(cls, entries: Iterable[tuple[str, torch.dtype, tuple[int, ...]]]) -> "Layout":
+        """(name, dtype, shape) one after the other, each at an aligned offset: the one rule both sides use."""
+        slots, offset = [], 0
+        for name, dtype, shape in entries:
             count = 1
             for d in shape:
                 count *= d
             nbytes = count * torch.empty(0, dtype=dtype).element_size()
             offset = _aligned(offset)
-            slots.append(Slot(spec.name, dtype, shape, offset, nbytes))
+            slots.append(Slot(name, dtype, shape, offset, nbytes))
             offset += nbytes
         return cls(tuple(slots), offset)
 
@@ -166,8 +170,9 @@ def base_part_id(data: memoryview) -> str:
     return "base:" + hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def byte_buffer(nbytes: int) -> torch.Tensor:
-    return torch.empty(nbytes, dtype=torch.uint8)
+def byte_view(buffer: torch.Tensor) -> memoryview:
+    """A uint8 CPU tensor's bytes, without a copy."""
+    return memoryview(buffer.numpy()).cast("B") if buffer.numel() else memoryview(b"")
 
 
 def pack(
@@ -182,9 +187,9 @@ def pack(
     parts = []
     for names in ([n for n in state if n not in frozen], [n for n in state if n in frozen]):
         layout = Layout.of(((n, state[n]) for n in names), cast_floats_to)
-        buffer = byte_buffer(layout.total_bytes)
+        buffer = torch.empty(layout.total_bytes, dtype=torch.uint8)
         layout.write(buffer, state)
-        parts.append((layout, memoryview(buffer.numpy()).cast("B")))
+        parts.append((layout, byte_view(buffer)))
     (own_layout, own_data), (base_layout, base_data) = parts
     base = Part(base_part_id(base_data), base_layout, base_data, chunk_bytes) if base_layout.slots else None
     return PackedWeights(version, Part(own_part_id(version), own_layout, own_data, chunk_bytes), base)
