@@ -45,6 +45,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from user_rl.cloud.actor_buffers import ActorBuffers  # noqa: E402
 from user_rl.cloud.weight_server import WeightServer  # noqa: E402
+from user_rl.edge.jitter import keep_startup_objects_out_of_gc  # noqa: E402
 from user_rl.edge.weights import WeightReceiver  # noqa: E402
 from user_rl.wire.weights import byte_view  # noqa: E402
 
@@ -68,6 +69,7 @@ class Model(nn.Module):
 def edge_main(index: int, weights_address: str, plain_address: str, shapes: dict, rounds: int, nbytes: int,
               reports: mp.Queue, stop: mp.Event) -> None:
     pin(index == 0)
+    keep_startup_objects_out_of_gc()  # as the edge daemon does before its loop
     torch.set_num_threads(1)
     context = zmq.Context()
     model = {name: torch.empty(shape, dtype=torch.bfloat16) for name, shape in shapes.items()}

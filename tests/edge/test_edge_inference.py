@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from user_rl.edge.inference import AsyncChunkRunner
+from user_rl.policies.chunking import ChunkRunner
 
 HORIZON = 8
 PERIOD_S = 0.02  # 50 Hz
@@ -63,13 +64,17 @@ class SlowChunkPolicy(nn.Module):
         return actions.view(1, HORIZON, 1)
 
 
-def run_loop(runner: AsyncChunkRunner, clock: SteppedClock, steps: int) -> tuple[list[float], list[float]]:
-    """A 50 Hz control loop: (executed actions, the robot-side time of each step)."""
+def run_loop(runner: AsyncChunkRunner, clock: SteppedClock, steps: int,
+             versions: list[int] | None = None) -> tuple[list[float], list[float]]:
+    """A 50 Hz control loop: (executed actions, the robot-side time of each step); `versions` gets the
+    policy version each step's action came from."""
     executed, stamps = [], []
     next_tick = time.monotonic()
     for _ in range(steps):
         action, _ = runner({"step": np.array([clock.steps], np.float32)})
         executed.append(float(action[0]))
+        if versions is not None:
+            versions.append(runner.version)
         stamps.append(time.monotonic())  # the robot steps
         clock.tick()
         next_tick = max(next_tick + PERIOD_S, time.monotonic())  # late: the next period starts now
@@ -136,16 +141,35 @@ def test_weights_are_swapped_by_the_worker_between_inferences() -> None:
     clock = SteppedClock()
     policy = SlowChunkPolicy(clock, latency_s=0.005)
     runner = AsyncChunkRunner(policy, period_s=PERIOD_S)
+    versions: list[int] = []
     try:
-        run_loop(runner, clock, 10)
-        runner.swap({"bias": torch.tensor(0.5)})
-        executed, _ = run_loop(runner, clock, 3 * HORIZON)
+        runner.swap({"bias": torch.tensor(0.0)}, version=3)
+        before, _ = run_loop(runner, clock, 10, versions)
+        runner.swap({"bias": torch.tensor(0.5)}, version=7)
+        executed, _ = run_loop(runner, clock, 3 * HORIZON, versions)
     finally:
         finish(runner, clock)
     # Chunks inferred after the swap carry the new bias; none is half old, half new.
     fractions = {round(a % 1, 2) for a in executed}
     assert 0.5 in fractions and fractions <= {0.0, 0.5}
     assert executed.index(next(a for a in executed if round(a % 1, 2) == 0.5)) <= HORIZON
+    # Each step names the version that planned its action (what the edge stamps on the row), not the
+    # newest one received: the old chunk runs out under the old version.
+    assert versions == [7 if round(a % 1, 2) == 0.5 else 3 for a in before + executed]
+    assert versions[10] == 3
+
+
+def test_the_in_loop_runner_also_names_the_version_that_planned_each_action() -> None:
+    clock = SteppedClock()
+    runner = ChunkRunner(SlowChunkPolicy(clock))
+    runner.swap({"bias": torch.tensor(0.0)}, version=3)
+    versions = []
+    for step in range(3 * HORIZON):
+        if step == HORIZON + 2:
+            runner.swap({"bias": torch.tensor(0.5)}, version=7)  # two actions into the second chunk
+        runner({"step": np.array([step], np.float32)})
+        versions.append(runner.version)
+    assert versions == [3] * (2 * HORIZON) + [7] * HORIZON
 
 
 def test_a_failing_inference_raises_in_the_control_loop() -> None:

@@ -32,6 +32,7 @@ from collections import Counter, OrderedDict
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import zmq
 
 from user_rl.cloud.buffer.rows import StreamState
@@ -39,6 +40,7 @@ from user_rl.cloud.buffer.store import PersistentReplay
 from user_rl.cloud.credit import StepCredit
 from user_rl.cloud.peer_guard import PeerGuard
 from user_rl.cloud.sessions import RobotSession
+from user_rl.cloud.staleness import PublishedVersions, row_lags
 from user_rl.config import BufferConfig
 from user_rl.security.curve import Gatekeeper, secure_server, split_user_id
 from user_rl.wire import user_rl_pb2 as pb
@@ -97,7 +99,9 @@ class Ingest:
         self.credit = StepCredit()  # paced fleets: the learner sets its increment and the step budget
         self.lost_batches = 0
         self.episode_ends = 0  # count-0 batches that ended an episode (e-stop, hold)
-        self.policy_version = -1
+        self.policy_version = -1  # the newest published
+        self.published = PublishedVersions()
+        self.stale_transitions = 0  # stored rows whose policy lagged more than buffer.max_policy_lag
         self._max_logged = max_rejects_logged
 
     # -- receiving -------------------------------------------------------------------------
@@ -201,6 +205,7 @@ class Ingest:
             hb = msg.body
             session.heartbeat = {"env_steps": hb.env_steps, "steps_per_second": hb.steps_per_second,
                                  "policy_version": hb.policy_version, "unacked": hb.unacked_batches,
+                                 "policy_lag": self._lag(hb.policy_version),
                                  "backlog_bytes": hb.backlog_bytes, "dropped_transitions": hb.dropped_transitions,
                                  "safety_violations": dict(hb.safety_violations), "watchdog_holds": hb.watchdog_holds,
                                  "estopped": hb.estopped or None, "intervention_steps": hb.intervention_steps,
@@ -247,6 +252,7 @@ class Ingest:
                 self.credit.forget(old.stream)
                 session.transitions, session.episodes, session.versions = old.transitions, old.episodes, old.versions
                 session.streams = old.streams + 1
+                session.stale_transitions = old.stale_transitions
             self.robots[robot_id] = session
             log.info("robot %s joined (epoch %d, %d batches already stored)", robot_id, hello.stream_epoch,
                      stream.durable_seq)
@@ -317,8 +323,12 @@ class Ingest:
             return
         arrays = decode_columns(msg.arrays, self.obs_space, body.count, DECODED_PER_MESSAGE * self.max_message_bytes)
         validate_batch(arrays, body.count, self.obs_space, self.action_space)
+        arrays["policy_lag"] = row_lags(arrays, self.published)
         self.buffer.add(stream, body.seq, arrays)
-        session.account(arrays)
+        max_lag = self.buffer_settings.max_policy_lag
+        stale = 0 if max_lag is None else int(np.count_nonzero(arrays["policy_lag"] > max_lag))
+        self.stale_transitions += stale
+        session.account(arrays, stale)
 
     def _stream(self, session: RobotSession, epoch: int) -> StreamState:
         """The stream a batch belongs to: the session's, or an older epoch its hello announced."""
@@ -368,6 +378,7 @@ class Ingest:
             "credit_outstanding": self.credit.outstanding(),
             "lost_batches": self.lost_batches,
             "episode_ends": self.episode_ends,
+            "stale_transitions": self.stale_transitions,
         }
 
     # -- replying --------------------------------------------------------------------------
@@ -390,6 +401,15 @@ class Ingest:
         if stream is not session.stream or self.buffer is None:
             return 0
         return self.credit.grant(stream, self.buffer.records)
+
+    def _lag(self, version: int) -> int | None:
+        """Versions published after `version` (None: the robot acts without a policy yet)."""
+        return int(self.published.behind(np.array([version]))[0]) if version >= 0 else None
+
+    def publish(self, version: int) -> None:
+        """A new policy version is out: acks name it, and rows of older ones count as lagging behind it."""
+        self.published.add(version)
+        self.policy_version = version
 
     def push_credit(self) -> None:
         """Tell every robot its new step credit and the newest policy version."""

@@ -312,7 +312,8 @@ class Learner:
         """Publish under a fresh version, reserved on disk first (ingest thread, or before it starts)."""
         version = self.lease.next()
         self.weights.publish(version, state)
-        self.ingest.policy_version = self.version = version
+        self.ingest.publish(version)
+        self.version = version
 
     # -- the ingest thread -----------------------------------------------------------------
     def _ingest_loop(self) -> None:

@@ -41,6 +41,7 @@ class RobotSession:
     heartbeat: dict = field(default_factory=dict)
     streams: int = 1  # stream epochs seen: each restart of the robot's edge daemon starts a new one
     detached: bool = False  # the robot said it is leaving (a clean detach, not a failure)
+    stale_transitions: int = 0  # stored rows whose policy lagged more than buffer.max_policy_lag
     lost_batches: int = 0  # batches the edge could not read back from its spool (explicit gaps)
     connections: dict[bytes, None] = field(default_factory=dict)  # said hello for it; least recently heard first
     recent_interventions: deque = field(default_factory=deque)  # (rows, intervened rows) per recent batch
@@ -66,6 +67,9 @@ class RobotSession:
             "episodes": self.episodes,
             "policy_versions": len([v for v in self.versions if v >= 0]),  # -1: random warm-up
             "latest_version": max(self.versions, default=-1),
+            "acting_version": self.heartbeat.get("policy_version"),  # what it acts with, at its last heartbeat
+            "policy_lag": self.heartbeat.get("policy_lag"),  # versions published since that one
+            "stale_transitions": self.stale_transitions,
             "recent_return": float(np.mean(self.recent_returns)) if self.recent_returns else None,
             "recent_success": float(np.mean(self.recent_success)) if self.recent_success else None,
             "steps_per_second": self.heartbeat.get("steps_per_second", 0.0),
@@ -89,9 +93,11 @@ class RobotSession:
         rows = sum(n for n, _ in self.recent_interventions)
         return round(sum(k for _, k in self.recent_interventions) / rows, 4) if rows else 0.0
 
-    def account(self, cols: dict[str, np.ndarray]) -> None:
-        """Counters and recent returns / success / interventions from one stored batch."""
+    def account(self, cols: dict[str, np.ndarray], stale: int = 0) -> None:
+        """Counters and recent returns / success / interventions from one stored batch (`stale` of its
+        rows lagged more than the buffer's max_policy_lag)."""
         self.transitions += len(cols["reward"])
+        self.stale_transitions += stale
         self.recent_interventions.append((len(cols["actor"]), int(np.count_nonzero(intervened(cols["actor"])))))
         while sum(n for n, _ in self.recent_interventions) - self.recent_interventions[0][0] >= RATE_WINDOW_ROWS:
             self.recent_interventions.popleft()

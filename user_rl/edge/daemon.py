@@ -31,7 +31,7 @@ from user_rl.edge.adapt import BacklogAdapter
 from user_rl.edge.batching import BatchBuilder
 from user_rl.edge.inference import AsyncChunkRunner
 from user_rl.edge.intervention import InterventionMux, StepView
-from user_rl.edge.jitter import LoopJitter
+from user_rl.edge.jitter import LoopJitter, keep_startup_objects_out_of_gc
 from user_rl.edge.link import DataLink, LinkSettings
 from user_rl.edge.operator import OperatorRequests, StepRecord
 from user_rl.edge.weights import WeightReceiver
@@ -131,8 +131,14 @@ class EdgeDaemon:
         new = self.weights.poll_new()
         if new is not None:
             version, state = new
-            self.chunks.swap(state)  # the async runner loads it between two inferences, off this loop
+            self.chunks.swap(state, version)  # the async runner loads it between two inferences, off this loop
             self.policy_version = version
+
+    @property
+    def acting_version(self) -> int:
+        """The version whose chunk the robot runs now: the newest one handed over only takes over with
+        the next chunk. (-1: random warm-up; weights put into the actor directly count as the newest.)"""
+        return self.chunks.version if self.chunks.version >= 0 else self.policy_version
 
     def _choose_action(self, obs: dict[str, np.ndarray]) -> tuple[np.ndarray, int, np.ndarray, int]:
         """(action, who chose it, the policy's proposal, its index in its chunk). The policy proposes
@@ -172,7 +178,7 @@ class EdgeDaemon:
         if now - self._last_heartbeat > self.settings.heartbeat_s:
             self._update_rate(now)
             self.link.heartbeat(env_steps=self.steps, episodes=self.episodes,
-                                policy_version=self.policy_version, steps_per_second=self.steps_per_second,
+                                policy_version=self.acting_version, steps_per_second=self.steps_per_second,
                                 safety_violations=self._violations(), watchdog_holds=self.watchdog.holds,
                                 estopped=self.estop.tripped() or "",
                                 intervention_steps=self.interventions.intervention_steps,
@@ -269,7 +275,8 @@ class EdgeDaemon:
     # -- the loop -----------------------------------------------------------------------------
     def run(self, max_steps: int | None = None) -> dict:
         s = self.settings
-        self.link.hello(self.policy_version)
+        keep_startup_objects_out_of_gc()
+        self.link.hello(self.acting_version)
         obs, seed = None, s.seed  # None: a new episode starts (reset) before the next step
         period = 1.0 / s.control_hz if s.control_hz > 0 else 0.0
         next_tick = time.monotonic()
@@ -307,14 +314,14 @@ class EdgeDaemon:
                 self._batch_started = time.monotonic()
             self.batch.add(
                 obs, result.action_applied, reward, terminated, truncated,
-                episode=self.episodes, step=self._episode_step, policy_version=self.policy_version,
+                episode=self.episodes, step=self._episode_step, policy_version=self.acting_version,
                 actor=actor, label=label, sensor_time=time.time(),
                 final_obs=result.observation if ended else None,
                 label_by=label_by if label != pb.LABEL_NONE else pb.LABEL_BY_ENV,
                 policy_action=proposal, chunk_step=chunk_step,
             )
             self._tell_watchers(StepRecord(result.observation, result.action_applied, proposal, actor, reward,
-                                           self.episodes, self._episode_step, self.policy_version, ended, label,
+                                           self.episodes, self._episode_step, self.acting_version, ended, label,
                                            sent_at))
             self.steps += 1
             self._episode_step += 1
@@ -379,7 +386,8 @@ class EdgeDaemon:
             "link_error": self.link.handshake_error,
             "steps": self.steps,
             "episodes": self.episodes,
-            "policy_version": self.policy_version,
+            "policy_version": self.acting_version,
+            "newest_version": self.policy_version,  # received; takes over at the next chunk or episode
             "steps_per_second": self.steps_per_second,
             "unacked_batches": self.link.unacked,
             "backlog_bytes": self.link.spool.bytes_used,

@@ -52,11 +52,13 @@ class AsyncChunkRunner:
         self.margin_steps = margin_steps
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chunk-inference")
         self._swap_lock = threading.Lock()
-        self._new_state: dict[str, torch.Tensor] | None = None
+        self._new_state: tuple[dict[str, torch.Tensor], int] | None = None
+        self._loaded = -1            # the version of the weights the worker has loaded
         self._pending: Future | None = None
         self._pending_step = 0       # the step whose observation the pending inference reads
         self._chunk: np.ndarray | None = None
         self._chunk_step = 0         # the step the chunk in hand was planned from
+        self.version = -1            # the version of the weights that planned the chunk in hand
         self._step = 0               # control steps since the last restart
         self.period_s = period_s or 0.0
         self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
@@ -66,24 +68,28 @@ class AsyncChunkRunner:
         self.chunk_age = 0           # steps between the chunk's observation and the action just returned
 
     # -- weights -------------------------------------------------------------------------------
-    def swap(self, state: dict[str, torch.Tensor]) -> None:
-        """New weights, loaded by the worker before its next inference (the newest one wins)."""
+    def swap(self, state: dict[str, torch.Tensor], version: int = -1) -> None:
+        """New weights (policy `version`), loaded by the worker before its next inference (the newest
+        one wins)."""
         with self._swap_lock:
-            self._new_state = state
+            self._new_state = (state, version)
 
-    def _load_pending_weights(self) -> None:
+    def _load_pending_weights(self) -> int:
+        """Load weights handed over since the last inference; the version now loaded."""
         with self._swap_lock:
-            state, self._new_state = self._new_state, None
-        if state is not None:
-            self.actor.load_state_dict(state)
+            new, self._new_state = self._new_state, None
+        if new is not None:
+            self.actor.load_state_dict(new[0])
+            self._loaded = new[1]
+        return self._loaded
 
     # -- inference -----------------------------------------------------------------------------
     @torch.no_grad()
-    def _infer(self, obs: dict[str, np.ndarray]) -> tuple[np.ndarray, float]:
-        self._load_pending_weights()
+    def _infer(self, obs: dict[str, np.ndarray]) -> tuple[np.ndarray, float, int]:
+        version = self._load_pending_weights()
         started = time.monotonic()
         chunk = infer_chunk(self.actor, obs, self.deterministic, self.device)
-        return chunk, time.monotonic() - started
+        return chunk, time.monotonic() - started, version
 
     def _submit(self, obs: dict[str, np.ndarray]) -> None:
         self._pending = self._worker.submit(self._infer, {k: np.array(v) for k, v in obs.items()})
@@ -93,13 +99,13 @@ class AsyncChunkRunner:
         """Switch to the finished inference's chunk at the index of this step (or drop it if stale)."""
         assert self._pending is not None
         future, planned_at, self._pending = self._pending, self._pending_step, None
-        chunk, latency = future.result()  # an inference that raised raises here, in the loop
+        chunk, latency, version = future.result()  # an inference that raised raises here, in the loop
         self.latencies.append(latency)
         self.inferences += 1
         if self._step - planned_at >= len(chunk):
             self.stale_chunks += 1
             return
-        self._chunk, self._chunk_step = chunk, planned_at
+        self._chunk, self._chunk_step, self.version = chunk, planned_at, version
 
     def lead_steps(self) -> int:
         """How many steps before the chunk in hand runs out the next inference must start."""

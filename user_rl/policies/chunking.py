@@ -39,14 +39,17 @@ class ChunkRunner:
         self._chunk: np.ndarray | None = None
         self._next = 0
         self.inferences = 0
+        self._loaded = -1   # the version of the weights loaded
+        self.version = -1   # the version of the weights that planned the chunk in hand
 
     def restart(self) -> None:
         """The next action starts a new chunk."""
         self._chunk = None
 
-    def swap(self, state: dict[str, torch.Tensor]) -> None:
-        """New weights, for the next chunk (the one in hand runs to its end)."""
+    def swap(self, state: dict[str, torch.Tensor], version: int = -1) -> None:
+        """New weights (policy `version`), for the next chunk (the one in hand runs to its end)."""
         self.actor.load_state_dict(state)
+        self._loaded = version
 
     @torch.no_grad()
     def __call__(self, obs: dict[str, np.ndarray]) -> tuple[np.ndarray, int]:
@@ -55,6 +58,7 @@ class ChunkRunner:
             self._chunk = infer_chunk(self.actor, obs, self.deterministic)
             self._next = 0
             self.inferences += 1
+            self.version = self._loaded
         index = self._next
         self._next += 1
         return self._chunk[index], index

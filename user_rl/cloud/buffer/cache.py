@@ -17,12 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from user_rl.cloud.buffer.rows import successors
+from user_rl.cloud.buffer.rows import DEFAULTED_COLUMNS, successors
 from user_rl.cloud.buffer.sampling import SOURCES, Growable
-from user_rl.wire.transitions import OPTIONAL_COLUMNS, intervened
+from user_rl.wire.transitions import intervened
 
 INTERVENTION = SOURCES.index("intervention")
-CATALOG = {"position": np.int64, "next": np.int64, "order": np.int64, "source": np.uint8, "task": np.int32}
+CATALOG = {"position": np.int64, "next": np.int64, "order": np.int64, "source": np.uint8, "task": np.int32,
+           "stale": np.bool_}
 
 
 @dataclass
@@ -36,8 +37,13 @@ class SlotInfo:
 
 
 class SlotCache:
-    def __init__(self, schema: dict[str, tuple[np.dtype, tuple]], segment_rows: int, slots: int) -> None:
+    def __init__(self, schema: dict[str, tuple[np.dtype, tuple]], segment_rows: int, slots: int,
+                 max_policy_lag: int | None = None, drop_stale: bool = False) -> None:
+        """`max_policy_lag`: rows whose policy lagged more (`staleness.py`) are marked stale in the
+        catalog, or left out of it with `drop_stale`."""
         self.schema = schema
+        self.max_policy_lag = max_policy_lag
+        self.drop_stale = drop_stale
         self.segment_rows = segment_rows
         self.slots = slots + 1  # plus the spare
         # np.zeros maps pages lazily: an unused slot costs no RAM.
@@ -69,8 +75,8 @@ class SlotCache:
              pinned: bool = False, row_filter: np.ndarray | None = None) -> None:
         """Copy a segment's rows into a slot (the caller makes sure nobody samples it meanwhile)."""
         for name, array in self.arrays.items():
-            # a segment written before an optional column existed reads as its default, 0
-            array[slot, :rows] = columns[name][:rows] if name in columns or name not in OPTIONAL_COLUMNS else 0
+            # a segment written before a defaulted column existed reads it as 0
+            array[slot, :rows] = columns[name][:rows] if name in columns or name not in DEFAULTED_COLUMNS else 0
         self.info[slot] = SlotInfo(segment, rows, source, time.monotonic(), pinned, row_filter)
         self.refresh(slot)
 
@@ -143,6 +149,10 @@ class SlotCache:
 
     def _catalog_append(self, slot: int, rows: np.ndarray, successor: np.ndarray) -> None:
         info, base = self.info[slot], slot * self.segment_rows
+        stale = (np.zeros(len(rows), bool) if self.max_policy_lag is None
+                 else self.arrays["policy_lag"][slot, rows] > self.max_policy_lag)
+        if self.drop_stale:
+            rows, successor, stale = rows[~stale], successor[~stale], stale[~stale]
         by_someone = intervened(self.arrays["actor"][slot, rows])
         cat = self._catalog
         cat["position"].append(base + rows)
@@ -150,6 +160,7 @@ class SlotCache:
         cat["order"].append(info.segment * self.segment_rows + rows)
         cat["source"].append(np.where(by_someone, INTERVENTION, info.source).astype(np.uint8))
         cat["task"].append(self.arrays["task"][slot, rows])
+        cat["stale"].append(stale)
 
     def successor(self, position: np.ndarray) -> np.ndarray:
         """Flat position of each transition's next-observation row (same slot)."""

@@ -29,7 +29,11 @@ ROW_COLUMNS: dict[str, np.dtype] = {
     "kind": np.dtype(np.uint8),
     "prev_row": np.dtype(np.int32),
     "task": np.dtype(np.int32),
+    "policy_lag": np.dtype(np.int32),  # versions published after the acting one when the row arrived (staleness.py)
 }
+# Columns a row may lack: the wire's optional ones, and the lag (segments written before it existed).
+# They read as 0.
+DEFAULTED_COLUMNS: dict[str, np.dtype] = {**OPTIONAL_COLUMNS, "policy_lag": ROW_COLUMNS["policy_lag"]}
 Columns = dict[str, np.ndarray]
 
 
@@ -131,7 +135,7 @@ def _records(cols: Columns, n: int, prev: np.ndarray, schema: dict, stream: Stre
             rows[name] = cols[name]
         elif name == POLICY_ACTION:
             rows[name] = cols["action"]
-        elif name in OPTIONAL_COLUMNS:
+        elif name in DEFAULTED_COLUMNS:
             rows[name] = np.zeros(n, dtype)
     rows["stream"] = np.full(n, stream.record.id, np.int32)
     rows["kind"] = np.full(n, KIND_RECORD, np.uint8)

@@ -48,6 +48,7 @@ from user_rl.wire.transitions import FINAL_OBS, FINAL_ROW, OBS, POLICY_ACTION, i
 log = logging.getLogger(__name__)
 NEXT_OBS = "next_" + OBS
 ONLINE = SOURCES.index("online")
+STALE_REDRAWS = 8  # rounds of rejection that down-weight stale transitions in a batch
 
 
 class BufferWriteError(OSError):
@@ -75,7 +76,8 @@ class PersistentReplay(StreamRegistry):
         self.index = BufferIndex(self.dir / "index.sqlite")
         self.segment_rows = open_meta(self.index, obs_space, action_space, self.schema, s.segment_mb)
         slot_bytes = self.segment_rows * row_bytes(self.schema)
-        self.cache = SlotCache(self.schema, self.segment_rows, max(2, int(s.ram_budget_mb * 2**20 // slot_bytes)))
+        self.cache = SlotCache(self.schema, self.segment_rows, max(2, int(s.ram_budget_mb * 2**20 // slot_bytes)),
+                               s.max_policy_lag, drop_stale=s.stale_data == "drop")
         self.sampler = Sampler(SamplerSettings(s.strategy, s.recency_half_life, s.mix))
         self._lock = threading.RLock()  # the cache, its catalog and the counters: ingest vs sampler thread
         self.streams: dict[tuple[str, int], StreamState] = {}
@@ -367,8 +369,9 @@ class PersistentReplay(StreamRegistry):
         with self._lock:
             self.prefetcher.install_ready()
             catalog = self.cache.catalog_columns()
-            picked = self.sampler.draw_first(len(catalog["position"]), catalog["order"].data, catalog["source"].data,
-                                             catalog["task"].data, batch_size, rng, self.cache.version)
+            picked = self._draw(catalog, batch_size, rng)
+            if self.settings.max_policy_lag is not None and self.settings.stale_data == "downweight":
+                self._redraw_stale(picked, catalog, rng)
             position = catalog["position"].data[picked]
             flat = self.cache.flat
             n, horizon = self.settings.n_step, self.settings.action_horizon
@@ -396,6 +399,24 @@ class PersistentReplay(StreamRegistry):
                 batch["chunk_actor"], batch["chunk_step"] = flat["actor"][rows], flat["chunk_step"][rows]
         self.prefetcher.sampled()
         return batch
+
+    def _draw(self, catalog: dict, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+        return self.sampler.draw_first(len(catalog["position"]), catalog["order"].data, catalog["source"].data,
+                                       catalog["task"].data, batch_size, rng, self.cache.version)
+
+    def _redraw_stale(self, picked: np.ndarray, catalog: dict, rng: np.random.Generator) -> None:
+        """Down-weight stale transitions by rejection: each drawn stale one is kept with probability
+        `stale_weight`, else its place is drawn again. A draw lays its rows out by source the same way
+        every time, so a redrawn place keeps its source. After `STALE_REDRAWS` rounds what is left stays
+        (only a buffer of almost nothing but stale data gets there)."""
+        stale, weight = catalog["stale"].data, self.settings.stale_weight
+        undecided = np.ones(len(picked), bool)  # places whose draw has not been kept or rejected yet
+        for _ in range(STALE_REDRAWS):
+            rejected = undecided & stale[picked] & (rng.random(len(picked)) >= weight)
+            if not rejected.any():
+                return
+            picked[rejected] = self._draw(catalog, len(picked), rng)[rejected]
+            undecided = rejected
 
     # -- inspection and shutdown ---------------------------------------------------------------
     def batch_keys(self) -> set[tuple[str, int, int]]:

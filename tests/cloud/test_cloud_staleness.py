@@ -1,0 +1,112 @@
+"""Staleness control: rows from a policy that lagged the newest by more than `buffer.max_policy_lag`
+versions are down-weighted or dropped as configured, counted per robot and shown in the status.
+
+Real edge links to a real ingest; the lag is stamped as batches arrive and stored with the rows, so
+a buffer reopened under another setting applies that one."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from tests.cloud.test_cloud_ingest import ACTION_SPACE, OBS_SPACE, welcomed_link, wait_until
+from user_rl.cloud.buffer.store import PersistentReplay
+from user_rl.cloud.ingest import Ingest
+from user_rl.config import BufferConfig
+from user_rl.edge.batching import BatchBuilder
+from user_rl.testing.wait import serving
+from user_rl.wire import user_rl_pb2 as pb
+
+MAX_LAG = 2
+ROWS = 200  # per kind of row below
+DRAWS = 40  # batches of 1000 sampled per setting
+
+
+def episode_rows(policy_version: int, actor: int, first_episode: int, rows: int = ROWS) -> tuple[int, dict]:
+    """`rows` steps in episodes of 10, each acted by `actor` with `policy_version`."""
+    builder = BatchBuilder(OBS_SPACE, ACTION_SPACE, capacity=rows)
+    for i in range(rows):
+        episode, step = first_episode + i // 10, i % 10
+        obs = {"image": np.zeros((4, 4, 3), np.uint8), "state": np.full(3, step / 10, np.float32)}
+        builder.add(obs, np.zeros(2, np.float32), 0.0, False, step == 9, episode=episode, step=step,
+                    policy_version=policy_version, actor=actor, label=pb.LABEL_NONE, sensor_time=time.time(),
+                    final_obs=obs if step == 9 else None)
+    return builder.take()
+
+
+def stale_share(buffer: PersistentReplay, seed: int = 0) -> float:
+    """Share of sampled transitions that the lagging policy (version 1) acted."""
+    rng = np.random.default_rng(seed)
+    batches = [buffer.sample(1000, rng) for _ in range(DRAWS)]
+    stale = [(b["policy_version"] == 1) & (b["actor"] == pb.ACTOR_POLICY) for b in batches]
+    return float(np.mean(np.concatenate(stale)))
+
+
+def test_rows_of_a_lagging_policy_are_counted_shown_and_weighted_as_configured(context: zmq.Context,
+                                                                               tmp_path) -> None:
+    settings = BufferConfig(max_policy_lag=MAX_LAG, stale_data="downweight", stale_weight=0.25)
+    ingest = Ingest(context, "tcp://127.0.0.1:0", tmp_path / "buffer", settings)
+    for version in (1, 2, 3, 4, 5):
+        ingest.publish(version)
+    with serving(lambda: ingest.poll(50)) as crashed:
+        fresh = welcomed_link(context, ingest, "edge-fresh", epoch=1)
+        behind = welcomed_link(context, ingest, "edge-behind", epoch=1)
+        try:
+            fresh.send_batch(*episode_rows(5, pb.ACTOR_POLICY, 0))       # lag 0
+            fresh.send_batch(*episode_rows(3, pb.ACTOR_POLICY, 20))      # lag 2: still used as is
+            behind.send_batch(*episode_rows(-1, pb.ACTOR_WARMUP, 0))     # random warm-up: no policy lag
+            behind.send_batch(*episode_rows(1, pb.ACTOR_POLICY, 20))     # lag 4: stale
+            behind.send_batch(*episode_rows(1, pb.ACTOR_HUMAN, 40))      # a person acted: not the old policy's
+            behind.heartbeat(env_steps=3 * ROWS, policy_version=1)
+            wait_until(lambda: not fresh.unacked and not behind.unacked,
+                       pump=lambda: (fresh.poll(10), behind.poll(10)))
+            wait_until(lambda: ingest.robots["edge-behind"].heartbeat.get("policy_lag") is not None)
+            robots = {rid: s.summary() for rid, s in ingest.robots.items()}
+            assert robots["edge-behind"]["stale_transitions"] == ROWS
+            assert robots["edge-behind"]["acting_version"] == 1 and robots["edge-behind"]["policy_lag"] == 4
+            assert robots["edge-fresh"]["stale_transitions"] == 0
+            assert ingest.report()["stale_transitions"] == ROWS
+            downweighted = stale_share(ingest.buffer)
+        finally:
+            fresh.close()
+            behind.close()
+    ingest.close()
+    assert not crashed, crashed
+
+    def reopened(**changes) -> PersistentReplay:
+        return PersistentReplay(tmp_path / "buffer", OBS_SPACE, ACTION_SPACE, settings.model_copy(update=changes))
+
+    with_no_limit = reopened(max_policy_lag=None)
+    try:
+        lag = with_no_limit.sample(4000, np.random.default_rng(1))
+        by_policy_v1 = (lag["policy_version"] == 1) & (lag["actor"] == pb.ACTOR_POLICY)
+        assert by_policy_v1.any()
+        raw = stale_share(with_no_limit)
+    finally:
+        with_no_limit.close()
+    dropped = reopened(stale_data="drop")
+    try:
+        assert stale_share(dropped) == 0.0
+    finally:
+        dropped.close()
+    # Five kinds of rows, 200 transitions each: a fifth are stale. Drawn a quarter as often as a fresh
+    # one, their share is w p / (w p + 1 - p).
+    assert raw == pytest.approx(0.2, abs=0.02)
+    assert downweighted == pytest.approx(0.25 * raw / (0.25 * raw + 1 - raw), abs=0.015)
+
+
+def test_a_lag_counts_published_versions_not_version_numbers() -> None:
+    """A restarted learner skips up to a block of numbers: the gap is no policy update."""
+    from user_rl.cloud.staleness import PublishedVersions, row_lags
+
+    published = PublishedVersions()
+    for version in (7, 8, 101, 102):  # a restart between 8 and 101
+        published.add(version)
+    versions = np.array([8, 9, 101, 102, -1, 8])
+    actor = np.array([pb.ACTOR_POLICY] * 4 + [pb.ACTOR_WARMUP, pb.ACTOR_HUMAN], np.uint8)
+    np.testing.assert_array_equal(row_lags({"policy_version": versions, "actor": actor}, published), [2, 2, 1, 0, 0, 0])
+    with pytest.raises(ValueError, match="only grow"):
+        published.add(102)
