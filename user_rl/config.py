@@ -262,9 +262,8 @@ class BufferConfig(Section):
     n_step: int = Field(1, ge=1, le=64, description="rewards summed per transition; algo qc sets it to policy.chunk")
     action_horizon: int = Field(1, ge=1, le=64, description="future actions sampled per row (action_chunk, "
                                                              "chunk_mask); set to policy.chunk by the run")
-    max_policy_lag: int | None = Field(
-        None, ge=0, description="policy versions a row's acting policy may lag the newest (when the row "
-                                "arrived) for the row to be used as is; None: no limit")
+    max_policy_lag: int | None = Field(None, ge=0, description="versions a row's policy may lag the newest "
+                                                              "on arrival to be used as is; None: no limit")
     stale_data: Literal["downweight", "drop"] = Field(
         "downweight", description="rows past max_policy_lag: drawn stale_weight times as often, or never")
     stale_weight: float = Field(0.25, gt=0, lt=1, description="how likely a stale row is drawn, against a fresh one")

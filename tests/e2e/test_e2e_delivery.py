@@ -129,7 +129,7 @@ def test_twenty_second_link_drop_spools_and_catches_up(tmp_path: Path, learner_f
     assert records == sum(e.steps for e in fleet.edges)
 
 
-UPLINK_WINDOW_S = 80  # its second half (40 s) shows whether the backlog grows
+UPLINK_WINDOW_S = 60  # its second half (30 s, six samples) shows whether the backlog grows
 
 
 def test_capped_uplink_carries_four_two_camera_robots_without_backlog(tmp_path: Path, learner_factory) -> None:
