@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from tests.cloud.test_cloud_ingest import ACTION_SPACE, OBS_SPACE, welcomed_link, wait_until
-from user_rl.cloud.buffer.store import PersistentReplay
+from user_rl.cloud.buffer.store import AllStale, PersistentReplay
 from user_rl.cloud.ingest import Ingest
 from user_rl.config import BufferConfig
 from user_rl.edge.batching import BatchBuilder
@@ -96,6 +96,24 @@ def test_rows_of_a_lagging_policy_are_counted_shown_and_weighted_as_configured(c
     # one, their share is w p / (w p + 1 - p).
     assert raw == pytest.approx(0.2, abs=0.02)
     assert downweighted == pytest.approx(0.25 * raw / (0.25 * raw + 1 - raw), abs=0.015)
+
+
+def test_a_buffer_of_only_dropped_rows_says_so_instead_of_sampling(context: zmq.Context, tmp_path) -> None:
+    """The learner's batch thread waits on `AllStale` (batches.py) until fresh data comes."""
+    ingest = Ingest(context, "tcp://127.0.0.1:0", tmp_path / "buffer", BufferConfig(max_policy_lag=0, stale_data="drop"))
+    ingest.publish(1)
+    ingest.publish(2)
+    with serving(lambda: ingest.poll(50)) as crashed:
+        link = welcomed_link(context, ingest, "edge-old", epoch=1)
+        try:
+            link.send_batch(*episode_rows(1, pb.ACTOR_POLICY, 0, rows=20))
+            wait_until(lambda: not link.unacked, pump=lambda: link.poll(10))
+            with pytest.raises(AllStale, match="max_policy_lag=0 versions"):
+                ingest.buffer.sample(8, np.random.default_rng(0))
+        finally:
+            link.close()
+    ingest.close()
+    assert not crashed, crashed
 
 
 def test_a_lag_counts_published_versions_not_version_numbers() -> None:

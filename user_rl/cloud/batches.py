@@ -7,6 +7,7 @@ device first, and hands it back before the update runs).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Callable
@@ -14,10 +15,12 @@ from typing import Callable
 import numpy as np
 
 from user_rl.algos import SAC
-from user_rl.cloud.buffer.store import NEXT_OBS, PersistentReplay
+from user_rl.cloud.buffer.store import NEXT_OBS, AllStale, PersistentReplay
 from user_rl.cloud.trainer import Trainer
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.transitions import OBS, intervened
+
+log = logging.getLogger(__name__)
 
 GROUPS = {"obs": OBS, "next_obs": NEXT_OBS}  # a name in `batch_columns` that stands for every column of a prefix
 # In the buffer's batch only for n-step returns (discount) or a chunk policy (buffer.action_horizon > 1).
@@ -77,6 +80,7 @@ class BatchPreparer:
         self.rng_lock = rng_lock
         self.held_back_s = 0.0  # waiting for the paced fleet's data once training runs
         self.prepared = 0
+        self.all_stale_waits = 0  # turns that found only stale data to sample (stale_data: drop)
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -89,8 +93,15 @@ class BatchPreparer:
                 continue
             if not trainer.free_slot(timeout=0.1):  # every slot holds a batch: the trainer is busy
                 continue
-            with self.rng_lock:
-                columns = training_columns(buffer.sample(self.batch_size, self.rng), trainer.batch_columns)
+            try:
+                with self.rng_lock:
+                    columns = training_columns(buffer.sample(self.batch_size, self.rng), trainer.batch_columns)
+            except AllStale as exc:  # fresh data comes once the edges act with newer versions
+                if not self.all_stale_waits:
+                    log.warning("training waits: %s", exc)
+                self.all_stale_waits += 1
+                self.stop.wait(0.1)
+                continue
             with trainer.send_lock:  # paused (or paced) while sampling: this batch is not sent
                 if self.may_submit() and trainer.submit(columns):
                     self.prepared += 1

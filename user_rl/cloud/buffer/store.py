@@ -51,6 +51,10 @@ ONLINE = SOURCES.index("online")
 STALE_REDRAWS = 8  # rounds of rejection that down-weight stale transitions in a batch
 
 
+class AllStale(ValueError):
+    """Nothing to sample but stale transitions, and the buffer drops those (`stale_data: drop`)."""
+
+
 class BufferWriteError(OSError):
     """The buffer could not write to disk. Nothing after the last successful commit is durable,
     and the buffer refuses every later add/commit/seal: data must not be acked any more."""
@@ -369,6 +373,9 @@ class PersistentReplay(StreamRegistry):
         with self._lock:
             self.prefetcher.install_ready()
             catalog = self.cache.catalog_columns()
+            if self.cache.drop_stale and not len(catalog["position"]) and self.transitions:
+                raise AllStale(f"every cached transition lagged more than buffer.max_policy_lag="
+                               f"{self.settings.max_policy_lag} versions (stale_data: drop)")
             picked = self._draw(catalog, batch_size, rng)
             if self.settings.max_policy_lag is not None and self.settings.stale_data == "downweight":
                 self._redraw_stale(picked, catalog, rng)
