@@ -40,7 +40,7 @@ from user_rl.cloud.buffer.store import PersistentReplay
 from user_rl.cloud.credit import StepCredit
 from user_rl.cloud.peer_guard import PeerGuard
 from user_rl.cloud.sessions import RobotSession
-from user_rl.cloud.staleness import PublishedVersions, row_lags
+from user_rl.cloud.staleness import PublishedVersions, row_lags, stale_rows
 from user_rl.config import BufferConfig
 from user_rl.security.curve import Gatekeeper, secure_server, split_user_id
 from user_rl.wire import user_rl_pb2 as pb
@@ -99,7 +99,6 @@ class Ingest:
         self.credit = StepCredit()  # paced fleets: the learner sets its increment and the step budget
         self.lost_batches = 0
         self.episode_ends = 0  # count-0 batches that ended an episode (e-stop, hold)
-        self.policy_version = -1  # the newest published
         self.published = PublishedVersions()
         self.stale_transitions = 0  # stored rows whose policy lagged more than buffer.max_policy_lag
         self._max_logged = max_rejects_logged
@@ -325,8 +324,7 @@ class Ingest:
         validate_batch(arrays, body.count, self.obs_space, self.action_space)
         arrays["policy_lag"] = row_lags(arrays, self.published)
         self.buffer.add(stream, body.seq, arrays)
-        max_lag = self.buffer_settings.max_policy_lag
-        stale = 0 if max_lag is None else int(np.count_nonzero(arrays["policy_lag"] > max_lag))
+        stale = int(np.count_nonzero(stale_rows(arrays["policy_lag"], self.buffer_settings.max_policy_lag)))
         self.stale_transitions += stale
         session.account(arrays, stale)
 
@@ -409,7 +407,11 @@ class Ingest:
     def publish(self, version: int) -> None:
         """A new policy version is out: acks name it, and rows of older ones count as lagging behind it."""
         self.published.add(version)
-        self.policy_version = version
+
+    @property
+    def policy_version(self) -> int:
+        """The newest version published (-1: none yet)."""
+        return self.published.newest
 
     def push_credit(self) -> None:
         """Tell every robot its new step credit and the newest policy version."""

@@ -24,10 +24,14 @@ class PublishedVersions:
     def __init__(self) -> None:
         self._versions = Growable(np.int64)
 
+    @property
+    def newest(self) -> int:
+        """The newest version published (-1: none yet)."""
+        return int(self._versions.data[len(self._versions) - 1]) if len(self._versions) else -1
+
     def add(self, version: int) -> None:
-        if len(self._versions) and version <= self._versions.data[len(self._versions) - 1]:
-            raise ValueError(f"policy versions only grow: {version} published after "
-                             f"{self._versions.data[len(self._versions) - 1]}")
+        if version <= self.newest:
+            raise ValueError(f"policy versions only grow: {version} published after {self.newest}")
         self._versions.append(np.array([version], np.int64))
 
     def behind(self, versions: np.ndarray) -> np.ndarray:
@@ -43,3 +47,8 @@ def row_lags(columns: dict[str, np.ndarray], published: PublishedVersions) -> np
     lag = published.behind(columns["policy_version"])
     acted = (columns["actor"] == pb.ACTOR_POLICY) & (columns["policy_version"] >= 0)
     return np.where(acted, lag, 0).astype(np.int32)
+
+
+def stale_rows(lags: np.ndarray, max_lag: int | None) -> np.ndarray:
+    """Which rows lagged more than `max_lag` versions (`buffer.max_policy_lag`; None: none did)."""
+    return np.zeros(len(lags), bool) if max_lag is None else lags > max_lag

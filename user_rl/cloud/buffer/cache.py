@@ -19,6 +19,7 @@ import numpy as np
 
 from user_rl.cloud.buffer.rows import DEFAULTED_COLUMNS, successors
 from user_rl.cloud.buffer.sampling import SOURCES, Growable
+from user_rl.cloud.staleness import stale_rows
 from user_rl.wire.transitions import intervened
 
 INTERVENTION = SOURCES.index("intervention")
@@ -149,8 +150,7 @@ class SlotCache:
 
     def _catalog_append(self, slot: int, rows: np.ndarray, successor: np.ndarray) -> None:
         info, base = self.info[slot], slot * self.segment_rows
-        stale = (np.zeros(len(rows), bool) if self.max_policy_lag is None
-                 else self.arrays["policy_lag"][slot, rows] > self.max_policy_lag)
+        stale = stale_rows(self.arrays["policy_lag"][slot, rows], self.max_policy_lag)
         if self.drop_stale:
             rows, successor, stale = rows[~stale], successor[~stale], stale[~stale]
         by_someone = intervened(self.arrays["actor"][slot, rows])
