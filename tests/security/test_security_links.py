@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -156,8 +157,11 @@ def test_strangers_and_revoked_robots_are_refused_on_both_sides(secure_learner, 
             running.kill()
     assert running.returncode == 1, output
     assert "the learner refused robot arm-0: not_enrolled" in output
-    stored = robot_status(learner, "arm-0")["transitions"]
-    # the edge may exit on the weights link's refusal before the learner's status counts the data link's
+    # Each link rereads enrolled/ on its own (every 0.2 s): the edge may exit on the weights link's
+    # refusal while the data link still takes what it had queued. Once the data link refuses a
+    # message, it refuses every later one.
     wait_until(lambda: learner.status()["rejected"].get("not_enrolled", 0) >= 1, 10,
                "the learner to count the refused message")
+    stored = robot_status(learner, "arm-0")["transitions"]
+    time.sleep(1.0)
     assert robot_status(learner, "arm-0")["transitions"] == stored  # nothing more got in
