@@ -28,7 +28,7 @@ def test_killed_edge_restarts_rejoins_then_fails_alone_when_its_budget_is_spent(
     proc = subprocess.Popen(
         [sys.executable, "-m", "user_rl.cli", "train", "configs/reach.yaml", f"run_root={tmp_path}",
          "fleet.num_robots=2", "fleet.max_restarts=1", "algo.learning_starts=300", "algo.batch_size=64",
-         "policy.hidden=[32]", "algo.utd_ratio=2", "stop.max_env_steps=15000", "stop.max_wall_s=300", "stop.eval_every_s=1000",
+         "policy.hidden=[32]", "algo.utd_ratio=2", "stop.max_env_steps=7000", "stop.max_wall_s=300", "stop.eval_every_s=1000",
          "stop.eval_episodes=2"],
         cwd=REPO, env={**os.environ, "MUJOCO_GL": "egl"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
