@@ -28,3 +28,12 @@ def ingest(context: zmq.Context, tmp_path):
         yield ing
     ing.close()
     assert not crashed, crashed
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """LeRobot tests run in an environment of their own (user_rl/testing/lerobot_env.py): start
+    building it now, in the background, so it is ready by the time they run."""
+    if any("tests/lerobot/" in item.nodeid for item in session.items):
+        from user_rl.testing import lerobot_env
+
+        lerobot_env.start_in_background()

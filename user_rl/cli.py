@@ -55,6 +55,34 @@ def _buffer_inspect(args: argparse.Namespace) -> int:
     return 0 if report["ok"] else 1
 
 
+def _buffer_export(args: argparse.Namespace) -> int:
+    from user_rl.cloud.buffer.episodes import EpisodeFilter
+    from user_rl.interop.lerobot_dataset import export_lerobot, print_progress
+
+    which = EpisodeFilter(robots=args.robot or None, tasks=args.task or None, with_interventions=args.with_interventions)
+    try:
+        done = export_lerobot(args.directory, args.out, which, repo_id=args.repo_id, fps=args.fps,
+                              robot_type=args.robot_type, progress=print_progress("exported"))
+    except (FileExistsError, ValueError, RuntimeError) as exc:
+        print(f"user-rl buffer export: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {done['episodes']:,} episodes ({done['frames']:,} frames, {done['fps']} fps) to {done['root']}")
+    return 0
+
+
+def _buffer_import(args: argparse.Namespace) -> int:
+    from user_rl.interop.lerobot_dataset import import_lerobot, print_progress
+
+    try:
+        done = import_lerobot(args.dataset, args.out, repo_id=args.repo_id, progress=print_progress("imported"))
+    except (FileExistsError, ValueError, RuntimeError) as exc:
+        print(f"user-rl buffer import: {exc}", file=sys.stderr)
+        return 2
+    print(f"imported {done['episodes']:,} episodes ({done['frames']:,} frames) into {done['buffer']}; use it with "
+          f"'buffer.attach=[{{path: {done['buffer']}, source: demo}}]'")
+    return 0
+
+
 def _reward_train(args: argparse.Namespace) -> int:
     from user_rl.rewards.frames import NoLabelledFrames
     from user_rl.rewards.training import train_classifier
@@ -205,6 +233,24 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect.add_argument("--no-verify", action="store_true", help="skip the checksums (headers and sizes are still checked)")
     inspect.set_defaults(func=_buffer_inspect)
+    export = actions.add_parser("export", help="write a slice of a buffer as a dataset another tool loads "
+                                "(LeRobotDataset v3; needs user-rl[lerobot])")
+    export.add_argument("directory", help="the buffer directory (holds index.sqlite); read-only")
+    export.add_argument("out", help="the dataset directory to create (must not exist)")
+    export.add_argument("--format", choices=["lerobot"], default="lerobot")
+    export.add_argument("--robot", action="append", help="only this robot's episodes (repeat for more)")
+    export.add_argument("--task", action="append", help="only this task's episodes (repeat for more)")
+    export.add_argument("--with-interventions", action="store_true", help="only episodes in which someone took over")
+    export.add_argument("--fps", type=int, help="the dataset's frame rate (default: from the robots' timestamps)")
+    export.add_argument("--repo-id", default="local/user-rl", help="the dataset's name (nothing is uploaded)")
+    export.add_argument("--robot-type", help="recorded in the dataset's info, e.g. so101_follower")
+    export.set_defaults(func=_buffer_export)
+    imp = actions.add_parser("import", help="a local LeRobotDataset as a new buffer directory, to attach as "
+                             "demonstrations (needs user-rl[lerobot])")
+    imp.add_argument("dataset", help="the LeRobotDataset's root directory (meta/info.json inside; no hub)")
+    imp.add_argument("out", help="the buffer directory to create")
+    imp.add_argument("--repo-id", default="local/user-rl", help="the dataset's name")
+    imp.set_defaults(func=_buffer_import)
 
     reward = sub.add_parser("reward", help="rewards learned from people: the success classifier")
     reward_actions = reward.add_subparsers(dest="action", required=True)

@@ -51,3 +51,13 @@ def test_committed_module_is_the_one_imported() -> None:
     assert Path(user_rl_pb2.__file__).resolve() == gen.GENERATED
     assert user_rl_pb2.DESCRIPTOR.serialized_pb == serialized_descriptor(gen.GENERATED)
     assert user_rl_pb2.DESCRIPTOR.name == "user_rl/wire/user_rl.proto"
+
+
+def test_committed_module_loads_on_the_oldest_protobuf_the_package_accepts() -> None:
+    """Generated code refuses a runtime older than its protoc; LeRobot's environment has protobuf 6."""
+    text = gen.GENERATED.read_text()
+    generated = tuple(int(n) for n in text.split("# Protobuf Python Version: ")[1].split()[0].split("."))
+    pyproject = (gen.WIRE_DIR.parent.parent / "pyproject.toml").read_text()
+    floor = tuple(int(n) for n in pyproject.split('"protobuf>=')[1].split('"')[0].split("."))
+    assert generated <= floor, (f"user_rl_pb2.py needs protobuf >= {generated} but pyproject.toml accepts "
+                                f"{floor}: regenerate with the old protoc (see user_rl/wire/generate.py)")

@@ -1,4 +1,15 @@
-"""Regenerate `user_rl_pb2.py` from `user_rl.proto` (needs the `dev` extra: grpcio-tools)."""
+"""Regenerate `user_rl_pb2.py` from `user_rl.proto` (needs grpcio-tools).
+
+Generated code refuses to load on a protobuf runtime older than the protoc that made it, and
+LeRobot's environment holds protobuf below 7 (wandb's pin). So the committed module is made by an
+old protoc, and it loads on every runtime from `pyproject.toml`'s floor on. Regenerate with the
+same one, in a venv of its own:
+
+    python -m venv /tmp/pbgen && /tmp/pbgen/bin/pip install grpcio-tools==1.68.1 'protobuf<5.30'
+    /tmp/pbgen/bin/python user_rl/wire/generate.py
+
+(tests/wire/test_wire_proto_sync.py checks the module's version against the floor.)
+"""
 
 from __future__ import annotations
 

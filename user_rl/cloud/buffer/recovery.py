@@ -219,7 +219,7 @@ def attach_history(store: PersistentReplay, attachments: list[AttachConfig]) -> 
     next_id = -2  # attached ids are negative: older than anything this run writes
     for cfg in attachments:
         directory = Path(cfg.path)
-        index = _open_history_index(directory / "index.sqlite")
+        index = open_index_read_only(directory / "index.sqlite")
         try:
             if index.get_meta("spaces") != store.index.get_meta("spaces"):
                 raise ValueError(f"buffer.attach: {directory} holds other observation/action spaces than this run")
@@ -244,7 +244,7 @@ def attach_history(store: PersistentReplay, attachments: list[AttachConfig]) -> 
             index.close()
 
 
-def _open_history_index(path: Path) -> BufferIndex:
+def open_index_read_only(path: Path) -> BufferIndex:
     """The index of an earlier buffer, read-only. A cleanly closed one (no -wal file) is read as an
     immutable file: a read-only connection to a WAL database would leave -wal/-shm files behind."""
     index = BufferIndex(path, read_only=True)  # raises FileNotFoundError naming the path

@@ -1,0 +1,154 @@
+"""Buffer -> LeRobotDataset v3 -> LeRobot's own loader -> our import, on real files.
+
+The buffer is written the way the ingest writes it (`PersistentReplay`, small segments so
+episodes cross them); `user-rl buffer export` and `buffer import` run in the LeRobot environment,
+and LeRobot's `LeRobotDataset` reads the export there. Observations (a camera and a state),
+actions, rewards, terminated vs truncated, final observations, who acted, labels, and the
+policy's proposals must all come back equal.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+from tests.lerobot.harness import run_in_lerobot
+from user_rl.cloud.buffer.episodes import EpisodeFilter, read_episodes
+from user_rl.cloud.buffer.store import PersistentReplay
+from user_rl.config import BufferConfig
+from user_rl.edge.batching import BatchBuilder
+from user_rl.wire import user_rl_pb2 as pb
+
+OBS_SPACE = gym.spaces.Dict({"top": gym.spaces.Box(0, 255, (8, 8, 3), np.uint8),
+                             "state": gym.spaces.Box(-10.0, 10.0, (3,), np.float32)})
+ACTION_SPACE = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+ROBOTS = {"arm-0": "touch the red target", "arm-1": "touch the green target"}
+EPISODES = 4  # per robot: terminated, truncated, terminated, and one still running (no final observation)
+
+
+def observation(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {"top": rng.integers(0, 256, (8, 8, 3), dtype=np.uint8),
+            "state": rng.uniform(-10, 10, 3).astype(np.float32)}
+
+
+def write_buffer(directory: Path) -> None:
+    """Two robots, 4 episodes each; a person takes over in some steps of odd episodes and labels
+    the successes; steps carry the robot's timestamps at 20 Hz."""
+    rng = np.random.default_rng(0)
+    store = PersistentReplay(directory, OBS_SPACE, ACTION_SPACE, BufferConfig(segment_mb=0.01), gamma=0.9)
+    try:
+        for robot, task in ROBOTS.items():
+            stream = store.open_stream(robot, 1, task)
+            for episode in range(EPISODES):
+                length = 7 + 3 * episode
+                builder = BatchBuilder(OBS_SPACE, ACTION_SPACE, capacity=length)
+                for step in range(length):
+                    last = step == length - 1 and episode < EPISODES - 1
+                    terminated, truncated = last and episode != 1, last and episode == 1
+                    person = episode % 2 == 1 and step >= 2
+                    proposal = rng.uniform(-1, 1, 2).astype(np.float32)
+                    builder.add(observation(rng), rng.uniform(-1, 1, 2).astype(np.float32) if person else proposal,
+                                float(rng.normal()), terminated, truncated, episode=episode, step=step,
+                                policy_version=episode * 3, actor=pb.ACTOR_HUMAN if person else pb.ACTOR_POLICY,
+                                label=pb.LABEL_SUCCESS if terminated else pb.LABEL_NONE,
+                                label_by=pb.LABEL_BY_PERSON if terminated else pb.LABEL_BY_ENV,
+                                sensor_time=100.0 + 0.05 * step, policy_action=proposal,
+                                final_obs=observation(rng) if last else None)
+                assert store.add(stream, episode + 1, builder.take()[1])
+                store.commit()
+    finally:
+        store.close()
+
+
+def assert_same_episodes(ours: list, theirs: list) -> None:
+    assert [(e.robot, e.number, e.task, len(e), e.status) for e in ours] == \
+           [(e.robot, e.number, e.task, len(e), e.status) for e in theirs]
+    for a, b in zip(ours, theirs):
+        for name, column in a.steps.items():
+            np.testing.assert_array_equal(column, b.steps[name], err_msg=f"{a.robot} episode {a.number}: {name}")
+        assert (a.final_obs is None) == (b.final_obs is None)
+        for key in a.final_obs or {}:
+            np.testing.assert_array_equal(a.final_obs[key], b.final_obs[key])
+
+
+LOAD_WITH_LEROBOT = """
+import json, sys
+import numpy as np
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+dataset = LeRobotDataset("local/user-rl", root=sys.argv[1])
+frames = [dataset[i] for i in range(len(dataset))]
+out = {name: np.stack([np.asarray(f[name]) for f in frames]) for name in frames[0] if name != "task"}
+np.savez(sys.argv[2], **out)
+print(json.dumps({"episodes": dataset.meta.total_episodes, "fps": dataset.meta.fps,
+                  "tasks": [f["task"] for f in frames], "features": sorted(dataset.features)}))
+"""
+
+
+def test_a_buffer_round_trips_through_lerobots_own_loader(lerobot_python: Path, tmp_path: Path) -> None:
+    write_buffer(tmp_path / "buffer")
+    original = list(read_episodes(tmp_path / "buffer"))
+    assert len(original) == 2 * EPISODES and sum(e.final_obs is not None for e in original) == 2 * (EPISODES - 1)
+
+    exported = run_in_lerobot(lerobot_python, "-m", "user_rl.cli", "buffer", "export", str(tmp_path / "buffer"),
+                              str(tmp_path / "dataset"), "--robot-type", "so101_follower")
+    assert f"wrote {2 * EPISODES} episodes" in exported.stdout and "20 fps" in exported.stdout, exported.stdout
+    assert f"exported: {2 * EPISODES}/{2 * EPISODES} episodes" in exported.stderr
+
+    # LeRobot's own loader sees our data under its column names.
+    loaded = json.loads(run_in_lerobot(lerobot_python, "-c", LOAD_WITH_LEROBOT, str(tmp_path / "dataset"),
+                                       str(tmp_path / "frames.npz")).stdout.strip().splitlines()[-1])
+    frames = np.load(tmp_path / "frames.npz")
+    assert loaded["episodes"] == 2 * EPISODES and loaded["fps"] == 20
+    assert {"observation.state", "observation.images.top", "action", "next.reward", "next.done",
+            "complementary_info.is_intervention", "user_rl.terminated", "user_rl.truncated"} <= set(loaded["features"])
+    steps = {name: np.concatenate([e.steps[name] for e in original]) for name in original[0].steps}
+    assert loaded["tasks"] == [e.task for e in original for _ in range(len(e))]
+    np.testing.assert_array_equal(frames["observation.state"], steps["obs/state"])
+    images = np.rint(frames["observation.images.top"].transpose(0, 2, 3, 1) * 255).astype(np.uint8)
+    np.testing.assert_array_equal(images, steps["obs/top"])  # PNG: lossless
+    np.testing.assert_array_equal(frames["action"], steps["action"])
+    np.testing.assert_allclose(frames["next.reward"].reshape(-1), steps["reward"])
+    np.testing.assert_array_equal(frames["next.done"].reshape(-1), steps["terminated"] | steps["truncated"])
+    np.testing.assert_array_equal(frames["complementary_info.is_intervention"].reshape(-1),
+                                  steps["actor"] == pb.ACTOR_HUMAN)
+    assert frames["episode_index"].max() == 2 * EPISODES - 1
+
+    # ... and our import gives back the same episodes, down to the flags and the final observations.
+    imported = run_in_lerobot(lerobot_python, "-m", "user_rl.cli", "buffer", "import", str(tmp_path / "dataset"),
+                              str(tmp_path / "imported"))
+    assert "source: demo" in imported.stdout, imported.stdout
+    back = list(read_episodes(tmp_path / "imported"))
+    assert_same_episodes(original, back)
+
+
+def test_an_export_takes_a_slice_of_robots_and_episodes_with_interventions(lerobot_python: Path,
+                                                                             tmp_path: Path) -> None:
+    write_buffer(tmp_path / "buffer")
+    run_in_lerobot(lerobot_python, "-m", "user_rl.cli", "buffer", "export", str(tmp_path / "buffer"),
+                   str(tmp_path / "dataset"), "--robot", "arm-1", "--with-interventions", "--fps", "10")
+    run_in_lerobot(lerobot_python, "-m", "user_rl.cli", "buffer", "import", str(tmp_path / "dataset"),
+                   str(tmp_path / "imported"))
+    wanted = list(read_episodes(tmp_path / "buffer", EpisodeFilter(robots=["arm-1"], with_interventions=True)))
+    assert [e.number for e in wanted] == [1, 3] and all(e.interventions for e in wanted)
+    assert_same_episodes(wanted, list(read_episodes(tmp_path / "imported")))
+
+    again = subprocess.run([str(lerobot_python), "-m", "user_rl.cli", "buffer", "export", str(tmp_path / "buffer"),
+                            str(tmp_path / "dataset")], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and "exists; LeRobot writes a new dataset directory" in again.stderr, again.stderr
+    none = subprocess.run([str(lerobot_python), "-m", "user_rl.cli", "buffer", "export", str(tmp_path / "buffer"),
+                           str(tmp_path / "empty"), "--task", "fold the towel"], capture_output=True, text=True,
+                          timeout=300)
+    assert none.returncode == 2 and "no episode matches" in none.stderr, none.stderr
+
+
+def test_without_lerobot_the_export_says_how_to_get_it(tmp_path: Path) -> None:
+    # The main environment has no LeRobot (its torch pin keeps it in an environment of its own).
+    write_buffer(tmp_path / "buffer")
+    done = subprocess.run([sys.executable, "-m", "user_rl.cli", "buffer", "export", str(tmp_path / "buffer"),
+                           str(tmp_path / "dataset")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "pip install 'user-rl[lerobot]'" in done.stderr, done.stderr
+    assert not (tmp_path / "dataset").exists()

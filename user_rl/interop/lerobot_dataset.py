@@ -1,0 +1,272 @@
+"""A buffer as a LeRobotDataset (v3) and back: `user-rl buffer export --format lerobot` / `buffer import`.
+
+Columns go under LeRobot's names where LeRobot has one: `observation.state` and other vectors as
+`observation.<key>`, camera frames (HxWxC uint8) as `observation.images.<key>` (PNG inside the
+parquet, lossless), `action`, `next.reward`, `next.done`, `complementary_info.is_intervention`
+(HIL-SERL's name) and the per-frame `task`. What ours carry beyond that rides in `user_rl.*`
+columns: terminated and truncated apart, who acted, the label and who gave it, the policy's own
+proposal when someone else acted, its version, the robot's timestamp, and each episode's final
+observation (`user_rl.final.<feature>`, set on its last frame, zeros elsewhere). The buffer's exact
+spaces are kept in `meta/user_rl.json`, so an export imports back unchanged; a dataset recorded
+by LeRobot itself imports with spaces read from its features and stats.
+
+LeRobot is imported lazily: the rest of user-rl works without it (`pip install user-rl[lerobot]`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+
+from user_rl.cloud.buffer.episodes import Episode, EpisodeFilter, buffer_spaces, count_episodes, read_episodes
+from user_rl.cloud.checkpoint import spaces_from_text, spaces_to_text
+from user_rl.wire import user_rl_pb2 as pb
+from user_rl.wire.transitions import OBS, intervened
+
+OURS = "user_rl."
+FINAL = OURS + "final."
+SIDECAR = "meta/user_rl.json"  # the buffer's spaces, so an export imports back with the same bounds
+# our per-step scalar columns: (dtype in the dataset, dtype in the buffer)
+SCALARS = {"terminated": ("bool", np.bool_), "truncated": ("bool", np.bool_), "actor": ("int64", np.uint8),
+           "label": ("int64", np.uint8), "label_by": ("int64", np.uint8), "policy_version": ("int64", np.int64),
+           "step": ("int64", np.int64)}
+# The robot's timestamp in integer nanoseconds: LeRobot's loader hands float64 columns back as float32,
+# which keeps ~2 minutes of precision on a Unix time.
+SENSOR_TIME_NS = OURS + "sensor_time_ns"
+Progress = Callable[[int, int], None]
+
+
+def require_lerobot():
+    """LeRobot's dataset class, or an error that says how to get it."""
+    try:
+        from lerobot.datasets.lerobot_dataset import LeRobotDataset
+    except ImportError as exc:
+        raise RuntimeError("the LeRobot format needs the lerobot package: pip install 'user-rl[lerobot]' "
+                           f"(on Python 3.11 that is lerobot 0.4.x; import failed: {exc})") from None
+    return LeRobotDataset
+
+
+def is_camera(space: gym.spaces.Box) -> bool:
+    return space.dtype == np.uint8 and len(space.shape) == 3 and space.shape[-1] in (1, 3, 4)
+
+
+def feature_name(key: str, space: gym.spaces.Box) -> str:
+    return f"observation.images.{key}" if is_camera(space) else f"observation.{key}"
+
+
+def dataset_features(obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> dict[str, dict]:
+    """The LeRobot features of a buffer with these spaces."""
+    features: dict[str, dict] = {}
+    for key, space in sorted(obs_space.spaces.items()):
+        if is_camera(space):
+            spec = {"dtype": "image", "shape": tuple(space.shape), "names": ["height", "width", "channels"]}
+        else:
+            spec = {"dtype": str(space.dtype), "shape": tuple(space.shape), "names": None}
+        features[feature_name(key, space)] = spec
+        features[FINAL + feature_name(key, space)] = spec
+    action = {"dtype": "float32", "shape": tuple(action_space.shape), "names": None}
+    features.update({
+        "action": action,
+        "next.reward": {"dtype": "float32", "shape": (1,), "names": None},
+        "next.done": {"dtype": "bool", "shape": (1,), "names": None},
+        "complementary_info.is_intervention": {"dtype": "bool", "shape": (1,), "names": None},
+        OURS + "policy_action": action,
+        OURS + "has_final": {"dtype": "bool", "shape": (1,), "names": None},
+        **{OURS + name: {"dtype": dtype, "shape": (1,), "names": None} for name, (dtype, _) in SCALARS.items()},
+        SENSOR_TIME_NS: {"dtype": "int64", "shape": (1,), "names": None},
+    })
+    return features
+
+
+def guess_fps(episodes: Iterable[Episode], default: int = 30) -> int:
+    """The robots' control rate from their timestamps (the median step), else `default`."""
+    steps = [np.diff(e.steps["sensor_time"]) for e in episodes if len(e) > 1]
+    steps = np.concatenate(steps) if steps else np.array([])
+    steps = steps[steps > 0]
+    return max(1, round(1.0 / float(np.median(steps)))) if len(steps) else default
+
+
+def export_lerobot(buffer_dir: str | Path, out: str | Path, which: EpisodeFilter | None = None,
+                   repo_id: str = "local/user-rl", fps: int | None = None, robot_type: str | None = None,
+                   progress: Progress | None = None) -> dict:
+    """Write the buffer's episodes that `which` admits as a LeRobotDataset at `out` (which must not exist)."""
+    LeRobotDataset = require_lerobot()
+    out = Path(out)
+    if out.exists():
+        raise FileExistsError(f"{out} exists; LeRobot writes a new dataset directory")
+    obs_space, action_space = buffer_spaces(buffer_dir)
+    total = count_episodes(buffer_dir, which)
+    if total == 0:
+        raise ValueError(f"{buffer_dir}: no episode matches {which or EpisodeFilter()}")
+    if fps is None:
+        fps = guess_fps(e for _, e in zip(range(10), read_episodes(buffer_dir, which)))
+    dataset = LeRobotDataset.create(repo_id, fps, dataset_features(obs_space, action_space), root=out,
+                                    robot_type=robot_type, use_videos=False)
+    origins, frames = [], 0  # which robot's episode each dataset episode is
+    try:
+        for episode in read_episodes(buffer_dir, which):
+            for frame in _frames(episode, obs_space):
+                dataset.add_frame(frame)
+            dataset.save_episode()
+            origins.append({"robot": episode.robot, "episode": episode.number})
+            frames += len(episode)
+            if progress:
+                progress(len(origins), total)
+    finally:
+        dataset.finalize()  # LeRobot cannot open a v3 dataset that was not finalized
+    (out / SIDECAR).write_text(json.dumps({"spaces": spaces_to_text(obs_space, action_space)["hello_hex"],
+                                           "source_buffer": str(Path(buffer_dir).resolve()), "episodes": origins}))
+    return {"episodes": len(origins), "frames": frames, "fps": fps, "root": str(out)}
+
+
+def _frames(episode: Episode, obs_space: gym.spaces.Dict) -> Iterable[dict]:
+    s, last = episode.steps, len(episode) - 1
+    acted = intervened(s["actor"])
+    for i in range(len(episode)):
+        frame = {"task": episode.task or "unnamed task", "action": s["action"][i].astype(np.float32),
+                 "next.reward": np.array([s["reward"][i]], np.float32),
+                 "next.done": np.array([bool(s["terminated"][i] or s["truncated"][i])]),
+                 "complementary_info.is_intervention": np.array([bool(acted[i])]),
+                 OURS + "policy_action": s["policy_action"][i].astype(np.float32),
+                 OURS + "has_final": np.array([i == last and episode.final_obs is not None])}
+        for name, (dtype, _) in SCALARS.items():
+            frame[OURS + name] = np.array([s[name][i]], dtype)
+        frame[SENSOR_TIME_NS] = np.array([round(float(s["sensor_time"][i]) * 1e9)], np.int64)
+        for key, space in obs_space.spaces.items():
+            name = feature_name(key, space)
+            frame[name] = s[OBS + key][i]
+            final = episode.final_obs[key] if i == last and episode.final_obs is not None else None
+            frame[FINAL + name] = final if final is not None else np.zeros(space.shape, space.dtype)
+        yield frame
+
+
+# -- import ---------------------------------------------------------------------------------------
+
+def import_lerobot(root: str | Path, buffer_dir: str | Path, repo_id: str = "local/user-rl",
+                   progress: Progress | None = None, gamma: float = 0.99) -> dict:
+    """Write a local LeRobotDataset's episodes into a new buffer directory, ready for `buffer.attach`
+    (e.g. `source: demo` for RLPD or behaviour cloning). No hub: `root` must hold the whole dataset."""
+    from user_rl.cloud.buffer.store import PersistentReplay
+    from user_rl.config import BufferConfig
+    from user_rl.edge.batching import BatchBuilder
+
+    LeRobotDataset = require_lerobot()
+    root, buffer_dir = Path(root), Path(buffer_dir)
+    if not (root / "meta" / "info.json").is_file():
+        raise FileNotFoundError(f"{root}: not a local LeRobotDataset (no meta/info.json)")
+    if (buffer_dir / "index.sqlite").exists():
+        raise FileExistsError(f"{buffer_dir} holds a buffer already; import into a new directory")
+    dataset = LeRobotDataset(repo_id, root=root)
+    obs_space, action_space = _spaces(root, dataset)
+    sidecar = json.loads((root / SIDECAR).read_text()) if (root / SIDECAR).is_file() else {}
+    origins = sidecar.get("episodes") or [{"robot": "lerobot", "episode": n} for n in range(dataset.meta.total_episodes)]
+    store = PersistentReplay(buffer_dir, obs_space, action_space, BufferConfig(), gamma)
+    names = {key: feature_name(key, space) for key, space in obs_space.spaces.items()}
+    ours = OURS + "actor" in dataset.features
+    streams: dict[tuple[str, str], object] = {}  # one per (robot, task)
+    seqs: dict[tuple[str, str], int] = {}
+    episodes = dataset.meta.total_episodes
+    try:
+        for number in range(episodes):
+            start, stop = _episode_bounds(dataset, number)
+            frames = [dataset[i] for i in range(start, stop)]  # LeRobot's own loader: tensors, images in [0, 1]
+            robot, key = origins[number]["robot"], (origins[number]["robot"], str(frames[0]["task"]))
+            if key not in streams:
+                epoch = 1 + sum(r == robot for r, _ in streams)
+                streams[key] = store.open_stream(robot, epoch, key[1])
+            builder = BatchBuilder(obs_space, action_space, capacity=len(frames))
+            for i, frame in enumerate(frames):
+                builder.add(**_step(frame, i == len(frames) - 1, origins[number]["episode"], names, obs_space, ours))
+            seqs[key] = seqs.get(key, 0) + 1
+            store.add(streams[key], seqs[key], builder.take()[1])
+            store.commit()
+            if progress:
+                progress(number + 1, episodes)
+    finally:
+        store.close()
+    return {"episodes": episodes, "frames": dataset.meta.total_frames, "buffer": str(buffer_dir)}
+
+
+def _episode_bounds(dataset, number: int) -> tuple[int, int]:
+    episode = dataset.meta.episodes[number]
+    return int(episode["dataset_from_index"]), int(episode["dataset_to_index"])
+
+
+def _spaces(root: Path, dataset) -> tuple[gym.spaces.Dict, gym.spaces.Box]:
+    """The spaces an export recorded, else ones read from LeRobot's features (action bounds from its stats)."""
+    sidecar = root / SIDECAR
+    if sidecar.is_file():
+        return spaces_from_text({"hello_hex": json.loads(sidecar.read_text())["spaces"]})
+    obs = {}
+    for name, spec in dataset.features.items():
+        if name.startswith("observation.images.") and spec["dtype"] == "image":
+            obs[name.removeprefix("observation.images.")] = gym.spaces.Box(0, 255, tuple(spec["shape"]), np.uint8)
+        elif name.startswith("observation.") and spec["dtype"] not in ("image", "video", "string"):
+            obs[name.removeprefix("observation.")] = gym.spaces.Box(-np.inf, np.inf, tuple(spec["shape"]),
+                                                                    np.dtype(spec["dtype"]))
+    if not obs or "action" not in dataset.features:
+        raise ValueError(f"{root}: a dataset needs observation.* features and an action to import "
+                         f"(it has {sorted(dataset.features)}); videos are not read yet")
+    stats = dataset.meta.stats.get("action", {})
+    low = np.asarray(stats.get("min", -np.inf), np.float32).reshape(dataset.features["action"]["shape"])
+    high = np.asarray(stats.get("max", np.inf), np.float32).reshape(dataset.features["action"]["shape"])
+    return gym.spaces.Dict(obs), gym.spaces.Box(low, high, dtype=np.float32)
+
+
+def _step(frame: dict, last: bool, episode: int, names: dict[str, str], obs_space: gym.spaces.Dict,
+          ours: bool) -> dict:
+    """One frame as `BatchBuilder.add`'s arguments."""
+    def value(name: str) -> np.ndarray:
+        return np.asarray(frame[name]).reshape(-1)
+
+    def observation(prefix: str) -> dict[str, np.ndarray]:
+        return {key: _from_lerobot(frame[prefix + name], obs_space[key]) for key, name in names.items()}
+
+    action = value("action").astype(np.float32)
+    done = bool(value("next.done")[0]) if "next.done" in frame else last
+    if ours:
+        scalar = {name: value(OURS + name)[0].item() for name in SCALARS}
+        terminated, truncated = bool(scalar["terminated"]), bool(scalar["truncated"])
+        has_final = bool(value(OURS + "has_final")[0])
+        final = observation(FINAL) if has_final else None
+        extra = {"actor": int(scalar["actor"]), "label": int(scalar["label"]), "label_by": int(scalar["label_by"]),
+                 "policy_version": int(scalar["policy_version"]),
+                 "sensor_time": int(value(SENSOR_TIME_NS)[0]) / 1e9,
+                 "step": int(scalar["step"]), "policy_action": value(OURS + "policy_action").astype(np.float32)}
+    else:  # recorded by LeRobot: a person acted throughout unless the dataset says otherwise
+        terminated, truncated = done and last, last and not done
+        final = observation("") if last else None  # the last frame stands in for the observation after it
+        acted = value("complementary_info.is_intervention")[0] if "complementary_info.is_intervention" in frame else 1
+        extra = {"actor": pb.ACTOR_HUMAN if acted else pb.ACTOR_POLICY, "label": pb.LABEL_NONE, "label_by": 0,
+                 "policy_version": 0, "sensor_time": float(value("timestamp")[0]), "step": int(value("frame_index")[0]),
+                 "policy_action": action}
+    reward = float(value("next.reward")[0]) if "next.reward" in frame else 0.0
+    return {"obs": observation(""), "action": action, "reward": reward, "terminated": terminated,
+            "truncated": truncated, "episode": episode, "final_obs": final if (terminated or truncated) else None,
+            **extra}
+
+
+def _from_lerobot(value, space: gym.spaces.Box) -> np.ndarray:
+    """LeRobot's loader gives images as float CxHxW in [0, 1]: back to the HxWxC uint8 they were."""
+    array = np.asarray(value)
+    if is_camera(space):
+        return np.clip(np.rint(array.transpose(1, 2, 0) * 255.0), 0, 255).astype(np.uint8)
+    return array.astype(space.dtype).reshape(space.shape)
+
+
+def print_progress(label: str) -> Progress:
+    """A progress callback that prints `label: n/total episodes` at most every 2 s, and the last one."""
+    shown = [0.0]
+
+    def report(done: int, total: int) -> None:
+        now = time.monotonic()
+        if done == total or now - shown[0] >= 2.0:
+            shown[0] = now
+            print(f"{label}: {done:,}/{total:,} episodes", file=sys.stderr, flush=True)
+    return report

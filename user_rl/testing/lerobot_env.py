@@ -1,0 +1,79 @@
+"""The Python environment the LeRobot tests run in: LeRobot 0.4.x pins torch below 2.11, the rest
+of the suite runs on torch 2.13, so `user-rl[lerobot]` goes into a venv of its own.
+
+The venv sees the main environment's packages (`--system-site-packages`: user-rl itself, Ray,
+MuJoCo, ZeroMQ) and adds LeRobot with its own torch, torchvision and numpy in front of them. It is
+built once per checkout and reused while the requirement it was built for is unchanged. The test
+session starts the build in the background as soon as it knows LeRobot tests will run (it is mostly
+a download), so the suite does not wait for it (tests/conftest.py).
+
+    python -m user_rl.testing.lerobot_env      # build it now; prints the venv's python
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+VENV = REPO / ".venv-lerobot"
+BUILT = VENV / "built-for"   # the requirement the venv was built for
+LOG = VENV.with_name(".venv-lerobot.log")
+REQUIREMENT = f"-e {REPO}[lerobot]"
+
+
+def python() -> Path:
+    return VENV / "bin" / "python"
+
+
+def ready() -> bool:
+    return BUILT.is_file() and BUILT.read_text() == REQUIREMENT and python().is_file()
+
+
+def build() -> Path:
+    """Build the venv unless it is ready (one builder at a time); return its python."""
+    LOG.parent.mkdir(parents=True, exist_ok=True)
+    with open(VENV.with_name(".venv-lerobot.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if ready():
+            return python()
+        started = time.monotonic()
+        with LOG.open("w") as log:
+            for step in ([sys.executable, "-m", "venv", "--clear", "--system-site-packages", str(VENV)],
+                         [str(python()), "-m", "pip", "install", "-q", "-e", f"{REPO}[lerobot]"]):
+                log.write(f"$ {' '.join(step)}\n")
+                log.flush()
+                done = subprocess.run(step, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+                if done.returncode:
+                    raise RuntimeError(f"building the LeRobot environment failed at `{' '.join(step)}`: see {LOG}")
+            log.write(f"built in {time.monotonic() - started:.0f} s\n")
+        BUILT.write_text(REQUIREMENT)
+    return python()
+
+
+_background: list[subprocess.Popen] = []
+
+
+def start_in_background() -> None:
+    """Start `build()` in a low-priority process unless the venv is ready; `wait` waits for it."""
+    if not ready() and not _background:
+        _background.append(subprocess.Popen([sys.executable, "-m", "user_rl.testing.lerobot_env"], cwd=REPO,
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                            preexec_fn=lambda: os.nice(19)))
+
+
+def wait(timeout_s: float = 1200.0) -> Path:
+    """The venv's python once the build is done (building it here if nobody started one)."""
+    for builder in _background:
+        builder.wait(timeout_s)
+    if not ready():
+        build()  # raises with the log's path if it fails (a background build that failed is retried once)
+    return python()
+
+
+if __name__ == "__main__":
+    print(build())
