@@ -28,7 +28,7 @@ from user_rl.config import build_config
 from user_rl.testing.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
-NOT_SHIPPED = shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build", "runs", ".pytest_cache", ".venv")
+NOT_SHIPPED = shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build", "runs", ".pytest_cache", ".venv", ".venv-*")
 
 
 def _venv_env() -> dict[str, str]:
