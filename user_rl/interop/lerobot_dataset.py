@@ -15,6 +15,7 @@ LeRobot is imported lazily: the rest of user-rl works without it (`pip install u
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
@@ -84,10 +85,9 @@ def dataset_features(obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -
     return features
 
 
-def guess_fps(episodes: Iterable[Episode], default: int = 30) -> int:
-    """The robots' control rate from their timestamps (the median step), else `default`."""
-    steps = [np.diff(e.steps["sensor_time"]) for e in episodes if len(e) > 1]
-    steps = np.concatenate(steps) if steps else np.array([])
+def guess_fps(episode: Episode, default: int = 30) -> int:
+    """The robot's control rate from its timestamps (the median step), else `default`."""
+    steps = np.diff(episode.steps["sensor_time"])
     steps = steps[steps > 0]
     return max(1, round(1.0 / float(np.median(steps)))) if len(steps) else default
 
@@ -104,13 +104,16 @@ def export_lerobot(buffer_dir: str | Path, out: str | Path, which: EpisodeFilter
     total = count_episodes(buffer_dir, which)
     if total == 0:
         raise ValueError(f"{buffer_dir}: no episode matches {which or EpisodeFilter()}")
-    if fps is None:
-        fps = guess_fps(e for _, e in zip(range(10), read_episodes(buffer_dir, which)))
+    episodes = read_episodes(buffer_dir, which)
+    first = next(episodes, None)  # the rate is guessed from it: the buffer is read once
+    if first is None:
+        raise ValueError(f"{buffer_dir}: the matching episodes' steps are no longer stored (evicted)")
+    fps = fps or guess_fps(first)
     dataset = LeRobotDataset.create(repo_id, fps, dataset_features(obs_space, action_space), root=out,
                                     robot_type=robot_type, use_videos=False)
     origins, frames = [], 0  # which robot's episode each dataset episode is
     try:
-        for episode in read_episodes(buffer_dir, which):
+        for episode in itertools.chain([first], episodes):
             for frame in _frames(episode, obs_space):
                 dataset.add_frame(frame)
             dataset.save_episode()

@@ -73,9 +73,13 @@ def buffer_spaces(directory: str | Path) -> tuple[gym.spaces.Dict, gym.spaces.Bo
     """The observation and action spaces a buffer directory was written with."""
     index = open_index_read_only(Path(directory) / "index.sqlite")
     try:
-        stored = index.get_meta("spaces")
+        return _spaces(index, directory)
     finally:
         index.close()
+
+
+def _spaces(index, directory: str | Path) -> tuple[gym.spaces.Dict, gym.spaces.Box]:
+    stored = index.get_meta("spaces")
     if stored is None:
         raise ValueError(f"{directory}: the buffer holds no data yet (no spaces recorded)")
     return spaces_from_text({"hello_hex": stored})
@@ -95,14 +99,14 @@ def read_episodes(directory: str | Path, which: EpisodeFilter | None = None) -> 
     """The buffer's episodes that `which` admits, oldest stream first. Segments are read once each;
     an episode is yielded as soon as no later segment can hold more of it."""
     directory, which = Path(directory), which or EpisodeFilter()
-    obs_space, _ = buffer_spaces(directory)
-    obs_keys = [OBS + key for key in sorted(obs_space.spaces)]
     index = open_index_read_only(directory / "index.sqlite")
     try:
+        obs_space, _ = _spaces(index, directory)
         records = {(r.stream, r.episode): r for r in index.episodes() if which.admits(r)}
         segments = index.segments()
     finally:
         index.close()
+    obs_keys = [OBS + key for key in sorted(obs_space.spaces)]
     last_segment = {key: r.last_segment for key, r in records.items()}  # -1 while unknown
     parts: dict[tuple[int, int], _Parts] = {}
     for seg_record in segments:
