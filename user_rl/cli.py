@@ -59,7 +59,8 @@ def _buffer_export(args: argparse.Namespace) -> int:
     from user_rl.cloud.buffer.episodes import EpisodeFilter
     from user_rl.interop.lerobot_dataset import export_lerobot, print_progress
 
-    which = EpisodeFilter(robots=args.robot or None, tasks=args.task or None, with_interventions=args.with_interventions)
+    which = EpisodeFilter(robots=args.robot or None, tasks=args.task or None, with_interventions=args.with_interventions,
+                          with_discarded=args.with_discarded)
     try:
         done = export_lerobot(args.directory, args.out, which, repo_id=args.repo_id, fps=args.fps,
                               robot_type=args.robot_type, progress=print_progress("exported"))
@@ -241,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--robot", action="append", help="only this robot's episodes (repeat for more)")
     export.add_argument("--task", action="append", help="only this task's episodes (repeat for more)")
     export.add_argument("--with-interventions", action="store_true", help="only episodes in which someone took over")
+    export.add_argument("--with-discarded", action="store_true", help="also episodes a person discarded (re-record)")
     export.add_argument("--fps", type=int, help="the dataset's frame rate (default: from the robots' timestamps)")
     export.add_argument("--repo-id", default="local/user-rl", help="the dataset's name (nothing is uploaded)")
     export.add_argument("--robot-type", help="recorded in the dataset's info, e.g. so101_follower")
@@ -323,8 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     hal = sub.add_parser("hal", help="the devices of this node")
     hal_actions = hal.add_subparsers(dest="action", required=True)
-    discover = hal_actions.add_parser("discover", help="list robots (probed), sim slots, GPUs, serial ports and "
-                                      "cameras of this node (exit 1 if a configured robot does not answer)")
+    discover = hal_actions.add_parser("discover", help="list robots (probed), sim slots, GPUs, serial ports, "
+                                      "cameras and LeRobot robot types of this node (exit 1 if a configured robot does not answer)")
     _config_args(discover)
     discover.add_argument("--json", action="store_true", help="print devices and Ray resources as JSON")
     discover.add_argument("--no-probe", action="store_true", help="do not connect to configured robots")

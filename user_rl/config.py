@@ -94,6 +94,13 @@ class InterventionConfig(Section):
     handback_distance: float = Field(0.05, gt=0.0, description="the scripted expert hands back this close to the goal")
     demo_episodes: int = Field(0, ge=0, description="the scripted expert drives each robot's first episodes throughout "
                                                     "(demonstrations before the policy's first try)")
+    teleoperator: dict[str, Any] | None = Field(
+        None, description="a LeRobot teleoperator as LeRobot configures it, e.g. {type: so101_leader, port: "
+                          "/dev/ttyACM1, id: leader}; needs user-rl[lerobot] (user_rl/interop/lerobot_teleop.py)")
+    teleoperator_drives: Literal["auto", "events", "always"] = Field(
+        "auto", description="events: while its intervention event is on; always: on every step (a leader arm); "
+                            "auto: events if the teleoperator has them")
+    teleoperator_calibrate: bool = Field(False, description="run LeRobot's (interactive) calibration when it connects")
 
 
 TELEOP_TOKEN = re.compile(r"[A-Za-z0-9_-]{16,}")

@@ -31,12 +31,13 @@ def configured_robots(cfg: Config | None) -> list[ConfiguredRobot]:
             for opts in (one.robot_options(i) for i in range(one.fleet.num_robots))]
 
 
-def discover_node(cfg: Config | None, sim_slots: int | None = None, probe: bool = True) -> list[Device]:
-    return discover(configured_robots(cfg), sim_slots=sim_slots, probe=probe)
+def discover_node(cfg: Config | None, sim_slots: int | None = None, probe: bool = True,
+                  lerobot: bool = False) -> list[Device]:
+    return discover(configured_robots(cfg), sim_slots=sim_slots, probe=probe, lerobot=lerobot)
 
 
 def print_discovery(cfg: Config | None, as_json: bool, sim_slots: int | None, probe: bool, out: Printer = print) -> int:
-    devices = discover_node(cfg, sim_slots, probe)
+    devices = discover_node(cfg, sim_slots, probe, lerobot=True)  # a person choosing what to configure
     if as_json:
         out(json.dumps({"devices": [d.as_dict() for d in devices], "resources": node_resources(devices)}, indent=2))
     else:

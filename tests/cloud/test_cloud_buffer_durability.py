@@ -33,6 +33,7 @@ from user_rl.cloud.buffer.rows import row_bytes, segment_schema
 from user_rl.cloud.buffer.segment import read_layout
 from user_rl.cloud.buffer.store import BufferWriteError
 from user_rl.testing.wait import wait_until
+from user_rl.wire.transitions import DISCARD
 from test_cloud_store import ACTION_SPACE, OBS_SPACE
 
 SLOT_MB = 256 * row_bytes(segment_schema(OBS_SPACE, ACTION_SPACE)) / 2**20
@@ -396,4 +397,30 @@ def test_open_reads_only_what_it_loads_and_the_scrub_finds_a_cold_corrupt_segmen
         return store.prefetcher.swaps >= 2 * len(segments)
 
     wait_until(sampled_through_rotations, 60, "the prefetcher to rotate segments", poll_s=0.002)
+    store.close()
+
+
+def test_a_discarded_episode_is_never_sampled_and_stays_discarded_across_a_restart(tmp_path: Path) -> None:
+    """A person's re-record ends the episode with the discard mark: its rows stay on disk but no
+    batch holds them, now or after the learner restarts."""
+    store = open_store(tmp_path)
+    writer, robot = Writer(store), Robot(1)
+    writer.add(robot, episode_length(1, 0) + episode_length(1, 1) + 5)  # episodes 0, 1 end; 2 is at step 4
+    store.commit()
+    store.end_open_episodes(store.streams[("r1", 1)], reason=DISCARD)
+    robot.episode, robot.step = 3, 0  # the edge starts the next episode
+    writer.add(robot, 300)
+    store.commit()
+
+    def sampled_episodes(store) -> set[int]:
+        return {episode for _, episode, _ in keys_of(store.sample(4096, np.random.default_rng(0)))}
+
+    for reopened in (False, True):
+        sampled = sampled_episodes(store)
+        assert 2 not in sampled and {0, 1, 3, 4} <= sampled, (reopened, sorted(sampled))
+        assert store.stats()["discarded_episodes"] == 1
+        ep = {(e.stream, e.episode): e for e in store.index.episodes()}[(store.streams[("r1", 1)].record.id, 2)]
+        assert (ep.status, ep.end_reason, ep.length) == ("truncated", DISCARD, 5)
+        store.close()
+        store = open_store(tmp_path)
     store.close()

@@ -17,7 +17,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 from tests.lerobot.harness import run_in_lerobot
-from user_rl.cloud.buffer.episodes import EpisodeFilter, read_episodes
+from user_rl.cloud.buffer.episodes import EpisodeFilter, buffer_spaces, read_episodes
 from user_rl.cloud.buffer.store import PersistentReplay
 from user_rl.config import BufferConfig
 from user_rl.edge.batching import BatchBuilder
@@ -152,3 +152,50 @@ def test_without_lerobot_the_export_says_how_to_get_it(tmp_path: Path) -> None:
                            str(tmp_path / "dataset")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "pip install 'user-rl[lerobot]'" in done.stderr, done.stderr
     assert not (tmp_path / "dataset").exists()
+
+
+# A dataset as `lerobot-record` writes one for an SO-101 arm with a camera: LeRobot's own feature
+# helpers, `LeRobotDataset.create`, `add_frame`, `save_episode` and `finalize`.
+RECORD_WITH_LEROBOT = """
+import sys
+import numpy as np
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+from lerobot.datasets.utils import hw_to_dataset_features
+motors = {f"{m}.pos": float for m in ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")}
+features = {**hw_to_dataset_features({**motors, "front": (8, 8, 3)}, "observation", use_video=False),
+            **hw_to_dataset_features(motors, "action", use_video=False)}
+dataset = LeRobotDataset.create("local/so101-record", fps=30, features=features, root=sys.argv[1],
+                                robot_type="so101_follower", use_videos=False)
+rng = np.random.default_rng(0)
+recorded = {"state": [], "front": [], "action": []}
+for episode, (length, task) in enumerate([(12, "pick the cube"), (9, "place the cube")]):
+    for _ in range(length):
+        frame = {"observation.state": rng.uniform(-90, 90, 6).astype(np.float32),
+                 "observation.images.front": rng.integers(0, 256, (8, 8, 3), dtype=np.uint8),
+                 "action": rng.uniform(-90, 90, 6).astype(np.float32), "task": task}
+        dataset.add_frame(frame)
+        for key, name in (("state", "observation.state"), ("front", "observation.images.front"), ("action", "action")):
+            recorded[key].append(frame[name])
+    dataset.save_episode()
+dataset.finalize()
+np.savez(sys.argv[2], **{key: np.stack(values) for key, values in recorded.items()})
+"""
+
+
+def test_a_dataset_recorded_by_lerobot_itself_imports_as_a_persons_demonstrations(lerobot_python: Path,
+                                                                                    tmp_path: Path) -> None:
+    run_in_lerobot(lerobot_python, "-c", RECORD_WITH_LEROBOT, str(tmp_path / "dataset"), str(tmp_path / "rec.npz"))
+    recorded = np.load(tmp_path / "rec.npz")
+    imported = run_in_lerobot(lerobot_python, "-m", "user_rl.cli", "buffer", "import", str(tmp_path / "dataset"),
+                              str(tmp_path / "buffer"))
+    assert "source: demo" in imported.stdout, imported.stdout
+    episodes = list(read_episodes(tmp_path / "buffer"))
+    assert [(e.task, len(e)) for e in episodes] == [("pick the cube", 12), ("place the cube", 9)]
+    steps = {name: np.concatenate([e.steps[name] for e in episodes]) for name in episodes[0].steps}
+    np.testing.assert_array_equal(steps["obs/state"], recorded["state"])
+    np.testing.assert_array_equal(steps["obs/front"], recorded["front"])  # stored as PNG by LeRobot: lossless
+    np.testing.assert_array_equal(steps["action"], recorded["action"])
+    assert (steps["actor"] == pb.ACTOR_HUMAN).all()  # LeRobot records a person teleoperating
+    obs_space, action_space = buffer_spaces(tmp_path / "buffer")
+    assert set(obs_space.spaces) == {"state", "front"} and obs_space["front"].dtype == np.uint8
+    assert (action_space.low <= recorded["action"].min(0)).all() and (action_space.high >= recorded["action"].max(0)).all()

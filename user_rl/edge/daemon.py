@@ -76,6 +76,7 @@ class EdgeDaemon:
         context: zmq.Context | None = None,
         interventions: InterventionMux | None = None,
         reward: StepReward | None = None,
+        requests: OperatorRequests | None = None,
     ) -> None:
         self.robot = robot
         self.actor = actor.eval()
@@ -116,7 +117,7 @@ class EdgeDaemon:
         self.steps_per_second = 0.0
         self._stop = threading.Event()
         self.interventions = interventions or InterventionMux()  # who may act instead of the policy
-        self.requests = OperatorRequests()  # labels and resets asked for by people
+        self.requests = requests or OperatorRequests()  # labels and resets asked for by people
         self.reward = reward or EnvReward()  # what each row records as its reward (user_rl/rewards/)
         self.step_watchers: list[Callable[[StepRecord], None]] = []  # called by the loop after each step
         self._robot_since: float | None = None  # inside a robot call (reset / step) since then
@@ -291,8 +292,9 @@ class EdgeDaemon:
                 self._stay_stopped()
                 obs = None
                 continue
-            if self.requests.take_reset():
-                self._end_episode("reset")
+            reset = self.requests.take_reset()
+            if reset:
+                self._end_episode(reset)
                 obs = None
             if obs is None:
                 obs, seed = self._start_episode(seed), None
@@ -461,4 +463,8 @@ class EdgeDaemon:
             self.chunks.close()
         self.weights.close()
         self.link.close()
+        for source in self.interventions.sources:  # a teleoperator device lets go before the robot does
+            close = getattr(source, "close", None)
+            if callable(close):
+                close()
         self.robot.close()

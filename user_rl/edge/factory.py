@@ -12,6 +12,7 @@ from user_rl.config import Config
 from user_rl.edge.daemon import EdgeDaemon, EdgeSettings
 from user_rl.edge.intervention import InterventionMux
 from user_rl.edge.link import LinkSettings
+from user_rl.edge.operator import OperatorRequests
 from user_rl.edge.scripted import ScriptedIntervener
 from user_rl.hal.registry import make_robot
 from user_rl.hal.robot import Robot
@@ -58,15 +59,16 @@ def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
         device=edge_device(cfg.edge.device),
         apply_weights=cfg.edge.apply_weights,
     )
+    requests = OperatorRequests()
     try:  # a part that cannot be built (no expert, no classifier file) must not leave the robot open
-        interventions, teleop = intervention_sources(cfg, robot)
+        interventions, teleop = intervention_sources(cfg, robot, requests)
         r = cfg.reward
         reward = make_reward(r.type, robot.observation_space, r.classifier, r.threshold, r.keys)
     except BaseException:
         robot.close()
         raise
     edge = EdgeDaemon(robot, actor, data_address, weights_address, settings, interventions=interventions,
-                      reward=reward)
+                      reward=reward, requests=requests)
     if teleop is not None:
         from user_rl.edge.teleop import start_server
 
@@ -87,17 +89,24 @@ def edge_device(device: str) -> str:
     return device
 
 
-def intervention_sources(cfg: Config, robot: Robot) -> tuple[InterventionMux, "WebTeleop | None"]:
+def intervention_sources(cfg: Config, robot: Robot, requests: OperatorRequests
+                         ) -> tuple[InterventionMux, "WebTeleop | None"]:
     """Who may act instead of the policy: a person at the teleop page first (the scripted expert
-    never locks them out), then the scripted intervener."""
+    never locks them out), then a person at a LeRobot teleoperator, then the scripted intervener.
+    `requests` takes the teleoperator's success, failure and re-record events."""
     interventions, teleop = InterventionMux(), None
+    i = cfg.intervention
     if cfg.teleop.enabled:
         from user_rl.edge.teleop import make_source
 
         teleop = make_source(robot, cfg.teleop)
         interventions.add(teleop)
-    if cfg.intervention.scripted:
-        i = cfg.intervention
+    if i.teleoperator is not None:
+        from user_rl.interop.lerobot_teleop import LeRobotTeleop
+
+        interventions.add(LeRobotTeleop(i.teleoperator, robot, requests, i.teleoperator_drives,
+                                        i.teleoperator_calibrate))
+    if i.scripted:
         interventions.add(ScriptedIntervener(robot, i.patience, i.min_progress, i.handback_distance, i.demo_episodes))
     return interventions, teleop
 

@@ -1,5 +1,6 @@
 """What this node has: configured robots (probed), simulator slots, GPUs, and candidates a
-person may want to configure (USB serial adapters, cameras).
+person may want to configure (USB serial adapters, cameras, and LeRobot's robot types when
+LeRobot is installed).
 
 `user-rl hal discover` prints it; `user-rl node start` turns it into the node's Ray resources.
 Heavy libraries (torch for GPUs, OpenCV for cameras) are imported only when asked for.
@@ -8,6 +9,7 @@ Heavy libraries (torch for GPUs, OpenCV for cameras) are imported only when aske
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
@@ -47,14 +49,17 @@ class ConfiguredRobot:
 
 
 def discover(robots: Iterable[ConfiguredRobot] = (), sim_slots: int | None = None, probe: bool = True,
-             cameras: bool = True) -> list[Device]:
-    """Everything this node offers; `sim_slots` defaults to the CPU count (one sim per core)."""
+             cameras: bool = True, lerobot: bool = False) -> list[Device]:
+    """Everything this node offers; `sim_slots` defaults to the CPU count (one sim per core).
+    `lerobot` lists LeRobot's robot types too (importing them all takes seconds)."""
     devices = [_configured(r, probe) for r in robots]
     devices += _sim_slots(sim_slots if sim_slots is not None else (os.cpu_count() or 1))
     devices += _gpus()
     devices += _serial_ports()
     if cameras:
         devices += _cameras()
+    if lerobot:
+        devices += _lerobot_robot_types()
     return devices
 
 
@@ -136,6 +141,21 @@ def _cameras() -> list[Device]:
             devices.append(Device("camera", path, "opencv", None, status="candidate",
                                   detail=f"{frame.shape[1]}x{frame.shape[0]}"))
     return devices
+
+
+def _lerobot_robot_types() -> list[Device]:
+    """LeRobot's robot types (its own and installed plugins'), each a `robot.type: lerobot` candidate."""
+    if importlib.util.find_spec("lerobot") is None:
+        return []
+    from user_rl.interop.lerobot_devices import known_types
+
+    try:
+        types = known_types("robot")
+    except RuntimeError:  # a `lerobot` that is not LeRobot's, or a broken install
+        return []
+    return [Device("lerobot", name, "lerobot", None, status="candidate",
+                   detail=f"robot.type: lerobot, robot.options.robot: {{type: {name}, ...}} ({cls.__name__})")
+            for name, cls in sorted(types.items())]
 
 
 def format_table(devices: list[Device]) -> str:

@@ -51,6 +51,9 @@ OPTIONAL_COLUMNS: dict[str, np.dtype] = {
 }
 
 MAX_BATCH_ROWS = 65536
+# The end_reason of an episode a person discarded (LeRobot's re-record): the buffer keeps its rows
+# but never samples them.
+DISCARD = "discard"
 
 
 def _check(name: str, array: np.ndarray | None, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:

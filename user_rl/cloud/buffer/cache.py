@@ -37,6 +37,11 @@ class SlotInfo:
     row_filter: np.ndarray | None = None  # attached history: rows allowed by the filter
 
 
+def episode_key(stream: np.ndarray, episode: np.ndarray) -> np.ndarray:
+    """One uint64 per (stream id, episode number): exact below 2**32 episodes in one stream."""
+    return (np.asarray(stream).astype(np.uint64) << np.uint64(32)) | np.asarray(episode).astype(np.uint64)
+
+
 class SlotCache:
     def __init__(self, schema: dict[str, tuple[np.dtype, tuple]], segment_rows: int, slots: int,
                  max_policy_lag: int | None = None, drop_stale: bool = False) -> None:
@@ -55,6 +60,7 @@ class SlotCache:
         self.spare = self.slots - 1
         self.version = 0
         self._catalog: dict[str, Growable] | None = None
+        self.discarded = np.zeros(0, np.uint64)  # episode_key of this buffer's discarded episodes, sorted
 
     # -- slots ---------------------------------------------------------------------------------
     def slot_of(self, segment: int) -> int | None:
@@ -129,6 +135,14 @@ class SlotCache:
         self.version += 1
         self._catalog = None
 
+    def discard(self, episodes: list[tuple[int, int]]) -> None:
+        """Leave these (stream id, episode) out of sampling from now on (a person's re-record).
+        Their rows stay on disk: export and inspection still see them."""
+        if episodes:
+            keys = episode_key(np.array([s for s, _ in episodes]), np.array([e for _, e in episodes]))
+            self.discarded = np.union1d(self.discarded, keys)
+            self.invalidate()
+
     # -- catalog and gathering ---------------------------------------------------------------------
     def catalog(self) -> dict[str, np.ndarray]:
         """Transitions of the active slots: flat position, flat position of the next observation,
@@ -144,6 +158,9 @@ class SlotCache:
                 valid = self.next_row[slot, : info.rows] >= 0
                 if info.row_filter is not None:
                     valid &= info.row_filter[: info.rows]
+                if len(self.discarded) and info.segment >= 0:  # attached history's stream ids are another buffer's
+                    keys = episode_key(self.arrays["stream"][slot, : info.rows], self.arrays["episode"][slot, : info.rows])
+                    valid &= ~np.isin(keys, self.discarded)
                 rows = np.flatnonzero(valid)
                 self._catalog_append(slot, rows, self.next_row[slot, rows])
         return self._catalog

@@ -22,7 +22,7 @@ from user_rl.cloud.checkpoint import spaces_from_text
 from user_rl.cloud.buffer.recovery import open_index_read_only
 from user_rl.cloud.buffer.rows import DEFAULTED_COLUMNS, KIND_FINAL, KIND_RECORD
 from user_rl.cloud.buffer.segment import read_segment
-from user_rl.wire.transitions import OBS, intervened
+from user_rl.wire.transitions import DISCARD, OBS, intervened
 
 # Per-step columns an episode carries besides its observations (the buffer's bookkeeping left out).
 STEP_COLUMNS = ("action", "policy_action", "reward", "terminated", "truncated", "step", "policy_version",
@@ -51,16 +51,19 @@ class Episode:
 
 @dataclass
 class EpisodeFilter:
-    """Which episodes to read: by robot, by task, only those with interventions."""
+    """Which episodes to read: by robot, by task, only those with interventions; episodes a person
+    discarded (re-record) only when asked for."""
 
     robots: list[str] | None = None
     tasks: list[str] | None = None
     with_interventions: bool = False
+    with_discarded: bool = False
 
     def admits(self, record: EpisodeRecord) -> bool:
         return ((self.robots is None or record.robot in self.robots)
                 and (self.tasks is None or record.task in self.tasks)
-                and (not self.with_interventions or record.interventions > 0))
+                and (not self.with_interventions or record.interventions > 0)
+                and (self.with_discarded or record.end_reason != DISCARD))
 
 
 @dataclass

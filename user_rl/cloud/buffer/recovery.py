@@ -26,7 +26,7 @@ from user_rl.cloud.buffer.rows import KIND_CARRY, KIND_RECORD, StreamState, acco
 from user_rl.cloud.buffer.sampling import SOURCES
 from user_rl.cloud.buffer.segment import CorruptSegment, read_segment, seal_open_file
 from user_rl.cloud.checkpoint import same_spaces, spaces_from_text, spaces_to_text
-from user_rl.wire.transitions import intervened
+from user_rl.wire.transitions import DISCARD, intervened
 
 if TYPE_CHECKING:
     from user_rl.cloud.buffer.store import PersistentReplay
@@ -56,9 +56,13 @@ def load_existing(store: PersistentReplay) -> None:
     """Streams, sealed segments and leftovers of a crash, from the buffer directory."""
     index = store.index
     open_episodes: dict[int, dict] = {}
+    discarded = []
     for ep in index.episodes():
         if ep.status == "open":
             open_episodes.setdefault(ep.stream, {})[ep.episode] = ep
+        elif ep.end_reason == DISCARD:
+            discarded.append((ep.stream, ep.episode))
+    store.cache.discard(discarded)
     records = index.stream_records()
     for record in index.streams():
         state = store.adopt_stream(record)

@@ -445,6 +445,7 @@ class PersistentReplay(StreamRegistry):
             return {"transitions": self.transitions, "segments": len(self.segments) + 1,
                     "cached_segments": len(self.cache.active()), "corrupt_segments": list(self.corrupt),
                     "duplicates": self.duplicates, "lost_batches": self.lost_batches,
+                    "discarded_episodes": len(self.cache.discarded),
                     "dropped_unpaired": self._dropped_released + sum(s.dropped for s in streams),
                     "scrub": {"verified": checked, "total": len(set(self.segments) | self.verified) + len(self._corrupt_ids)},
                     "failure": self.failure, "thread_errors": self.thread_errors()}

@@ -10,13 +10,16 @@ disk-error handling); ingest thread only.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 from user_rl.cloud.buffer.index import StreamRecord
 from user_rl.cloud.buffer.recovery import load_stream
 from user_rl.cloud.buffer.rows import StreamState
+from user_rl.wire.transitions import DISCARD
 
 if TYPE_CHECKING:
+    from user_rl.cloud.buffer.cache import SlotCache
     from user_rl.cloud.buffer.index import BufferIndex
 
 
@@ -34,6 +37,8 @@ class StreamRegistry:
     _dropped_released: int
     _pending_commits: list
     _open_batches: list
+    cache: SlotCache
+    _lock: threading.RLock
 
     def stream(self, robot: str, epoch: int) -> StreamState | None:
         """The stream for (robot, epoch): from RAM, or reloaded from the index if it was released."""
@@ -105,6 +110,9 @@ class StreamRegistry:
             return
         for ep in ended:
             ep.status, ep.end_reason = "truncated", reason
+        if reason == DISCARD:  # a person's re-record: kept on disk, never sampled
+            with self._lock:
+                self.cache.discard([(ep.stream, ep.episode) for ep in ended])
         stream.dropped += int(stream.pending is not None)  # its last record never gets a successor
         stream.pending, stream.pending_at = None, None
         if self.failure is None:  # after a write failure the next open recovers from the commit log
