@@ -463,8 +463,5 @@ class EdgeDaemon:
             self.chunks.close()
         self.weights.close()
         self.link.close()
-        for source in self.interventions.sources:  # a teleoperator device lets go before the robot does
-            close = getattr(source, "close", None)
-            if callable(close):
-                close()
+        self.interventions.close()  # a teleoperator device lets go before the robot does
         self.robot.close()

@@ -59,12 +59,14 @@ def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
         device=edge_device(cfg.edge.device),
         apply_weights=cfg.edge.apply_weights,
     )
-    requests = OperatorRequests()
-    try:  # a part that cannot be built (no expert, no classifier file) must not leave the robot open
+    requests, interventions = OperatorRequests(), None
+    try:  # a part that cannot be built (no expert, no classifier file) must not leave a device open
         interventions, teleop = intervention_sources(cfg, robot, requests)
         r = cfg.reward
         reward = make_reward(r.type, robot.observation_space, r.classifier, r.threshold, r.keys)
     except BaseException:
+        if interventions is not None:
+            interventions.close()
         robot.close()
         raise
     edge = EdgeDaemon(robot, actor, data_address, weights_address, settings, interventions=interventions,

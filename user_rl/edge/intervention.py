@@ -114,6 +114,13 @@ class InterventionMux:
         self.events.append(InterventionEvent(time.time(), view.episode, view.step, source.name, kind))
         log.info("%s %s at episode %d step %d", source.name, kind.replace("_", " "), view.episode, view.step)
 
+    def close(self) -> None:
+        """Let go of the sources that hold a device (a LeRobot teleoperator)."""
+        for source in self.sources:
+            close = getattr(source, "close", None)
+            if callable(close):
+                close()
+
     def status(self) -> dict:
         return {"driver": self.driver_name, "take_overs": self.take_overs,
                 "intervention_steps": self.intervention_steps, "rate": round(self.rate, 4),

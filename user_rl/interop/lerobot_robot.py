@@ -4,7 +4,7 @@
       type: lerobot
       options:
         robot: {type: so101_follower, port: /dev/ttyACM0, id: my_arm}   # LeRobot's own config
-        control_hz: 30
+        control_hz: 30              # shown by `hal discover`; the loop runs at fleet.control_hz
         episode_steps: 300          # a time limit ends each episode (truncated)
         reset: pose                 # or "current": start where the arm is
         reset_pose: {shoulder_pan.pos: 0.0, ...}
@@ -20,7 +20,8 @@ A LeRobot robot has no reward, no episodes and no reset of its own, so each come
 else: the reward from `reward.type: labels` (a person marks success at the teleop page or with a
 LeRobot teleoperator's success event) or `reward.type: classifier`; an episode ends at the time
 limit or when a person labels it; a reset drives to `reset_pose` or starts where the arm is, after
-`reset_wait_s` for a person to put the scene back.
+`reset_wait_s` for a person to put the scene back (with `reset_s`, below `fleet.stall_s`, or the
+edge takes the reset for a stalled robot).
 """
 
 from __future__ import annotations
