@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -23,8 +22,8 @@ import pytest
 import torch
 import yaml
 
-from user_rl.cloud.learner import Learner
 from user_rl.config import build_config
+from user_rl.testing.learner import serving_learner
 from user_rl.testing.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,10 +78,7 @@ def test_the_edge_only_install_streams_to_a_learner_and_takes_its_policy(edge_ve
                 "learner": {"torch_threads": 1}}
     config = tmp_path / "edge.yaml"
     config.write_text(yaml.safe_dump(cfg_dict))
-    learner = Learner(build_config(cfg_dict).embodiment("pend"), tmp_path / "run")
-    serving = threading.Thread(target=learner.run, daemon=True)
-    serving.start()
-    try:
+    with serving_learner(build_config(cfg_dict).embodiment("pend"), tmp_path / "run") as learner:
         edge = subprocess.Popen([edge_venv / "bin" / "user-rl", "edge", config, "--robot", "pendulum-ctl",
                                  "--embodiment", "pend", "--learner", learner.addresses["data"],
                                  "--weights", learner.addresses["weights"], "--spool", tmp_path / "spool"],
@@ -107,10 +103,6 @@ def test_the_edge_only_install_streams_to_a_learner_and_takes_its_policy(edge_ve
         print(f"edge-only venv: {steps} steps streamed, policy v{robot()['latest_version']} taken")
         assert robot()["transitions"] == steps == learner.env_steps  # every step arrived, once
         assert robot()["latest_version"] >= 1
-    finally:
-        learner.stop()
-        serving.join(30)
-        learner.close()
 
 
 @pytest.mark.parametrize(("args", "expected"), [

@@ -13,10 +13,10 @@ import numpy as np
 
 from user_rl.cloud.buffer.index import BufferIndex
 from user_rl.cloud.buffer.segment import read_segment
-from user_rl.cloud.learner import Learner
 from user_rl.config import build_config
 from user_rl.edge.factory import make_edge
 from user_rl.robots.estop import EStopLatch
+from user_rl.testing.learner import serving_learner
 from user_rl.testing.wait import wait_until
 
 
@@ -25,45 +25,40 @@ def test_an_estop_ends_the_episode_as_truncated_and_nothing_pairs_across_it(tmp_
                         "fleet": {"num_robots": 1, "pace_to_learner": False, "control_hz": 50, "batch_transitions": 16},
                         "policy": {"hidden": [32]}, "algo": {"learning_starts": 10**6},  # the data is under test
                         "learner": {"torch_threads": 1}})
-    learner = Learner(cfg, tmp_path / "run")
-    serving = threading.Thread(target=learner.run, daemon=True)
-    serving.start()
-    spool_root, built = tmp_path / "spool", []
+    with serving_learner(cfg, tmp_path / "run") as learner:
+        spool_root, built = tmp_path / "spool", []
 
-    def serve() -> None:  # built, run and closed in its own thread, as the edge service does
-        edge = make_edge(cfg, 0, learner.addresses["data"], learner.addresses["weights"], spool_root)
-        built.append(edge)
+        def serve() -> None:  # built, run and closed in its own thread, as the edge service does
+            edge = make_edge(cfg, 0, learner.addresses["data"], learner.addresses["weights"], spool_root)
+            built.append(edge)
+            try:
+                edge.run()
+                edge.drain(60)
+            finally:
+                edge.close()
+
+        runner = threading.Thread(target=serve, daemon=True)
+        runner.start()
         try:
-            edge.run()
-            edge.drain(60)
-        finally:
-            edge.close()
-
-    runner = threading.Thread(target=serve, daemon=True)
-    runner.start()
-    try:
-        wait_until(lambda: built and learner.env_steps > 40, 60, "the robot to stream")
-        edge = built[0]
-        wait_until(lambda: 10 <= edge._episode_step <= 80, 10, "the robot to be inside an episode")
-        latch = EStopLatch.for_robot(spool_root, edge.robot.descriptor.id)
-        cut, tripped_at = edge.episodes, time.time()  # the episode in progress (20 steps or more from its end)
-        latch.trip("operator: test")
-        wait_until(lambda: edge.estops == 1, 5, "the edge to stop")
-        cut_length = edge.steps - 100 * cut  # every episode before it ran its 100 steps
-        time.sleep(1.0)
-        rearmed_at = time.time()
-        latch.clear()
-        wait_until(lambda: edge.steps >= cut_length + 100 * cut + 60, 30, "the robot to act again after re-arming")
-        edge.stop()
-        runner.join(90)
-        assert edge.link.unacked == 0, edge.status()
-    finally:
-        for edge in built:
+            wait_until(lambda: built and learner.env_steps > 40, 60, "the robot to stream")
+            edge = built[0]
+            wait_until(lambda: 10 <= edge._episode_step <= 80, 10, "the robot to be inside an episode")
+            latch = EStopLatch.for_robot(spool_root, edge.robot.descriptor.id)
+            cut, tripped_at = edge.episodes, time.time()  # the episode in progress (20 steps or more from its end)
+            latch.trip("operator: test")
+            wait_until(lambda: edge.estops == 1, 5, "the edge to stop")
+            cut_length = edge.steps - 100 * cut  # every episode before it ran its 100 steps
+            time.sleep(1.0)
+            rearmed_at = time.time()
+            latch.clear()
+            wait_until(lambda: edge.steps >= cut_length + 100 * cut + 60, 30, "the robot to act again after re-arming")
             edge.stop()
-        runner.join(30)
-        learner.stop()
-        serving.join(30)
-        learner.close()
+            runner.join(90)
+            assert edge.link.unacked == 0, edge.status()
+        finally:
+            for edge in built:
+                edge.stop()
+            runner.join(30)
 
     index = BufferIndex(tmp_path / "run" / "buffer" / "index.sqlite", read_only=True)
     try:

@@ -15,8 +15,8 @@ from pathlib import Path
 import yaml
 
 from user_rl.cloud.buffer.index import BufferIndex
-from user_rl.cloud.learner import Learner
 from user_rl.config import build_config
+from user_rl.testing.learner import serving_learner
 from user_rl.testing.wait import free_port, wait_for_run_dir, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,10 +30,7 @@ def test_standalone_edge_streams_and_detaches_cleanly_mid_episode(tmp_path: Path
                 "learner": {"data_port": free_port(), "weights_port": free_port(), "torch_threads": 1}}
     config = tmp_path / "edge.yaml"
     config.write_text(yaml.safe_dump(cfg_dict))
-    learner = Learner(build_config(cfg_dict), tmp_path / "run")
-    serving = threading.Thread(target=learner.run, daemon=True)
-    serving.start()
-    try:
+    with serving_learner(build_config(cfg_dict), tmp_path / "run") as learner:
         proc = subprocess.Popen([sys.executable, "-m", "user_rl.cli", "edge", str(config), "--robot", "arm-x",
                                  "--learner", learner.addresses["data"], "--spool", str(tmp_path / "spool")],
                                 cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -53,10 +50,6 @@ def test_standalone_edge_streams_and_detaches_cleanly_mid_episode(tmp_path: Path
         wait_until(lambda: robot().get("detached") is True, 10, "the learner to see the robot leave")
         assert robot()["transitions"] == steps == learner.env_steps  # every step arrived, once
         assert not list((tmp_path / "spool").rglob("*.batch"))
-    finally:
-        learner.stop()
-        serving.join(30)
-        learner.close()
     index = BufferIndex(tmp_path / "run" / "buffer" / "index.sqlite", read_only=True)
     episodes = index.episodes()
     index.close()

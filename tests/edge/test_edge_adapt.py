@@ -7,11 +7,11 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from user_rl.cloud.learner import Learner
 from user_rl.config import build_config
 from user_rl.edge.adapt import MIN_JPEG_QUALITY, BacklogAdapter
 from user_rl.edge.factory import make_edge
 from user_rl.testing.fault_proxy import FaultProxy
+from user_rl.testing.learner import serving_learner
 from user_rl.wire.images import ImageCompression
 from user_rl.testing.wait import wait_until
 
@@ -41,51 +41,46 @@ def test_slow_uplink_makes_the_edge_batch_and_compress_harder_then_recover(tmp_p
         "policy": {"hidden": [16]},
         "algo": {"learning_starts": 10**6},  # the link is under test, not learning
     })
-    learner = Learner(cfg, tmp_path / "run")
-    serving = threading.Thread(target=learner.run, daemon=True)
-    serving.start()
-    built, edges = threading.Event(), []
+    with serving_learner(cfg, tmp_path / "run") as learner:
+        built, edges = threading.Event(), []
 
-    def serve(address: str) -> None:  # built, run and closed in one thread: GL contexts are per thread
-        edge = make_edge(cfg, 0, address, learner.addresses["weights"], tmp_path / "spool")
-        edges.append(edge)
-        built.set()
+        def serve(address: str) -> None:  # built, run and closed in one thread: GL contexts are per thread
+            edge = make_edge(cfg, 0, address, learner.addresses["weights"], tmp_path / "spool")
+            edges.append(edge)
+            built.set()
+            try:
+                edge.run()
+                edge.drain(60)
+            finally:
+                edge.close()
+
+        running = None
         try:
-            edge.run()
-            edge.drain(60)
+            with FaultProxy(learner.addresses["data"]) as uplink:
+                running = threading.Thread(target=serve, args=(uplink.address,), daemon=True)
+                running.start()
+                assert built.wait(60)
+                edge = edges[0]
+                wait_until(lambda: learner.env_steps >= 40, 60, "data to flow on the open link")
+                assert edge.batch.capacity == 4 and edge.link.compression["image"].quality == 95
+
+                uplink.set(bandwidth_bps=16e3)  # far below what 20 Hz of camera frames need
+                steps_before = edge.steps
+                wait_until(lambda: edge.adapter.level == edge.adapter.max_level, 60, "the edge to adapt")
+                assert edge.batch.capacity == 16 and edge.link.compression["image"].quality == MIN_JPEG_QUALITY
+                wait_until(lambda: learner.status()["robots"]["mujoco_reach-0"]["backlog_batches"] >= 4, 30,
+                           "the learner to hear of the backlog")
+                assert edge.steps - steps_before >= 20, "the robot slowed down for the link"
+
+                uplink.set(bandwidth_bps=None)
+                wait_until(lambda: edge.adapter.level == 0 and edge.link.unacked <= 1, 60, "the backlog to drain")
+                assert edge.batch.capacity == 4 and edge.link.compression["image"].quality == 95
+                edge.stop()
+                running.join(90)
+                assert edge.link.unacked == 0
+                assert learner.env_steps == edge.steps  # every step arrived, once
         finally:
-            edge.close()
-
-    running = None
-    try:
-        with FaultProxy(learner.addresses["data"]) as uplink:
-            running = threading.Thread(target=serve, args=(uplink.address,), daemon=True)
-            running.start()
-            assert built.wait(60)
-            edge = edges[0]
-            wait_until(lambda: learner.env_steps >= 40, 60, "data to flow on the open link")
-            assert edge.batch.capacity == 4 and edge.link.compression["image"].quality == 95
-
-            uplink.set(bandwidth_bps=16e3)  # far below what 20 Hz of camera frames need
-            steps_before = edge.steps
-            wait_until(lambda: edge.adapter.level == edge.adapter.max_level, 60, "the edge to adapt")
-            assert edge.batch.capacity == 16 and edge.link.compression["image"].quality == MIN_JPEG_QUALITY
-            wait_until(lambda: learner.status()["robots"]["mujoco_reach-0"]["backlog_batches"] >= 4, 30,
-                       "the learner to hear of the backlog")
-            assert edge.steps - steps_before >= 20, "the robot slowed down for the link"
-
-            uplink.set(bandwidth_bps=None)
-            wait_until(lambda: edge.adapter.level == 0 and edge.link.unacked <= 1, 60, "the backlog to drain")
-            assert edge.batch.capacity == 4 and edge.link.compression["image"].quality == 95
-            edge.stop()
-            running.join(90)
-            assert edge.link.unacked == 0
-            assert learner.env_steps == edge.steps  # every step arrived, once
-    finally:
-        for edge in edges:
-            edge.stop()
-        if running is not None:
-            running.join(30)
-        learner.stop()
-        serving.join(30)
-        learner.close()
+            for edge in edges:
+                edge.stop()
+            if running is not None:
+                running.join(30)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +17,9 @@ import pytest
 import yaml
 from tests.lerobot.harness import install_plugins, run_in_lerobot
 from user_rl.cloud.buffer.episodes import Episode, EpisodeFilter, buffer_spaces, read_episodes
-from user_rl.cloud.learner import Learner
 from user_rl.config import build_config
 from user_rl.testing import lerobot_env
+from user_rl.testing.learner import serving_learner
 from user_rl.testing.wait import free_port
 from user_rl.wire import user_rl_pb2 as pb
 
@@ -50,10 +49,7 @@ def lerobot_run(lerobot_python: Path, tmp_path_factory: pytest.TempPathFactory) 
     cfg = run_config()
     config = tmp / "arm.yaml"
     config.write_text(yaml.safe_dump(cfg))
-    learner = Learner(build_config(cfg), tmp / "run")
-    serving = threading.Thread(target=learner.run, daemon=True)
-    serving.start()
-    try:
+    with serving_learner(build_config(cfg), tmp / "run") as learner:
         edge = [str(lerobot_python), "-m", "user_rl.cli", "edge", str(config), "--robot", "arm-l",
                 "--learner", learner.addresses["data"], "--weights", learner.addresses["weights"],
                 "--spool", str(tmp / "spool")]
@@ -61,10 +57,6 @@ def lerobot_run(lerobot_python: Path, tmp_path_factory: pytest.TempPathFactory) 
                                       capture_output=True, text=True, timeout=180, cwd=lerobot_env.REPO)
         done = run_in_lerobot(lerobot_python, *edge[1:], "--max-steps", str(STEPS), env=env, timeout=300)
         status = learner.status()
-    finally:
-        learner.stop()
-        serving.join(30)
-        learner.close()
     calibration = json.loads((tmp / "site" / "calibration" / "robots" / "sim_arm" / "arm_a.json").read_text())
     return {"run": tmp / "run", "output": done.stdout + done.stderr, "uncalibrated": uncalibrated,
             "status": status, "calibration": calibration}

@@ -14,13 +14,13 @@ import numpy as np
 import torch
 import zmq
 
-from user_rl.cloud.learner import Learner
 from user_rl.config import build_config
 from user_rl.edge.daemon import EdgeDaemon, EdgeSettings
 from user_rl.edge.link import LinkSettings
 from user_rl.policies import make_actor
 from user_rl.robots.safety import ActionFilter, SafetySettings
 from user_rl.sim.reach import ReachRobot
+from user_rl.testing.learner import serving_learner
 from user_rl.testing.wait import wait_until
 from user_rl.wire.codec import decode
 
@@ -135,33 +135,28 @@ def test_a_stalled_policy_gets_the_arm_held_within_the_deadline() -> None:
 def test_violations_and_holds_reach_the_learner_in_the_heartbeat(tmp_path: Path) -> None:
     cfg = build_config({"robot": {"type": "mujoco_reach"}, "fleet": {"num_robots": 1, "pace_to_learner": False,
                         "heartbeat_s": 0.2}, "policy": {"hidden": [16]}, "learner": {"torch_threads": 1}})
-    learner = Learner(cfg, tmp_path / "run")
-    serving = threading.Thread(target=learner.run, daemon=True)
-    serving.start()
-    context = zmq.Context()
-    robot = RecordingArm(robot_id="reported", seed=0)
-    inner = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
-    edge = EdgeDaemon(robot, HostileActor(inner, lambda n: np.full(3, np.nan if n % 2 else 5.0)),
-                      learner.addresses["data"], learner.addresses["weights"],
-                      EdgeSettings(pace_to_learner=False, control_hz=100, heartbeat_s=0.2), context)
-    edge.policy_version = 0
-    runner = threading.Thread(target=edge.run, daemon=True)
-    runner.start()
-    try:
-        def reported() -> dict:
-            return learner.status().get("robots", {}).get("reported", {}).get("safety_violations", {})
+    with serving_learner(cfg, tmp_path / "run") as learner:
+        context = zmq.Context()
+        robot = RecordingArm(robot_id="reported", seed=0)
+        inner = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
+        edge = EdgeDaemon(robot, HostileActor(inner, lambda n: np.full(3, np.nan if n % 2 else 5.0)),
+                          learner.addresses["data"], learner.addresses["weights"],
+                          EdgeSettings(pace_to_learner=False, control_hz=100, heartbeat_s=0.2), context)
+        edge.policy_version = 0
+        runner = threading.Thread(target=edge.run, daemon=True)
+        runner.start()
+        try:
+            def reported() -> dict:
+                return learner.status().get("robots", {}).get("reported", {}).get("safety_violations", {})
 
-        wait_until(lambda: reported().get("non_finite", 0) >= 50 and reported().get("clipped", 0) >= 50, 60,
-                   "the learner to hear of the filtered actions")
-        assert learner.status()["robots"]["reported"]["watchdog_holds"] == 0
-    finally:
-        edge.stop()
-        runner.join(30)
-        edge.close()
-        context.term()
-        learner.stop()
-        serving.join(30)
-        learner.close()
+            wait_until(lambda: reported().get("non_finite", 0) >= 50 and reported().get("clipped", 0) >= 50, 60,
+                       "the learner to hear of the filtered actions")
+            assert learner.status()["robots"]["reported"]["watchdog_holds"] == 0
+        finally:
+            edge.stop()
+            runner.join(30)
+            edge.close()
+            context.term()
 
 
 def test_estop_holds_until_rearmed_even_across_an_edge_restart(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from user_rl.edge.link import DataLink, LinkSettings
 from user_rl.hal.registry import make_robot
 from user_rl.security.keys import generate, revoke
 from user_rl.testing.fault_proxy import FaultProxy
+from user_rl.testing.learner import serving_learner
 from user_rl.testing.wait import free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,13 +41,8 @@ def secure_learner(tmp_path: Path):
            "security": {"curve": "on", "keys_dir": str(keys)}}
     config = tmp_path / "secure.yaml"
     config.write_text(yaml.safe_dump(cfg))
-    learner = Learner(build_config(cfg), tmp_path / "run")
-    serving = threading.Thread(target=learner.run, daemon=True)
-    serving.start()
-    yield learner, config, keys
-    learner.stop()
-    serving.join(30)
-    learner.close()
+    with serving_learner(build_config(cfg), tmp_path / "run") as learner:
+        yield learner, config, keys
 
 
 def edge(config: Path, robot: str, learner: str, weights: str, spool: Path, *overrides: str) -> subprocess.Popen:

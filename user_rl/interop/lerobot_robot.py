@@ -55,10 +55,10 @@ class LeRobotRobot(Robot):
             raise ValueError(f"reset must be 'current' or 'pose', got {reset!r}")
         if episode_steps < 1:
             raise ValueError(f"episode_steps must be at least 1, got {episode_steps}")
-        self.lerobot_type = robot.get("type") if isinstance(robot, dict) else None
         self.episode_steps, self.reset_mode = episode_steps, reset
         self.reset_s, self.reset_wait_s = reset_s, reset_wait_s
-        self.device = connect_device("robot", robot, calibrate=calibrate)
+        self.device = connect_device("robot", robot, calibrate=calibrate)  # checks the config first
+        self.lerobot_type: str = robot["type"]
         try:
             self.observation_space, self.action_space, self.state_names, self.action_names, self.cameras = \
                 _spaces(self.device, action_bounds)
@@ -68,7 +68,7 @@ class LeRobotRobot(Robot):
             raise
         self.descriptor = DeviceDescriptor("robot", f"lerobot:{self.lerobot_type}", robot_id, control_hz,
                                            instruction, tuple(self.cameras),
-                                           {"lerobot_type": str(self.lerobot_type), "lerobot_id": str(self.device.id)})
+                                           {"lerobot_type": self.lerobot_type, "lerobot_id": str(self.device.id)})
         self._last_raw: dict[str, Any] = {}
         self._last_sent: dict[str, float] = {}
         self._steps = 0
