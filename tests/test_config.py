@@ -192,7 +192,7 @@ def test_chunk_policies_and_their_algorithms_are_checked_together() -> None:
     for overrides, message in (
         (["policy.type=flow", "algo.type=sac"], "policy.type flow trains with algo.type bc or qc, not sac"),
         (["policy.type=flow", "algo.type=qc"], "it needs policy.type flow or vla with policy.best_of of 2 or more"),
-        (["policy.chunk=4"], "policy.chunk is a setting of policy.type flow or vla; this policy is mlp"),
+        (["policy.chunk=4"], "policy.chunk is a setting of policy.type flow or vla or lerobot; this policy is mlp"),
         (["policy.type=flow", "policy.chunk=4", "algo.type=bc", "buffer.action_horizon=3"],
          "buffer.action_horizon: this run's policy.chunk is 4; leave buffer.action_horizon out"),
     ):

@@ -160,32 +160,42 @@ class RewardConfig(Section):
 class PolicyConfig(Section):
     """The network edges run (`user_rl.policies.ACTORS`) and what it is built from."""
 
-    type: Literal["mlp", "flow", "vla"] = Field(
+    type: Literal["mlp", "flow", "vla", "lerobot"] = Field(
         "mlp", description="mlp: a Gaussian actor (sac, drq, bc); flow: a flow-matching policy that outputs "
                            "chunks of `chunk` actions (bc, qc); vla: images + instruction + state through a "
-                           "transformer, into flow chunks (bc, qc)")
+                           "transformer, into flow chunks (bc, qc); lerobot: a LeRobot ACT or diffusion policy (bc)")
     hidden: list[int] = Field(default_factory=lambda: [256, 256], description="vla: its flow head's (default: by size)")
     size: Literal["tiny", "100m", "500m"] = Field("tiny", description="vla: the backbone's named size")
     freeze: list[str] = Field(default_factory=list, description="parameter-name prefixes kept fixed in training, "
                                                                 "e.g. [encoder]: a pretrained backbone")
-    chunk: int = Field(1, ge=1, le=64, description="flow: actions per inferred chunk (H); the edge infers once per chunk")
+    chunk: int = Field(1, ge=1, le=128, description="flow: actions per inferred chunk (H), the edge infers once per "
+                                                     "chunk; lerobot: ACT's chunk_size, diffusion's horizon")
     flow_steps: int = Field(10, ge=1, le=100, description="flow: Euler steps from noise to a chunk")
     best_of: int = Field(1, ge=1, le=256, description="flow: chunks sampled per inference, of which the chunk critic "
                                                        "picks one (Q-chunking; algo qc needs more than 1)")
     weights: str | None = Field(None, description="initial actor weights: a .safetensors file or a run's checkpoint.pt")
+    lerobot: dict[str, Any] | None = Field(None, description="lerobot: {type: act|diffusion, <its config fields>} or "
+                                                             "{path: <a directory LeRobot's save_pretrained wrote>}")
 
     ONLY_FOR: ClassVar[dict[str, tuple[str, ...]]] = {
-        "chunk": ("flow", "vla"), "flow_steps": ("flow", "vla"), "best_of": ("flow", "vla"), "size": ("vla",)}
+        "chunk": ("flow", "vla", "lerobot"), "flow_steps": ("flow", "vla"), "best_of": ("flow", "vla"),
+        "size": ("vla",), "lerobot": ("lerobot",)}
 
     @model_validator(mode="after")
     def _settings_of_the_chosen_policy(self) -> "PolicyConfig":
         for key, owners in settings_of_other_types(self):
             raise ValueError(f"policy.{key} is a setting of policy.type {' or '.join(owners)}; this policy is {self.type}")
+        if self.type == "lerobot":
+            if not self.lerobot or ("type" in self.lerobot) == ("path" in self.lerobot):
+                raise ValueError("policy.lerobot: give its type (act or diffusion, with LeRobot's config fields) or "
+                                 "path (a directory LeRobot's save_pretrained wrote)")
+            if "hidden" in self.model_fields_set:
+                raise ValueError("policy.hidden: a LeRobot policy's sizes are fields of policy.lerobot")
         return self
 
     @property
     def chunked(self) -> bool:
-        return self.type in ("flow", "vla")
+        return self.type in ("flow", "vla", "lerobot")
 
     @field_validator("weights")
     @classmethod
@@ -193,12 +203,22 @@ class PolicyConfig(Section):
         """The learner may run in another working directory (a Ray worker)."""
         return None if value is None else str(Path(value).expanduser().resolve())
 
+    @field_validator("lerobot")
+    @classmethod
+    def _absolute_lerobot_path(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None or "path" not in value:
+            return value
+        return {**value, "path": str(Path(value["path"]).expanduser().resolve())}
+
     def summary(self) -> dict[str, Any]:
         """The type and the settings changed from their defaults (for messages)."""
         return {"type": self.type, **self.model_dump(exclude_defaults=True, exclude={"type"})}
 
     def options(self) -> dict[str, Any]:
         """The keyword arguments `make_actor(type, obs_space, action_space, **options)` takes."""
+        if self.type == "lerobot":
+            return {"chunk": self.chunk, "lerobot": dict(self.lerobot or {}),
+                    **({"freeze": list(self.freeze)} if self.freeze else {})}
         options: dict[str, Any] = {"hidden": self.hidden}
         if self.chunked:
             options.update(chunk=self.chunk, flow_steps=self.flow_steps, best_of=self.best_of)
@@ -267,7 +287,7 @@ class BufferConfig(Section):
     recency_half_life: int = Field(50_000, ge=1)
     mix: dict[str, float] | None = Field(None, description='e.g. {online: 0.5, demo: 0.5} (RLPD)')
     n_step: int = Field(1, ge=1, le=64, description="rewards summed per transition; algo qc sets it to policy.chunk")
-    action_horizon: int = Field(1, ge=1, le=64, description="future actions sampled per row (action_chunk, "
+    action_horizon: int = Field(1, ge=1, le=128, description="future actions sampled per row (action_chunk, "
                                                              "chunk_mask); set to policy.chunk by the run")
     max_policy_lag: int | None = Field(None, ge=0, description="versions a row's policy may lag the newest "
                                                               "on arrival to be used as is; None: no limit")
@@ -360,8 +380,9 @@ class Config(Section):
     def _policy_suits_the_algorithm(self) -> "Config":
         """Chunk policies train with bc or qc, which see chunks through the buffer's sampler."""
         policy, algo = self.policy.type, self.algo.type
-        if self.policy.chunked and algo not in ("bc", "qc"):
-            raise ValueError(f"policy.type {policy} trains with algo.type bc or qc, not {algo}")
+        algos = ("bc",) if policy == "lerobot" else ("bc", "qc")  # qc needs a flow policy's chunk critic
+        if self.policy.chunked and algo not in algos:
+            raise ValueError(f"policy.type {policy} trains with algo.type {' or '.join(algos)}, not {algo}")
         if algo == "qc" and (not self.policy.chunked or self.policy.best_of < 2):
             raise ValueError("algo.type qc picks the best of several sampled chunks: it needs policy.type flow "
                              "or vla with policy.best_of of 2 or more")

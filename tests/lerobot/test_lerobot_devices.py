@@ -1,41 +1,48 @@
-"""A LeRobot robot and a LeRobot teleoperator in a short training run.
+"""A LeRobot robot, a LeRobot teleoperator and a LeRobot ACT policy in a short training run.
 
-Both are plugins defined by the test (tests/lerobot/plugins), installed the way LeRobot finds
-third-party devices: a simulated arm whose motor bus is calibrated like an SO arm's, and a
-gamepad whose presses follow a script. `user-rl edge` runs in the LeRobot environment and
-streams to a learner in this process; the learner's buffer is the judge of what happened.
+The devices are plugins defined by the test (tests/lerobot/plugins), installed the way LeRobot
+finds third-party devices: a simulated arm whose motor bus is calibrated like an SO arm's, and a
+gamepad whose presses follow a script. The policy is an ACT that LeRobot saved to a local
+directory (tests/lerobot/save_act.py). `user-rl learner` and `user-rl edge` run in the LeRobot
+environment: the edge runs ACT's chunks, the learner fine-tunes it on the pad's interventions
+(HG-DAgger) and sends it back; the learner's buffer and checkpoint are the judges of what happened.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
+from safetensors.torch import load_file
 from tests.lerobot.harness import install_plugins, run_in_lerobot
 from user_rl.cloud.buffer.episodes import Episode, EpisodeFilter, buffer_spaces, read_episodes
-from user_rl.config import build_config
 from user_rl.testing import lerobot_env
-from user_rl.testing.learner import serving_learner
-from user_rl.testing.wait import free_port
+from user_rl.testing.wait import free_port, wait_until
 from user_rl.wire import user_rl_pb2 as pb
 
 STEPS = 600
 EPISODE_STEPS = 40
 PAD_POSE = [30.0, -20.0, 10.0]  # degrees: where the person's pad drives the arm
-# Reads of the pad (one per control step while nobody else drives): hold the intervention button
-# over reads 50-69, press success at 100 and re-record at 150.
-PAD = {"type": "sim_pad", "id": "pad", "pose": PAD_POSE, "intervene": [[50, 70]], "success": [100], "rerecord": [150]}
+# Reads of the pad (one per control step): hold the intervention button over reads 50-69, 170-229
+# and 280-339, press success at 100 and re-record at 150.
+INTERVENTIONS = [[50, 70], [170, 230], [280, 340]]
+PAD = {"type": "sim_pad", "id": "pad", "pose": PAD_POSE, "intervene": INTERVENTIONS, "success": [100], "rerecord": [150]}
+CHUNK, ACTION_STEPS = 10, 5  # ACT plans 10 actions; the edge executes 5 of each plan
 
 
-def run_config() -> dict:
+def run_config(act_dir: Path) -> dict:
     return {"robot": {"type": "lerobot", "options": {"robot": {"type": "sim_arm", "id": "arm_a"}, "control_hz": 200,
                                                      "episode_steps": EPISODE_STEPS, "calibrate": True}},
-            "fleet": {"num_robots": 1, "control_hz": 200, "batch_transitions": 16},
-            "policy": {"hidden": [32]}, "algo": {"learning_starts": 100, "batch_size": 32},
+            "fleet": {"num_robots": 1, "control_hz": 100, "batch_transitions": 16},
+            "policy": {"type": "lerobot", "chunk": CHUNK,
+                       "lerobot": {"path": str(act_dir), "n_action_steps": ACTION_STEPS}},
+            "algo": {"type": "bc", "learning_starts": 32, "batch_size": 32, "actor_lr": 1e-3},
             "reward": {"type": "labels"}, "intervention": {"teleoperator": PAD},
             "learner": {"data_port": free_port(), "weights_port": free_port(), "torch_threads": 1,
                         "publish_every_updates": 20}}
@@ -43,23 +50,34 @@ def run_config() -> dict:
 
 @pytest.fixture(scope="module")
 def lerobot_run(lerobot_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Learner here, `user-rl edge` for the LeRobot arm in the LeRobot environment, STEPS steps."""
+    """`user-rl learner` and `user-rl edge` for the LeRobot arm, in the LeRobot environment, STEPS steps."""
     tmp = tmp_path_factory.mktemp("lerobot_run")
     env = install_plugins(tmp / "site")
-    cfg = run_config()
+    act_dir, run = tmp / "act", tmp / "run"
+    run_in_lerobot(lerobot_python, str(Path(__file__).parent / "save_act.py"), str(act_dir), "3", str(CHUNK), env=env)
+    cfg = run_config(act_dir)
     config = tmp / "arm.yaml"
     config.write_text(yaml.safe_dump(cfg))
-    with serving_learner(build_config(cfg), tmp / "run") as learner:
-        edge = [str(lerobot_python), "-m", "user_rl.cli", "edge", str(config), "--robot", "arm-l",
-                "--learner", learner.addresses["data"], "--weights", learner.addresses["weights"],
-                "--spool", str(tmp / "spool")]
-        uncalibrated = subprocess.run(edge[:5] + ["robot.options.calibrate=false"] + edge[5:] + ["--max-steps", "1"], env=env,
-                                      capture_output=True, text=True, timeout=180, cwd=lerobot_env.REPO)
+    cli = [str(lerobot_python), "-m", "user_rl.cli"]
+    learner = subprocess.Popen([*cli, "learner", str(config), "--run-dir", str(run)], env=env, cwd=lerobot_env.REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: (run / "addresses.json").is_file() or learner.poll() is not None, 120, "the learner")
+        assert learner.poll() is None, learner.communicate()[0][-3000:]
+        addresses = json.loads((run / "addresses.json").read_text())
+        edge = [*cli, "edge", str(config), "--robot", "arm-l", "--learner", addresses["data"],
+                "--weights", addresses["weights"], "--spool", str(tmp / "spool")]
+        uncalibrated = subprocess.run(edge[:5] + ["robot.options.calibrate=false"] + edge[5:] + ["--max-steps", "1"],
+                                      env=env, capture_output=True, text=True, timeout=180, cwd=lerobot_env.REPO)
         done = run_in_lerobot(lerobot_python, *edge[1:], "--max-steps", str(STEPS), env=env, timeout=300)
-        status = learner.status()
+    finally:
+        learner.send_signal(signal.SIGINT)
+        learner_log = learner.communicate(timeout=120)[0]
+    status = json.loads((run / "learner_status.json").read_text())
+    assert status.get("stopped") and not status.get("errors"), learner_log[-3000:]
     calibration = json.loads((tmp / "site" / "calibration" / "robots" / "sim_arm" / "arm_a.json").read_text())
-    return {"run": tmp / "run", "output": done.stdout + done.stderr, "uncalibrated": uncalibrated,
-            "status": status, "calibration": calibration}
+    return {"run": run, "output": done.stdout + done.stderr, "uncalibrated": uncalibrated, "status": status,
+            "calibration": calibration, "act_dir": act_dir}
 
 
 def test_lerobot_robot_plugin_is_driven_by_the_edge_in_a_short_training_run(lerobot_run: dict) -> None:
@@ -88,9 +106,10 @@ def test_lerobot_robot_plugin_is_driven_by_the_edge_in_a_short_training_run(lero
 def test_lerobot_teleoperator_intervention_success_and_rerecord_arrive_in_the_buffer(lerobot_run: dict) -> None:
     steps = joined(lerobot_run["run"])
     person = np.flatnonzero(steps["actor"] == pb.ACTOR_HUMAN)
-    np.testing.assert_array_equal(person, np.arange(50, 70))  # the button was held over reads 50-69
-    np.testing.assert_array_equal(steps["action"][person], np.tile(PAD_POSE, (20, 1)))  # the pad's action
-    assert not np.allclose(steps["policy_action"][person], PAD_POSE)  # and the policy's proposal beside it
+    held = np.concatenate([np.arange(start, end) for start, end in INTERVENTIONS])
+    np.testing.assert_array_equal(person, held)  # the button was held over reads 50-69, 170-229, 280-339
+    np.testing.assert_array_equal(steps["action"][person], np.tile(PAD_POSE, (len(held), 1)))  # the pad's action
+    assert not np.allclose(steps["policy_action"][50:70], PAD_POSE)  # and the policy's proposal beside it
     # success at step 100: a person's success label on the episode's last row (reward 1 with reward.type labels)
     labelled = np.flatnonzero(steps["label"] != pb.LABEL_NONE)
     np.testing.assert_array_equal(labelled, [100])
@@ -100,7 +119,35 @@ def test_lerobot_teleoperator_intervention_success_and_rerecord_arrive_in_the_bu
     parts = episodes(lerobot_run["run"])
     last_steps = np.cumsum([len(e) for e in parts]) - 1
     assert [(int(end), e.status) for e, end in zip(parts, last_steps) if e.end_reason == "discard"] == [(150, "truncated")]
-    assert sum(e.interventions for e in parts) == 20
+    assert sum(e.interventions for e in parts) == len(held)
+
+
+def test_a_lerobot_act_policy_from_a_local_directory_runs_on_the_edge_and_takes_the_learners_updates(
+        lerobot_run: dict) -> None:
+    steps = joined(lerobot_run["run"])
+    policy = steps["actor"] == pb.ACTOR_POLICY
+    versions = steps["policy_version"][policy]
+    assert policy.sum() > 200 and (np.diff(versions) >= 0).all()
+    assert len(set(versions)) >= 3, lerobot_run["status"]  # the edge took several of the learner's updates
+    # ACT plans CHUNK actions and the edge runs the first ACTION_STEPS of a plan (from the index the plan
+    # arrives at: the next one is inferred while the last one runs), so most steps run a later action of a plan
+    chunk_steps = steps["chunk_step"][policy]
+    assert chunk_steps.max() < ACTION_STEPS and (chunk_steps > 0).mean() > 0.5
+    # the learner fine-tuned LeRobot's ACT from the directory: the same tensors, with its normalisation, moved
+    actor = torch.load(lerobot_run["run"] / "checkpoint.pt", weights_only=True)["algo"]["actor"]
+    saved = load_file(str(lerobot_run["act_dir"] / "model.safetensors"))
+    assert {f"policy.{name}" for name in saved} <= set(actor)
+    assert any(not torch.equal(tensor, actor[f"policy.{name}"]) for name, tensor in saved.items())
+    np.testing.assert_allclose(actor["observation_state_shift"], [5.0] * 3)  # save_act.py's stats
+    np.testing.assert_allclose(actor["observation_state_scale"], [40.0] * 3)
+    np.testing.assert_allclose(actor["action_scale"], [45.0] * 3)
+    assert lerobot_run["status"]["metrics"]["l1_loss"] >= 0.0  # ACT's own loss, reported by the learner
+    # and it does what the person showed: in the run's last 100 steps the policy's actions are the pad's pose
+    late = policy & (np.arange(len(policy)) >= STEPS - 100)
+    assert late.sum() > 50
+    first = np.abs(steps["policy_action"][50:70] - PAD_POSE).mean()
+    learned = np.abs(steps["action"][late] - PAD_POSE).mean()
+    assert learned < 5.0 < first, (first, learned)
 
 
 def episodes(run: Path) -> list[Episode]:

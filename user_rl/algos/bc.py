@@ -17,9 +17,10 @@ the normalised [-1, 1] action units:
   scaled at the action bounds, where the pre-tanh target of a clipped action is large.
 The tanh's log-Jacobian depends only on the target action, so it is left out of the likelihood.
 
-A chunk policy (`policy.type: flow`) imitates each row's next H executed actions instead
-(`action_chunk`), by flow matching, with a weight per action from who executed it, so a chunk
-that a hand-back or the episode's end cut short teaches only what was demonstrated.
+A chunk policy (`policy.type: flow`, `vla` or `lerobot`) imitates each row's next H executed
+actions instead (`action_chunk`) through its own `imitation_loss` (flow matching; a LeRobot
+policy's own loss), with a weight per action from who executed it, so a chunk that a hand-back or
+the episode's end cut short teaches only what was demonstrated.
 
 Rows of weight 0 are dropped before the forward pass, so they cannot change the policy; a batch
 with no weighted row makes no optimiser step at all (Adam would still move the weights on its
@@ -70,7 +71,7 @@ class BehaviourCloning:
         self.device = torch.device(device)
         self.actor = make_actor(policy, obs_space, action_space, **(policy_options or {})).to(self.device)
         self.actor_optim = torch.optim.Adam(trainable(self.actor), lr=self.settings.actor_lr)
-        self.chunked = hasattr(self.actor, "flow_loss")
+        self.chunked = hasattr(self.actor, "imitation_loss")
         self.updates = 0
         self._last: dict[str, torch.Tensor] = {}
 
@@ -88,7 +89,8 @@ class BehaviourCloning:
         """One gradient step towards the weighted rows' actions: obs, action, intervened, policy_acted.
 
         Metrics: `bc_loss` (the weighted loss), `action_nll` and `action_mse` (weighted means of
-        its two parts), `imitated_rows` (rows of the batch with a weight above 0).
+        its two parts), `imitated_rows` (rows of the batch with a weight above 0). A chunk policy
+        reports its loss as `bc_loss`, with the parts its `imitation_loss` names (ACT: l1_loss, kld_loss).
         """
         weight = self.row_weights(batch)
         rows = (weight.view(len(weight), -1).sum(1) > 0).nonzero().squeeze(1)
@@ -98,7 +100,7 @@ class BehaviourCloning:
         obs = {key: value[rows] for key, value in batch["obs"].items()}
         weight = weight[rows]
         if self.chunked:
-            return self._flow_step(obs, self.actor.normalize(batch["action_chunk"][rows]), weight)
+            return self._chunk_step(obs, self.actor.normalize(batch["action_chunk"][rows]), weight)
         target = self.actor.normalize(batch["action"][rows])
         mean, log_std = self.actor.distribution(obs)
         pre_tanh_target = torch.atanh(target.clamp(-TARGET_EDGE, TARGET_EDGE))
@@ -113,13 +115,13 @@ class BehaviourCloning:
         self._last = {"bc_loss": loss.detach(), "action_nll": action_nll.detach(), "action_mse": action_mse.detach()}
         return {**self._last, "imitated_rows": torch.tensor(float(rows.numel()), device=self.device)}
 
-    def _flow_step(self, obs: dict, chunks: torch.Tensor, weight: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Flow matching towards the weighted actions of each row's chunk."""
-        loss = self.actor.flow_loss(self.actor.encoder(obs), chunks, weight)
+    def _chunk_step(self, obs: dict, chunks: torch.Tensor, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The chunk policy's imitation loss towards the weighted actions of each row's chunk."""
+        loss, parts = self.actor.imitation_loss(obs, chunks, weight)
         self.actor_optim.zero_grad(set_to_none=True)
         loss.backward()
         self.actor_optim.step()
-        self._last = {"bc_loss": loss.detach()}
+        self._last = {"bc_loss": loss.detach(), **parts}
         return {**self._last, "imitated_rows": torch.tensor(float(len(chunks)), device=self.device)}
 
     def state_dict(self) -> dict:

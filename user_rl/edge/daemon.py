@@ -1,7 +1,8 @@
 """The edge daemon: one robot's control loop with local policy inference.
 
 Each turn: hand new weights to the policy runner if any arrived, pick an action (random until
-the first policy version arrives; a chunk policy's next chunk is inferred in the background while
+the first policy version arrives, or the actor's own weights if it was built from local ones, as
+a LeRobot policy's directory is: version 0; a chunk policy's next chunk is inferred in the background while
 the current one runs, `AsyncChunkRunner`, so the loop does not wait on inference; an actor without
 chunks infers in the loop, `ChunkRunner`), pass it through the safety filter, step the
 robot, record the transition, and service the link (flush batches, heartbeats, acks). The
@@ -107,7 +108,9 @@ class EdgeDaemon:
         self.estop = EStopLatch(self.link.spool.directory / LATCH_NAME)  # next to the spool: survives restarts
         self.estops = 0
         self.rng = np.random.default_rng(s.seed)
-        self.policy_version = -1
+        # an actor built from local weights (`pretrained`) acts with them, as version 0, until the learner's
+        # first version arrives; any other acts randomly (warm-up) until then
+        self.policy_version = 0 if getattr(actor, "pretrained", False) else -1
         self.steps = 0
         self.episodes = 0  # episodes ended; also the number of the one in progress
         self._episode_step = 0

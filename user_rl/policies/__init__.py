@@ -5,14 +5,17 @@
 | `mlp` | `GaussianActor` (`mlp.py`) | one action per step; its critic is `TwinQCritic` |
 | `flow` | `FlowChunkActor` (`flow.py`) | chunks of H actions (flow matching); carries its own chunk critic for best-of-N |
 | `vla` | `VLAChunkActor` (`vla.py`) | the same chunks from images + an instruction + state, through a transformer |
+| `lerobot` | `LeRobotChunkActor` (`user_rl/interop/lerobot_policy.py`) | a LeRobot ACT or diffusion policy's chunks (needs `user-rl[lerobot]`, imported only when asked for) |
 
-Every actor has `act(obs, deterministic)`; a chunk actor also `act_chunk` and `chunk_length`.
+Every actor has `act(obs, deterministic)`; a chunk actor also `act_chunk`, `chunk_length` (actions
+executed per inference) and `imitation_loss` (what `algo.type: bc` minimises).
 `make_actor(..., freeze=[prefix, ...])` keeps the parameters whose names start so fixed.
 `ChunkRunner` (`chunking.py`) runs either kind one action per step.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import gymnasium as gym
@@ -23,7 +26,8 @@ from user_rl.policies.flow import FlowChunkActor
 from user_rl.policies.mlp import GaussianActor, TwinQCritic
 from user_rl.policies.vla import VLAChunkActor
 
-ACTORS: dict[str, type[nn.Module]] = {"mlp": GaussianActor, "flow": FlowChunkActor, "vla": VLAChunkActor}
+ACTORS: dict[str, type[nn.Module] | str] = {"mlp": GaussianActor, "flow": FlowChunkActor, "vla": VLAChunkActor,
+                                           "lerobot": "user_rl.interop.lerobot_policy:LeRobotChunkActor"}
 CRITICS: dict[str, type[nn.Module]] = {"mlp": TwinQCritic}
 
 
@@ -31,9 +35,18 @@ def make_actor(name: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.B
                freeze: list[str] | tuple[str, ...] = (), **options: Any) -> nn.Module:
     if name not in ACTORS:
         raise KeyError(f"unknown policy {name!r}; known: {', '.join(sorted(ACTORS))}")
-    actor = ACTORS[name](obs_space, action_space, **options)
+    actor = actor_class(name)(obs_space, action_space, **options)
     freeze_parameters(actor, freeze)
     return actor
+
+
+def actor_class(name: str) -> type[nn.Module]:
+    """The class of a policy type; one named "module:Class" is imported on first use (optional extras)."""
+    found = ACTORS[name]
+    if isinstance(found, str):
+        module, _, attribute = found.partition(":")
+        found = getattr(importlib.import_module(module), attribute)
+    return found
 
 
 def freeze_parameters(module: nn.Module, prefixes: list[str] | tuple[str, ...]) -> None:
@@ -57,4 +70,4 @@ def make_critic(name: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.
 
 
 __all__ = ["ACTORS", "CRITICS", "ChunkRunner", "FlowChunkActor", "GaussianActor", "TwinQCritic", "VLAChunkActor",
-           "act_chunk", "chunk_length", "freeze_parameters", "make_actor", "make_critic"]
+           "act_chunk", "actor_class", "chunk_length", "freeze_parameters", "make_actor", "make_critic"]

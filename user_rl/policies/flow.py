@@ -74,6 +74,11 @@ class FlowChunkActor(ActionScaling):
         per_action = error.view(len(x1), self.chunk_length, self.action_dim).mean(-1)
         return (per_action * weights).sum() / weights.sum().clamp(min=1.0)
 
+    def imitation_loss(self, obs: dict[str, torch.Tensor], chunks: torch.Tensor,
+                       weights: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """What behaviour cloning minimises: `flow_loss` on these observations (no extra metrics)."""
+        return self.flow_loss(self.encoder(obs), chunks, weights), {}
+
     def sample_from(self, features: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
         """Normalised chunks (B, H, A) in [-1, 1], integrated from `noise` (default: fresh Gaussian)."""
         x = torch.randn(len(features), self.chunk_length * self.action_dim, device=features.device) \

@@ -26,7 +26,7 @@ from user_rl.wire.transitions import DISCARD, OBS, intervened
 
 # Per-step columns an episode carries besides its observations (the buffer's bookkeeping left out).
 STEP_COLUMNS = ("action", "policy_action", "reward", "terminated", "truncated", "step", "policy_version",
-                "actor", "label", "label_by", "sensor_time")
+                "actor", "label", "label_by", "sensor_time", "chunk_step")
 
 
 @dataclass

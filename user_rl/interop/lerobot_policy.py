@@ -1,0 +1,302 @@
+"""A LeRobot policy (ACT or diffusion) as a chunk actor: the edge runs it, the learner fine-tunes it.
+
+    policy:
+      type: lerobot
+      chunk: 20                  # actions each training row imitates: ACT's chunk_size, diffusion's horizon
+      lerobot: {type: act, n_action_steps: 10, dim_model: 256}    # LeRobot's own config fields
+      # or, local weights: lerobot: {path: /models/act_pick}   # a directory LeRobot's save_pretrained wrote
+
+Built from LeRobot's own config classes (`--policy.type=act` / `--policy.path=DIR` in LeRobot's CLI),
+with nothing downloaded: ACT's ImageNet backbone weights default to none here. The edge executes
+`n_action_steps` actions per inference (default: the whole chunk) through `ChunkRunner`; the learner
+trains it with `algo.type: bc` through LeRobot's own loss (`policy.forward`).
+
+Features. Camera keys (uint8 HxWxC) become `observation.images.<key>`; every other vector (an
+instruction's bytes aside: neither ACT nor diffusion reads text) is concatenated, in key order, into
+`observation.state`, the name LeRobot's robots and our dataset export use for a robot's state.
+ACT and diffusion need an image or an environment state: a robot without a camera feeds its state
+as `observation.environment_state` too.
+
+Normalisation. LeRobot 0.4 normalises in processor pipelines beside the model; here it is one affine
+map per feature, kept as buffers, so it travels with the weights to every edge and into checkpoints.
+With `path`, the map is the directory's own (its preprocessor's stats and modes); otherwise every
+bounded feature's bounds map to [-1, 1] (actions, pixels in [0, 1], a bounded state) and an unbounded
+state passes unchanged.
+
+A LeRobot loss takes a padding mask, not weights: an action of the chunk with any imitation weight
+counts fully, one with none (not executed in its episode, or the policy's own) not at all.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from user_rl.policies.encoders import is_image, unit_pixels
+
+log = logging.getLogger(__name__)
+
+KINDS = ("act", "diffusion")
+STATE, ENV_STATE, ACTION, IMAGES = "observation.state", "observation.environment_state", "action", "observation.images"
+INSTALL = "pip install 'user-rl[lerobot]'"
+
+
+def _lerobot() -> Any:
+    """LeRobot's policy configs registered (importing the package registers them)."""
+    try:
+        import lerobot.policies  # noqa: F401  (registers act, diffusion, ...)
+        from lerobot.configs.policies import PreTrainedConfig
+    except ImportError as exc:
+        raise RuntimeError(f"policy.type lerobot needs the lerobot package: {INSTALL} "
+                           f"(on Python 3.11 that is lerobot 0.4.x; import failed: {exc})") from None
+    return PreTrainedConfig
+
+
+class PolicyInputs:
+    """Which observation keys feed which LeRobot feature, and the features' shapes."""
+
+    def __init__(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> None:
+        keys = sorted(obs_space.spaces)
+        self.cameras = [k for k in keys if is_image(obs_space[k])]
+        self.state_keys = [k for k in keys if k not in self.cameras and obs_space[k].dtype != np.uint8]
+        if not self.state_keys:
+            raise ValueError("a LeRobot ACT or diffusion policy needs a state vector among the observations; "
+                             f"this robot has only {', '.join(keys)}")
+        self.state_dim = sum(int(np.prod(obs_space[k].shape)) for k in self.state_keys)
+        self.env_state = not self.cameras  # the state doubles as the environment state
+        self.action_dim = int(action_space.shape[0])
+        self.obs_space, self.action_space = obs_space, action_space
+
+    def features(self) -> tuple[dict[str, tuple[str, tuple[int, ...]]], dict[str, tuple[str, tuple[int, ...]]]]:
+        """(inputs, outputs) as {name: (LeRobot feature type, shape)}; images are (C, H, W)."""
+        inputs = {STATE: ("STATE", (self.state_dim,))}
+        if self.env_state:
+            inputs[ENV_STATE] = ("ENV", (self.state_dim,))
+        for key in self.cameras:
+            h, w, c = self.obs_space[key].shape
+            inputs[f"{IMAGES}.{key}"] = ("VISUAL", (c, h, w))
+        return inputs, {ACTION: ("ACTION", (self.action_dim,))}
+
+    def bounds(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """(low, high) of every feature whose observations are bounded, as the features see them."""
+        found = {ACTION: (self.action_space.low, self.action_space.high)}
+        low = np.concatenate([np.ravel(self.obs_space[k].low) for k in self.state_keys]).astype(np.float64)
+        high = np.concatenate([np.ravel(self.obs_space[k].high) for k in self.state_keys]).astype(np.float64)
+        if np.isfinite(low).all() and np.isfinite(high).all():
+            found[STATE] = found[ENV_STATE] = (low, high)
+        for key in self.cameras:
+            channels = self.obs_space[key].shape[-1]
+            found[f"{IMAGES}.{key}"] = (np.zeros((channels, 1, 1)), np.ones((channels, 1, 1)))
+        return found
+
+
+def build_config(kind: str, chunk: int, inputs: PolicyInputs, fields: dict[str, Any]) -> Any:
+    """A fresh ACT / diffusion config for these spaces, `fields` as LeRobot's CLI would set them."""
+    from lerobot.configs.types import FeatureType, PolicyFeature
+
+    if kind not in KINDS:
+        raise ValueError(f"policy.lerobot.type: {kind!r} is not supported; one of {', '.join(KINDS)} "
+                         f"(or path: a directory LeRobot's save_pretrained wrote)")
+    taken = {"input_features", "output_features", "chunk_size", "horizon"} & set(fields)
+    if taken:
+        raise ValueError(f"policy.lerobot.{sorted(taken)[0]} is set by user-rl: features come from the robot's "
+                         "spaces, the chunk from policy.chunk")
+    ins, outs = inputs.features()
+    defaults: dict[str, Any] = {"device": "cpu", "n_action_steps": chunk,
+                                "input_features": {n: PolicyFeature(FeatureType[t], s) for n, (t, s) in ins.items()},
+                                "output_features": {n: PolicyFeature(FeatureType[t], s) for n, (t, s) in outs.items()}}
+    if kind == "act":
+        defaults.update(chunk_size=chunk, pretrained_backbone_weights=None)  # never download ImageNet weights
+    else:
+        defaults.update(horizon=chunk, n_obs_steps=1)  # the edge gives the policy one observation
+    try:
+        return _lerobot().get_choice_class(kind)(**{**defaults, **fields})
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"policy.lerobot ({kind}): {exc}") from None
+
+
+def load_config(path: Path, chunk: int, inputs: PolicyInputs, overrides: dict[str, Any]) -> Any:
+    """A saved policy's config, checked against these spaces and `policy.chunk`."""
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"policy.lerobot.path: {path} holds no config.json (a directory LeRobot's "
+                                "save_pretrained wrote is expected)")
+    config = _lerobot().from_pretrained(str(path))
+    if config.type not in KINDS:
+        raise ValueError(f"policy.lerobot.path: {path} holds a {config.type!r} policy; supported: {', '.join(KINDS)}")
+    planned = config.chunk_size if config.type == "act" else config.horizon
+    if planned != chunk:
+        raise ValueError(f"policy.chunk: the {config.type} policy at {path} plans {planned} actions a chunk; "
+                         f"set policy.chunk: {planned}")
+    if config.type == "diffusion" and config.n_obs_steps != 1:
+        raise ValueError(f"policy.lerobot.path: the diffusion policy at {path} reads {config.n_obs_steps} "
+                         "observations; the edge gives it one (n_obs_steps 1)")
+    ins, outs = inputs.features()
+    saved = {n: (f.type.name, tuple(f.shape)) for n, f in {**config.input_features, **config.output_features}.items()}
+    ours = {**ins, **outs}
+    if saved != ours:
+        differ = sorted(set(saved) ^ set(ours)) or sorted(n for n in saved if saved[n] != ours[n])
+        raise ValueError(f"policy.lerobot.path: the policy at {path} reads {saved}, this robot gives {ours} "
+                         f"(first difference: {differ[0]})")
+    for key, value in overrides.items():
+        if not hasattr(config, key):
+            raise ValueError(f"policy.lerobot.{key}: the {config.type} config has no such field")
+        setattr(config, key, value)
+    if not 1 <= config.n_action_steps <= chunk:
+        raise ValueError(f"policy.lerobot.n_action_steps: {config.n_action_steps} actions of a {chunk}-action chunk")
+    return config
+
+
+def saved_normalisation(path: Path, config: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
+    """(shift, scale) per normalised feature from the directory's preprocessor (LeRobot: (x - shift) /
+    scale; a feature it leaves out passes unchanged), or None if the directory has no preprocessor."""
+    if not (path / "policy_preprocessor.json").is_file():
+        log.warning("%s has no policy_preprocessor.json: normalising by the robot's bounds instead", path)
+        return None
+    from lerobot.configs.types import NormalizationMode as Mode
+    from lerobot.policies.factory import make_pre_post_processors
+    from lerobot.processor import NormalizerProcessorStep
+
+    pre, _ = make_pre_post_processors(config, pretrained_path=str(path))
+    step = next((s for s in pre.steps if isinstance(s, NormalizerProcessorStep)), None)
+    if step is None:
+        return {}
+    pairs = {Mode.MIN_MAX: ("min", "max"), Mode.QUANTILES: ("q01", "q99"), Mode.QUANTILE10: ("q10", "q90")}
+    found = {}
+    for name, feature in step.features.items():
+        mode, stats = step.norm_map.get(feature.type, Mode.IDENTITY), step.stats.get(name)
+        if mode == Mode.IDENTITY or not stats:
+            continue
+        as_tensor = {k: torch.as_tensor(v, dtype=torch.float32) for k, v in stats.items()}
+        if mode == Mode.MEAN_STD:
+            found[name] = (as_tensor["mean"], as_tensor["std"] + step.eps)
+        else:
+            low, high = (as_tensor[k] for k in pairs[mode])
+            span = torch.where(high == low, torch.full_like(high, step.eps), high - low)
+            found[name] = (low + span / 2, span / 2)
+    return found
+
+
+class LeRobotChunkActor(nn.Module):
+    """A LeRobot ACT or diffusion policy behind the chunk actor interface (`act_chunk`, `imitation_loss`)."""
+
+    def __init__(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, chunk: int,
+                 lerobot: dict[str, Any]) -> None:
+        super().__init__()
+        _lerobot()  # first: without the package nothing else can be checked
+        fields = dict(lerobot)
+        path = fields.pop("path", None)
+        kind = fields.pop("type", None)
+        if (path is None) == (kind is None):
+            raise ValueError("policy.lerobot: give its type (act or diffusion, with LeRobot's config fields) or "
+                             "path (a directory LeRobot's save_pretrained wrote), one of the two")
+        self.inputs = PolicyInputs(obs_space, action_space)
+        if path is not None:
+            path = Path(path)
+            config = load_config(path, chunk, self.inputs, fields)
+            from lerobot.policies.factory import get_policy_class
+
+            self.policy = get_policy_class(config.type).from_pretrained(str(path), config=config, strict=True)
+            normalisation = saved_normalisation(path, config)
+        else:
+            config = build_config(kind, chunk, self.inputs, fields)
+            from lerobot.policies.factory import get_policy_class
+
+            self.policy = get_policy_class(config.type)(config)
+            normalisation = None
+        self.config = config
+        self.pretrained = path is not None  # the edge acts with these weights until the learner's first version
+        self.kind = config.type
+        self.chunk_length = int(config.n_action_steps)  # what the edge executes per inference
+        self.train_horizon = chunk
+        self._register_normalisation(self._from_bounds() if normalisation is None else normalisation)
+        low, high = (torch.as_tensor(b, dtype=torch.float32) for b in (action_space.low, action_space.high))
+        self.register_buffer("action_low", low)
+        self.register_buffer("action_high", high)
+        self.policy.train()
+
+    # -- normalisation ---------------------------------------------------------------------------------
+    def _from_bounds(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        found = {}
+        for name, (low, high) in self.inputs.bounds().items():
+            low, high = torch.as_tensor(low, dtype=torch.float32), torch.as_tensor(high, dtype=torch.float32)
+            found[name] = ((high + low) / 2, ((high - low) / 2).clamp(min=1e-8))
+        return found
+
+    def _register_normalisation(self, found: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """One (shift, scale) buffer pair per feature; identity where none is known."""
+        ins, outs = self.inputs.features()
+        self.feature_names = list(ins) + list(outs)
+        for name, (_, shape) in {**ins, **outs}.items():
+            shift, scale = found.get(name, (torch.zeros(()), torch.ones(())))
+            self.register_buffer(_buffer(name, "shift"), shift.float().clone())
+            self.register_buffer(_buffer(name, "scale"), scale.float().clone())
+
+    def _normalised(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        return (value - getattr(self, _buffer(name, "shift"))) / getattr(self, _buffer(name, "scale"))
+
+    def normalize(self, action: torch.Tensor) -> torch.Tensor:
+        """Robot units → the policy's action units (the learner's targets)."""
+        return self._normalised(ACTION, action)
+
+    def to_robot_units(self, normalised: torch.Tensor) -> torch.Tensor:
+        """The policy's actions in robot units, within the robot's bounds (ACT's regression is unbounded)."""
+        action = normalised * getattr(self, _buffer(ACTION, "scale")) + getattr(self, _buffer(ACTION, "shift"))
+        return torch.maximum(torch.minimum(action, self.action_high), self.action_low)
+
+    def lerobot_batch(self, obs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Our observations (B, ...) as the policy's normalised inputs."""
+        state = torch.cat([obs[k].flatten(1).float() for k in self.inputs.state_keys], dim=-1)
+        batch = {STATE: self._normalised(STATE, state)}
+        if self.inputs.env_state:
+            batch[ENV_STATE] = self._normalised(ENV_STATE, state)
+        for key in self.inputs.cameras:
+            name = f"{IMAGES}.{key}"
+            batch[name] = self._normalised(name, unit_pixels(obs[key]))
+        if self.kind == "diffusion":  # one observation step: (B, 1, ...)
+            batch = {name: value.unsqueeze(1) for name, value in batch.items()}
+        return batch
+
+    # -- what edges run --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def act_chunk(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> torch.Tensor:
+        """The next `n_action_steps` actions in the robot's units, (B, H, A). ACT is deterministic at
+        inference; diffusion samples, from a fixed seed when `deterministic`."""
+        batch = self.lerobot_batch(obs)
+        self.policy.eval()
+        if self.kind == "act":
+            normalised = self.policy.predict_action_chunk(batch)[:, :self.chunk_length]
+        else:
+            if self.inputs.cameras:
+                batch[IMAGES] = torch.stack([batch[f"{IMAGES}.{k}"] for k in self.inputs.cameras], dim=-4)
+            if deterministic:  # the same chunk for the same observation: its sampler's noise from a fixed seed
+                device = batch[STATE].device
+                with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                    torch.manual_seed(0)
+                    normalised = self.policy.diffusion.generate_actions(batch)
+            else:
+                normalised = self.policy.diffusion.generate_actions(batch)
+        return self.to_robot_units(normalised)
+
+    @torch.no_grad()
+    def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> torch.Tensor:
+        return self.act_chunk(obs, deterministic)[:, 0]
+
+    # -- what the learner trains -------------------------------------------------------------------
+    def imitation_loss(self, obs: dict[str, torch.Tensor], chunks: torch.Tensor,
+                       weights: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """LeRobot's own loss on normalised chunks (B, H, A); actions of weight 0 are padding."""
+        self.policy.train()
+        batch = {**self.lerobot_batch(obs), ACTION: chunks, "action_is_pad": weights <= 0}
+        loss, parts = self.policy.forward(batch)
+        return loss, {name: torch.as_tensor(float(value)) for name, value in (parts or {}).items()}
+
+
+def _buffer(feature: str, what: str) -> str:
+    """A buffer's name for a feature (buffer names cannot hold dots)."""
+    return f"{feature.replace('.', '_')}_{what}"
