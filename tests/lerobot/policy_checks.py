@@ -1,7 +1,7 @@
 """Run in the LeRobot environment by test_lerobot_policy.py: measures our LeRobot actor against
 LeRobot's own pipeline and prints what it found as JSON (the test asserts on it).
 
-    python tests/lerobot/policy_checks.py ACT_DIR    # ACT_DIR: written by save_act.py (3 joints, chunk 10)
+    python tests/lerobot/policy_checks.py ACT_DIR    # saves an ACT there (save_act.py: 3 joints, chunk 10)
 """
 
 import json
@@ -13,10 +13,12 @@ import torch
 from lerobot.policies.act.modeling_act import ACTPolicy
 from lerobot.policies.factory import make_pre_post_processors
 
-from user_rl.algos import make_algo
+from save_act import save_act  # this script's directory is on the path
+from user_rl.algos import BCSettings, make_algo
 from user_rl.policies import make_actor
 
 act_dir = sys.argv[1]
+save_act(act_dir, 3, 10)
 found: dict = {}
 arm = gym.spaces.Dict({"state": gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)})
 bounds = gym.spaces.Box(-90.0, 90.0, (3,), np.float32)
@@ -47,20 +49,20 @@ for name, kwargs in {"chunk": dict(space=arm, chunk=4, lerobot={"path": act_dir}
 
 # 3. A diffusion policy with a camera, built from its config: plans chunks, learns by behaviour cloning.
 torch.manual_seed(0)
-camera = gym.spaces.Dict({"state": arm["state"], "wrist": gym.spaces.Box(0, 255, (16, 16, 3), np.uint8)})
+camera = gym.spaces.Dict({"state": arm["state"], "wrist": gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)})
 options = {"chunk": 8, "lerobot": {"type": "diffusion", "down_dims": [16, 32], "n_action_steps": 4,
                                    "num_inference_steps": 10, "spatial_softmax_num_keypoints": 8}}
-bc = make_algo("bc", camera, bounds, "lerobot", options)
+bc = make_algo("bc", camera, bounds, "lerobot", options, BCSettings(actor_lr=1e-3))
 rng = np.random.default_rng(1)
-rows = 32
+rows = 16
 target = np.tile([30.0, -20.0, 10.0], (rows, 8, 1)).astype(np.float32)
 batch = {"obs": {"state": torch.as_tensor(rng.uniform(-60, 60, (rows, 3)), dtype=torch.float32),
-                 "wrist": torch.as_tensor(rng.integers(0, 255, (rows, 16, 16, 3)), dtype=torch.uint8)},
+                 "wrist": torch.as_tensor(rng.integers(0, 255, (rows, 8, 8, 3)), dtype=torch.uint8)},
          "action": torch.as_tensor(target[:, 0]), "intervened": torch.ones(rows), "policy_acted": torch.zeros(rows),
          "action_chunk": torch.as_tensor(target), "chunk_intervened": torch.ones(rows, 8),
          "chunk_policy_acted": torch.zeros(rows, 8)}
-losses = [float(bc.update(batch)["bc_loss"]) for _ in range(60)]
-found["diffusion_loss_first_last"] = [float(np.mean(losses[:10])), float(np.mean(losses[-10:]))]
+losses = [float(bc.update(batch)["bc_loss"]) for _ in range(30)]
+found["diffusion_loss_first_last"] = [float(np.mean(losses[:5])), float(np.mean(losses[-5:]))]
 edge = make_actor("lerobot", camera, bounds, **options)
 edge.load_state_dict(bc.actor.state_dict())  # what an edge does with a published version
 obs = {key: value[:2] for key, value in batch["obs"].items()}

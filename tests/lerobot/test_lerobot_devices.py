@@ -54,21 +54,27 @@ def lerobot_run(lerobot_python: Path, tmp_path_factory: pytest.TempPathFactory) 
     tmp = tmp_path_factory.mktemp("lerobot_run")
     env = install_plugins(tmp / "site")
     act_dir, run = tmp / "act", tmp / "run"
-    run_in_lerobot(lerobot_python, str(Path(__file__).parent / "save_act.py"), str(act_dir), "3", str(CHUNK), env=env)
     cfg = run_config(act_dir)
     config = tmp / "arm.yaml"
     config.write_text(yaml.safe_dump(cfg))
     cli = [str(lerobot_python), "-m", "user_rl.cli"]
-    learner = subprocess.Popen([*cli, "learner", str(config), "--run-dir", str(run)], env=env, cwd=lerobot_env.REPO,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    learner_config = cfg["learner"]
+    edge = [*cli, "edge", str(config), "--robot", "arm-l", "--learner", f"tcp://127.0.0.1:{learner_config['data_port']}",
+            "--weights", f"tcp://127.0.0.1:{learner_config['weights_port']}", "--spool", str(tmp / "spool")]
+
+    def start(*args: str) -> subprocess.Popen:  # the three start at once: each spends seconds importing LeRobot
+        return subprocess.Popen(list(args), env=env, cwd=lerobot_env.REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+
+    # the ACT directory (the learner reads it once the edge says hello), the learner, and an uncalibrated start
+    saving = start(str(lerobot_python), str(Path(__file__).parent / "save_act.py"), str(act_dir), "3", str(CHUNK))
+    learner = start(*cli, "learner", str(config), "--run-dir", str(run))
+    uncalibrated = start(*edge[:5], "robot.options.calibrate=false", *edge[5:], "--max-steps", "1")
     try:
+        assert saving.wait(120) == 0, saving.communicate()[0][-3000:]
         wait_until(lambda: (run / "addresses.json").is_file() or learner.poll() is not None, 120, "the learner")
         assert learner.poll() is None, learner.communicate()[0][-3000:]
-        addresses = json.loads((run / "addresses.json").read_text())
-        edge = [*cli, "edge", str(config), "--robot", "arm-l", "--learner", addresses["data"],
-                "--weights", addresses["weights"], "--spool", str(tmp / "spool")]
-        uncalibrated = subprocess.run(edge[:5] + ["robot.options.calibrate=false"] + edge[5:] + ["--max-steps", "1"],
-                                      env=env, capture_output=True, text=True, timeout=180, cwd=lerobot_env.REPO)
+        refused = uncalibrated.communicate(timeout=180)[0], uncalibrated.returncode
         done = run_in_lerobot(lerobot_python, *edge[1:], "--max-steps", str(STEPS), env=env, timeout=300)
     finally:
         learner.send_signal(signal.SIGINT)
@@ -76,14 +82,14 @@ def lerobot_run(lerobot_python: Path, tmp_path_factory: pytest.TempPathFactory) 
     status = json.loads((run / "learner_status.json").read_text())
     assert status.get("stopped") and not status.get("errors"), learner_log[-3000:]
     calibration = json.loads((tmp / "site" / "calibration" / "robots" / "sim_arm" / "arm_a.json").read_text())
-    return {"run": run, "output": done.stdout + done.stderr, "uncalibrated": uncalibrated, "status": status,
+    return {"run": run, "output": done.stdout + done.stderr, "uncalibrated": refused, "status": status,
             "calibration": calibration, "act_dir": act_dir}
 
 
 def test_lerobot_robot_plugin_is_driven_by_the_edge_in_a_short_training_run(lerobot_run: dict) -> None:
-    refused = lerobot_run["uncalibrated"]
-    assert refused.returncode != 0
-    assert "is not calibrated: run `lerobot-calibrate --robot.type=sim_arm --robot.id=arm_a`" in refused.stderr
+    refused, returncode = lerobot_run["uncalibrated"]
+    assert returncode != 0
+    assert "is not calibrated: run `lerobot-calibrate --robot.type=sim_arm --robot.id=arm_a`" in refused
     assert set(lerobot_run["calibration"]) == {"j1", "j2", "j3"}  # calibrate: true ran LeRobot's calibration
     assert f"edge arm-l: detached after {STEPS} steps" in lerobot_run["output"]
 

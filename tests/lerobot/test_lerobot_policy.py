@@ -20,7 +20,6 @@ HERE = Path(__file__).parent
 @pytest.fixture(scope="module")
 def checks(lerobot_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     act_dir = tmp_path_factory.mktemp("policy") / "act"
-    run_in_lerobot(lerobot_python, str(HERE / "save_act.py"), str(act_dir), "3", "10")
     done = run_in_lerobot(lerobot_python, str(HERE / "policy_checks.py"), str(act_dir))
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "act_dir": str(act_dir)}
 

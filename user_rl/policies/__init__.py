@@ -5,7 +5,7 @@
 | `mlp` | `GaussianActor` (`mlp.py`) | one action per step; its critic is `TwinQCritic` |
 | `flow` | `FlowChunkActor` (`flow.py`) | chunks of H actions (flow matching); carries its own chunk critic for best-of-N |
 | `vla` | `VLAChunkActor` (`vla.py`) | the same chunks from images + an instruction + state, through a transformer |
-| `lerobot` | `LeRobotChunkActor` (`user_rl/interop/lerobot_policy.py`) | a LeRobot ACT or diffusion policy's chunks (needs `user-rl[lerobot]`, imported only when asked for) |
+| `lerobot` | `LeRobotChunkActor` (`lerobot_policy.py`) | a LeRobot ACT or diffusion policy's chunks (needs `user-rl[lerobot]`, imported only when asked for) |
 
 Every actor has `act(obs, deterministic)`; a chunk actor also `act_chunk`, `chunk_length` (actions
 executed per inference) and `imitation_loss` (what `algo.type: bc` minimises).
@@ -27,7 +27,7 @@ from user_rl.policies.mlp import GaussianActor, TwinQCritic
 from user_rl.policies.vla import VLAChunkActor
 
 ACTORS: dict[str, type[nn.Module] | str] = {"mlp": GaussianActor, "flow": FlowChunkActor, "vla": VLAChunkActor,
-                                           "lerobot": "user_rl.interop.lerobot_policy:LeRobotChunkActor"}
+                                           "lerobot": "user_rl.policies.lerobot_policy:LeRobotChunkActor"}
 CRITICS: dict[str, type[nn.Module]] = {"mlp": TwinQCritic}
 
 

@@ -29,6 +29,7 @@ counts fully, one with none (not executed in its episode, or the policy's own) n
 
 from __future__ import annotations
 
+import importlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ INSTALL = "pip install 'user-rl[lerobot]'"
 def _lerobot() -> Any:
     """LeRobot's policy configs registered (importing the package registers them)."""
     try:
-        import lerobot.policies  # noqa: F401  (registers act, diffusion, ...)
+        importlib.import_module("lerobot.policies")  # registers act, diffusion, ... with their config base
         from lerobot.configs.policies import PreTrainedConfig
     except ImportError as exc:
         raise RuntimeError(f"policy.type lerobot needs the lerobot package: {INSTALL} "
