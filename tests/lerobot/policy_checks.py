@@ -40,7 +40,8 @@ for name, kwargs in {"chunk": dict(space=arm, chunk=4, lerobot={"path": act_dir}
                      "features": dict(space=gym.spaces.Dict({"state": gym.spaces.Box(-1, 1, (4,), np.float32)}),
                                       chunk=10, lerobot={"path": act_dir}),
                      "kind": dict(space=arm, chunk=10, lerobot={"type": "pi0"}),
-                     "field": dict(space=arm, chunk=10, lerobot={"type": "act", "dim_modle": 8})}.items():
+                     "field": dict(space=arm, chunk=10, lerobot={"type": "act", "dim_modle": 8}),
+                     "history": dict(space=arm, chunk=8, lerobot={"type": "diffusion", "n_obs_steps": 2})}.items():
     try:
         make_actor("lerobot", kwargs.pop("space"), bounds, **kwargs)
         found[f"error_{name}"] = None

@@ -43,6 +43,7 @@ def test_mistakes_in_a_lerobot_policy_are_named(checks: dict) -> None:
     assert "this robot gives {'observation.state': ('STATE', (4,))" in checks["error_features"]
     assert checks["error_kind"].startswith("policy.lerobot.type: 'pi0' is not supported; one of act, diffusion")
     assert "dim_modle" in checks["error_field"] and checks["error_field"].startswith("policy.lerobot (act)")
+    assert checks["error_history"].startswith("policy.lerobot.n_obs_steps: the edge gives the policy one observation")
 
 
 def test_a_lerobot_policy_config_is_checked_and_without_lerobot_says_how_to_get_it() -> None:

@@ -115,7 +115,9 @@ def build_config(kind: str, chunk: int, inputs: PolicyInputs, fields: dict[str, 
     if kind == "act":
         defaults.update(chunk_size=chunk, pretrained_backbone_weights=None)  # never download ImageNet weights
     else:
-        defaults.update(horizon=chunk, n_obs_steps=1)  # the edge gives the policy one observation
+        if fields.get("n_obs_steps", 1) != 1:
+            raise ValueError("policy.lerobot.n_obs_steps: the edge gives the policy one observation a step (1)")
+        defaults.update(horizon=chunk, n_obs_steps=1)
     try:
         return _lerobot().get_choice_class(kind)(**{**defaults, **fields})
     except (TypeError, ValueError) as exc:
