@@ -198,30 +198,26 @@ class LeRobotChunkActor(nn.Module):
         if (path is None) == (kind is None):
             raise ValueError("policy.lerobot: give its type (act or diffusion, with LeRobot's config fields) or "
                              "path (a directory LeRobot's save_pretrained wrote), one of the two")
+        from lerobot.policies.factory import get_policy_class
+
         self.inputs = PolicyInputs(obs_space, action_space)
         if path is not None:
             path = Path(path)
             config = load_config(path, chunk, self.inputs, fields)
-            from lerobot.policies.factory import get_policy_class
-
             self.policy = get_policy_class(config.type).from_pretrained(str(path), config=config, strict=True)
             normalisation = saved_normalisation(path, config)
         else:
             config = build_config(kind, chunk, self.inputs, fields)
-            from lerobot.policies.factory import get_policy_class
-
             self.policy = get_policy_class(config.type)(config)
             normalisation = None
         self.config = config
         self.pretrained = path is not None  # the edge acts with these weights until the learner's first version
         self.kind = config.type
         self.chunk_length = int(config.n_action_steps)  # what the edge executes per inference
-        self.train_horizon = chunk
         self._register_normalisation(self._from_bounds() if normalisation is None else normalisation)
         low, high = (torch.as_tensor(b, dtype=torch.float32) for b in (action_space.low, action_space.high))
         self.register_buffer("action_low", low)
         self.register_buffer("action_high", high)
-        self.policy.train()
 
     # -- normalisation ---------------------------------------------------------------------------------
     def _from_bounds(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -234,8 +230,7 @@ class LeRobotChunkActor(nn.Module):
     def _register_normalisation(self, found: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """One (shift, scale) buffer pair per feature; identity where none is known."""
         ins, outs = self.inputs.features()
-        self.feature_names = list(ins) + list(outs)
-        for name, (_, shape) in {**ins, **outs}.items():
+        for name in {**ins, **outs}:
             shift, scale = found.get(name, (torch.zeros(()), torch.ones(())))
             self.register_buffer(_buffer(name, "shift"), shift.float().clone())
             self.register_buffer(_buffer(name, "scale"), scale.float().clone())
