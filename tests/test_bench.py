@@ -78,7 +78,7 @@ def test_learn_from_demos_reports_success_per_instruction(tmp_path: Path) -> Non
 
 def test_weight_sync_bench_times_every_edge_applying_what_was_published(tmp_path: Path) -> None:
     result = run_bench("weight_sync.py", tmp_path / "sync.json")["results"][0]
-    assert result["edges"] == 2 and len(result["rounds"]) == 2
+    assert result["edges"] == 2 and len(result["rounds"]) == 3  # two warm-up rounds, one steady
     assert result["every_edge_applied_the_published_weights"]  # the bench checks each edge's weights
     assert result["bytes"] >= 2 * result["params"]  # bfloat16
     assert result["ours_s"] > 0 and result["plain_s"] > 0 and result["ratio_vs_plain"] > 0

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from user_rl.policies.chunking import chunk_length, infer_chunk
+from user_rl.policies.weights import load_received
 
 LATENCY_WINDOW = 50  # inferences whose latency the status summarises
 
@@ -79,7 +80,7 @@ class AsyncChunkRunner:
         with self._swap_lock:
             new, self._new_state = self._new_state, None
         if new is not None:
-            self.actor.load_state_dict(new[0])
+            load_received(self.actor, new[0])
             self._loaded = new[1]
         return self._loaded
 

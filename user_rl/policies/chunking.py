@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from user_rl.policies.weights import load_received
+
 
 def chunk_length(actor: nn.Module) -> int:
     return int(getattr(actor, "chunk_length", 1))
@@ -48,7 +50,7 @@ class ChunkRunner:
 
     def swap(self, state: dict[str, torch.Tensor], version: int = -1) -> None:
         """New weights (policy `version`), for the next chunk (the one in hand runs to its end)."""
-        self.actor.load_state_dict(state)
+        load_received(self.actor, state)
         self._loaded = version
 
     @torch.no_grad()

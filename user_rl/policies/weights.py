@@ -54,3 +54,19 @@ def load_weights(actor: nn.Module, path: str | Path) -> list[str]:
                              f"{list(own[name].shape)}")
     actor.load_state_dict(stored, strict=False)
     return sorted(name for name, _ in actor.named_parameters() if name not in stored)
+
+
+def load_received(actor: nn.Module, state: dict[str, torch.Tensor]) -> bool:
+    """Load a received policy version into `actor`; True when its tensors were taken as they are.
+
+    A version arrives as views of the receiver's buffer. When every tensor already has the dtype,
+    shape and device the actor's has (a bfloat16 VLA on a CPU edge), the actor takes those views
+    (`assign`): a 1 GB model is applied without copying a byte, and the receiver reuses the buffer
+    only once the actor has let go of it. Otherwise (a cast to float32, a copy to the GPU) it is
+    loaded by copy, as `load_state_dict` always does."""
+    own = actor.state_dict()
+    fits = own.keys() == state.keys() and all(
+        tensor.dtype == own[name].dtype and tensor.shape == own[name].shape and tensor.device == own[name].device
+        for name, tensor in state.items())
+    actor.load_state_dict(state, assign=fits)
+    return fits
