@@ -171,3 +171,50 @@ def test_a_new_version_reuses_only_memory_no_policy_still_holds(context) -> None
     finally:
         receiver.close()
         server.close()
+
+
+class Policy(torch.nn.Module):
+    """An edge's policy with the test model's tensors (float32 on the CPU, as the versions arrive)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(1024, 1024, bias=False)
+        self.backbone = torch.nn.Linear(1024, 1024, bias=False)
+
+
+def test_a_policy_takes_a_received_version_without_a_copy_and_its_memory_is_never_overwritten(context) -> None:
+    """A version that fits the policy (dtype, shape, device) becomes the policy's own tensors; the
+    receiver lands the next versions elsewhere until the policy has moved on from it."""
+    from user_rl.policies.weights import load_received
+
+    server = ServerThread(context)
+    receiver = WeightReceiver(context, server.endpoint)
+    policy = Policy()
+    try:
+        states = {v: model_state(v) for v in (1, 2, 3, 4)}
+        server.publish(1, pack(1, states[1], frozen=FROZEN))
+        _, state = receiver.wait_for(1, timeout=10)
+        assert load_received(policy, state)  # taken as they are: no copy
+        assert policy.head.weight.data_ptr() == state["head.weight"].data_ptr()
+        del state
+        for version in (2, 3):  # they land while the policy still acts with version 1
+            server.publish(version, pack(version, states[version], frozen=FROZEN))
+            _, state = receiver.wait_for(version, timeout=10)
+            assert state["head.weight"].data_ptr() != policy.head.weight.data_ptr()
+            del state
+        assert_equal_state(dict(policy.state_dict()), states[1])  # untouched by versions 2 and 3
+        server.publish(4, pack(4, states[4], frozen=FROZEN))
+        _, state = receiver.wait_for(4, timeout=10)
+        assert load_received(policy, state)
+        del state
+        assert_equal_state(dict(policy.state_dict()), states[4])
+        # A version that does not fit (here: cast to bfloat16 for a float32 policy) is loaded by copy.
+        server.publish(5, pack(5, states[1], cast_floats_to=torch.bfloat16, frozen=FROZEN))
+        _, state = receiver.wait_for(5, timeout=10)
+        assert not load_received(policy, state)
+        assert policy.head.weight.dtype == torch.float32
+        assert policy.head.weight.data_ptr() != state["head.weight"].data_ptr()
+        torch.testing.assert_close(policy.head.weight, states[1]["head.weight"], atol=0.02, rtol=0.01)
+    finally:
+        receiver.close()
+        server.close()
