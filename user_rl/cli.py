@@ -193,6 +193,41 @@ def _teleop(args: argparse.Namespace) -> int:
     return 0
 
 
+def _status(args: argparse.Namespace) -> int:
+    import time
+
+    from user_rl.status import NoStatus, fleet_table, learner_statuses
+
+    while True:
+        try:
+            statuses = learner_statuses(args.target, args.keys, args.robot)
+        except NoStatus as exc:
+            print(f"user-rl: {exc}", file=sys.stderr)
+            return 2
+        if args.json:
+            print(json.dumps(dict(statuses), default=str))
+        else:
+            print("\n\n".join((f"== {name}\n" if name else "") + fleet_table(status) for name, status in statuses),
+                  flush=True)
+        if not args.watch:
+            return 0
+        time.sleep(args.watch)
+        print()
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from user_rl.plots import NothingToPlot, render_run_plots
+
+    try:
+        written = render_run_plots(args.run_dir)
+    except NothingToPlot as exc:
+        print(f"user-rl: {exc}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
+    return 0
+
+
 def _key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -322,6 +357,21 @@ def build_parser() -> argparse.ArgumentParser:
     teleop.add_argument("--host", default="127.0.0.1", help="where the fleet page listens")
     teleop.add_argument("--port", type=int, default=0, help="the fleet page's port (default: a free one)")
     teleop.set_defaults(func=_teleop)
+
+    status = sub.add_parser("status", help="the live fleet table: each robot's health, policy version, steps/s, "
+                            "spool, backlog and last error")
+    status.add_argument("target", metavar="RUN_DIR|ADDRESS",
+                        help="a run directory, or a running learner's data address (tcp://host:port)")
+    status.add_argument("--keys", help="keys directory, for a learner whose links are encrypted")
+    status.add_argument("--robot", default="", help="the enrolled robot whose key asks (with --keys)")
+    status.add_argument("--watch", type=float, default=0.0, metavar="S", help="print the table again every S seconds")
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
+    status.set_defaults(func=_status)
+
+    plot = sub.add_parser("plot", help="draw a run's learning curve and per-robot contribution as PNG files "
+                          "in its directory (train does this at its end)")
+    plot.add_argument("run_dir", help="the run directory")
+    plot.set_defaults(func=_plot)
 
     hal = sub.add_parser("hal", help="the devices of this node")
     hal_actions = hal.add_subparsers(dest="action", required=True)

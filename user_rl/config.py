@@ -308,6 +308,7 @@ class LearnerConfig(Section):
     data_port: int = Field(0, ge=0, le=65535, description="0 picks a free port; fix it so edges survive a learner restart")
     weights_port: int = Field(0, ge=0, le=65535)
     checkpoint_every_s: float = Field(60.0, gt=0, description="background checkpoints, written without pausing")
+    tensorboard_every_s: float = Field(10.0, ge=0, description="TensorBoard points in <run>/tensorboard; 0: none")
     max_messages_per_s: float = Field(2000.0, gt=0, description="per robot connection; more are dropped unread")
     max_message_mb: float = Field(64.0, gt=0, description="a bigger message disconnects its sender")
     prefetch_batches: int = Field(4, ge=1, le=64, description="sampled batches kept ready in shared memory for the trainer process")
@@ -337,11 +338,18 @@ class SecurityConfig(Section):
 class StopConfig(Section):
     max_env_steps: int = Field(200_000, ge=1)
     max_wall_s: float = Field(1800.0, gt=0.0)
-    eval_every_s: float = Field(20.0, gt=0.0)
+    eval_every_s: float | None = Field(20.0, gt=0.0, description="evaluations, goal or not (the learning "
+                                       "curve); null: only the final one (a goal then needs one)")
     eval_episodes: int = Field(20, ge=1)
     success_rate: float | None = Field(None, ge=0.0, le=1.0)
     confirm_evals: int = Field(1, ge=1, description="consecutive evaluations, each on new episodes, that must meet the goal")
     mean_return: float | None = None
+
+    @model_validator(mode="after")
+    def _goal_needs_evaluations(self) -> "StopConfig":
+        if self.eval_every_s is None and (self.success_rate is not None or self.mean_return is not None):
+            raise ValueError("stop.eval_every_s is null but stop names a goal: a goal is checked by evaluations")
+        return self
 
 
 class EmbodimentConfig(Section):

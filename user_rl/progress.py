@@ -53,7 +53,9 @@ class ProgressPrinter:
         self._last = (elapsed, status["env_steps"], status["updates"])
         record = {"time_s": round(elapsed, 2), "env_steps_per_s": round(steps_rate, 1),
                   "updates_per_s": round(update_rate, 1),
-                  **{k: v for k, v in status.items() if k not in ("robots", "error")}}
+                  **{k: v for k, v in status.items() if k not in ("robots", "error")},
+                  # each robot's stored transitions: the end-of-run plot of who contributed what
+                  "robot_transitions": {rid: r.get("transitions", 0) for rid, r in status.get("robots", {}).items()}}
         self.metrics.write(json.dumps(record) + "\n")
         self.metrics.flush()
         if elapsed - self._last_print >= self.every_s:

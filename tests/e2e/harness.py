@@ -109,3 +109,7 @@ def evaluate(checkpoint: str, episodes: int, seed: int, *overrides: str) -> dict
     proc = run_cli("eval", checkpoint, *overrides, "--episodes", str(episodes), "--seed", str(seed), "--json", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+# These runs are judged on fresh episodes after they end: evaluations on the way (the learning
+# curve every run draws) would only cost the suite time.
+ONLY_THE_FINAL_EVALUATION = ("stop.eval_every_s=null",)

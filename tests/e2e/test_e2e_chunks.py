@@ -13,20 +13,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.e2e.harness import evaluate, train
+from tests.e2e.harness import ONLY_THE_FINAL_EVALUATION, evaluate, train
 
 FRESH_EPISODES = 100  # with gains of 0.2-0.3 measured, a +0.1 bar on 100 episodes each rarely flakes
 
 
 @pytest.mark.timeout(1200)
 def test_q_chunking_improves_a_behaviour_cloned_flow_chunk_policy_online(tmp_path: Path) -> None:
-    cloned = train("configs/reach_flow_bc.yaml", tmp_path / "bc")
+    cloned = train("configs/reach_flow_bc.yaml", tmp_path / "bc", *ONLY_THE_FINAL_EVALUATION)
     assert cloned["stop_reason"] == "max_env_steps"
     bc_dir = Path(cloned["run_dir"])
     bc_fresh = evaluate(cloned["checkpoint"], episodes=FRESH_EPISODES, seed=11)
 
     online = train("configs/reach_flow_qc.yaml", tmp_path / "qc", f"policy.weights={cloned['checkpoint']}",
-                   f"buffer.attach=[{{path: {bc_dir / 'buffer'}, source: demo}}]")
+                   f"buffer.attach=[{{path: {bc_dir / 'buffer'}, source: demo}}]", *ONLY_THE_FINAL_EVALUATION)
     qc_fresh = evaluate(online["checkpoint"], episodes=FRESH_EPISODES, seed=11)
     print(f"\nflow chunk policy (H=5) on sparse reach, success on {FRESH_EPISODES} fresh episodes: "
           f"behaviour cloning {bc_fresh['success_rate']:.2f} after {cloned['learner']['env_steps']:,} env steps, "

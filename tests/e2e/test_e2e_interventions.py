@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import evaluate, train
+from tests.e2e.harness import ONLY_THE_FINAL_EVALUATION, evaluate, train
 
 FRESH_EPISODES = 100  # a policy at 85% fails the 80% bar on 100 episodes about 1 run in 10 ... at 90%: 1 in 1000
 
@@ -33,7 +33,7 @@ def test_interventions_solve_a_sparse_task_that_sac_alone_does_not(tmp_path: Pat
     assert helped["stop_reason"] == "goal_reached" and steps <= 30000, helped["stdout"][-3000:]
     # Alone: as many env steps as the helped run needed.
     alone = train("configs/reach_interventions.yaml", tmp_path / "alone", "intervention.scripted=false",
-                  "buffer.mix=null", f"stop.max_env_steps={steps}")
+                  "buffer.mix=null", f"stop.max_env_steps={steps}", *ONLY_THE_FINAL_EVALUATION)
     assert alone["learner"]["env_steps"] <= steps
     helped_fresh = evaluate(helped["checkpoint"], episodes=FRESH_EPISODES, seed=11)
     alone_fresh = evaluate(alone["checkpoint"], episodes=FRESH_EPISODES, seed=11)

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import evaluate, train
+from tests.e2e.harness import ONLY_THE_FINAL_EVALUATION, evaluate, train
 
 FRESH_EPISODES = 50  # per instruction; the expert itself touches ~0.94 of targets within 30 steps
 
 
 @pytest.mark.timeout(1500)
 def test_the_tiny_vla_touches_the_target_its_instruction_names(tmp_path: Path) -> None:
-    summary = train("configs/reach_vla.yaml", tmp_path, timeout=1200)
+    summary = train("configs/reach_vla.yaml", tmp_path, *ONLY_THE_FINAL_EVALUATION, timeout=1200)
     assert summary["stop_reason"] == "max_env_steps", summary["stdout"][-3000:]
     # The same fresh scenes told each instruction (a fixed goal leaves the scene's draws unchanged):
     # only the words differ, so touching the named target on both is the instruction steering it.

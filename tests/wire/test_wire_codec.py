@@ -42,7 +42,7 @@ def test_every_body_kind_is_covered() -> None:
     oneof = pb.Envelope.DESCRIPTOR.oneofs_by_name["body"]
     assert {f.name for f in oneof.fields} == {
         "hello", "heartbeat", "batch", "ack", "reject", "weights_request",
-        "weights_announce", "weights_chunk", "command",
+        "weights_announce", "weights_chunk", "command", "status_request", "status_reply",
     }
 
 
@@ -154,6 +154,21 @@ def test_weights_chunk_with_its_frame() -> None:
     np.testing.assert_array_equal(msg.arrays["bytes"], payload)
     empty = roundtrip(envelope(weights_chunk=pb.WeightsChunk(version=5, index=0)), {"bytes": np.zeros(0, np.uint8)})
     assert empty.arrays["bytes"].shape == (0,) and empty.arrays["bytes"].dtype == np.uint8
+
+
+def test_status_request_and_reply_carry_the_fleet_table() -> None:
+    from user_rl.cloud.fleet_status import status_from_reply, status_reply
+
+    assert roundtrip(envelope(status_request=pb.StatusRequest())).kind == "status_request"
+    status = {"env_steps": 900, "updates": 450, "policy_version": 7, "buffer": 880, "time": 12.5, "robots": {
+        "arm-0": {"health": "ok", "acting_version": 6, "policy_lag": 1, "steps_per_second": 49.5,
+                  "backlog_bytes": 4096, "backlog_batches": 2, "last_error": None, "transitions": 440,
+                  "seconds_since_seen": 0.25},
+        "arm-1": {"health": "unhealthy: motor 2 hot", "acting_version": None, "policy_lag": None,
+                  "steps_per_second": 0.0, "backlog_bytes": 0, "backlog_batches": 0,
+                  "last_error": "robot: motor 2 hot", "transitions": 440, "seconds_since_seen": 3.0}}}
+    msg = roundtrip(envelope(status_reply=status_reply(status)))
+    assert msg.kind == "status_reply" and status_from_reply(msg.body) == status
 
 
 def test_envelope_needs_exactly_one_body() -> None:

@@ -30,6 +30,7 @@ import sqlite3
 import time
 from collections import Counter, OrderedDict
 from pathlib import Path
+from typing import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -38,9 +39,10 @@ import zmq
 from user_rl.cloud.buffer.rows import StreamState
 from user_rl.cloud.buffer.store import PersistentReplay
 from user_rl.cloud.credit import StepCredit
+from user_rl.cloud.fleet_status import status_reply
 from user_rl.cloud.peer_guard import PeerGuard
 from user_rl.cloud.sessions import RobotSession
-from user_rl.cloud.staleness import PublishedVersions, row_lags, stale_rows
+from user_rl.cloud.staleness import LagCounts, PublishedVersions, row_lags, stale_rows
 from user_rl.config import BufferConfig
 from user_rl.security.curve import Gatekeeper, secure_server, split_user_id
 from user_rl.wire import user_rl_pb2 as pb
@@ -101,6 +103,8 @@ class Ingest:
         self.episode_ends = 0  # count-0 batches that ended an episode (e-stop, hold)
         self.published = PublishedVersions()
         self.stale_transitions = 0  # stored rows whose policy lagged more than buffer.max_policy_lag
+        self.lag_counts = LagCounts()  # stored rows the policy acted, by their lag
+        self.status_source: Callable[[], dict] | None = None  # the learner's latest status, for status requests
         self._max_logged = max_rejects_logged
 
     # -- receiving -------------------------------------------------------------------------
@@ -193,6 +197,10 @@ class Ingest:
         if kind == "hello":
             self._hello(identity, msg)
             return
+        if kind == "status_request":  # `user-rl status ADDRESS`: no robot, no hello
+            reply = status_reply(self.status_source() if self.status_source else {"robots": self.report()["robots"]})
+            self.socket.send_multipart([identity, *encode(envelope(status_reply=reply))])
+            return
         session = self.robots.get(msg.envelope.robot_id)
         if session is None or identity not in session.connections:
             raise WireError("no_hello", f"robot {msg.envelope.robot_id!r} sent {kind} before hello")
@@ -209,6 +217,7 @@ class Ingest:
                                  "safety_violations": dict(hb.safety_violations), "watchdog_holds": hb.watchdog_holds,
                                  "estopped": hb.estopped or None, "intervention_steps": hb.intervention_steps,
                                  "take_overs": hb.take_overs, "driver": hb.driver,
+                                 "health": hb.health or "unknown", "last_error": hb.last_error or None,
                                  "inference": {"latency_ms": hb.inference_ms, "latency_p99_ms": hb.inference_p99_ms,
                                                "chunk_age_steps": hb.chunk_age_steps, "starved_steps": hb.starved_steps,
                                                "loop_jitter_p99_ms": hb.loop_jitter_p99_ms}}
@@ -324,6 +333,7 @@ class Ingest:
         validate_batch(arrays, body.count, self.obs_space, self.action_space)
         arrays["policy_lag"] = row_lags(arrays, self.published)
         self.buffer.add(stream, body.seq, arrays)
+        self.lag_counts.add(arrays["policy_lag"], arrays)
         stale = int(np.count_nonzero(stale_rows(arrays["policy_lag"], self.buffer_settings.max_policy_lag)))
         self.stale_transitions += stale
         session.account(arrays, stale)
@@ -377,6 +387,7 @@ class Ingest:
             "lost_batches": self.lost_batches,
             "episode_ends": self.episode_ends,
             "stale_transitions": self.stale_transitions,
+            "policy_lag_counts": self.lag_counts.counts.tolist(),  # stored rows the policy acted, by lag (last: more)
         }
 
     # -- replying --------------------------------------------------------------------------

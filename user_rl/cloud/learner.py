@@ -40,6 +40,7 @@ from user_rl.wire.weights import CASTS, PackedWeights
 from user_rl.config import Config
 from user_rl.hal.registry import robot_spaces
 from user_rl.security.curve import learner_gate
+from user_rl.tensorboard_log import LearnerCurves, TensorBoardLog, open_log
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,9 @@ class Learner:
         self.sampler = BatchPreparer(lambda: self.ingest.buffer, lambda: self.trainer, cfg.algo.batch_size,
                                      self.rng, self._may_submit, self._stop, self._rng_lock)
         self._threads: dict[str, GuardedThread] = {}
+        self._board_thread: GuardedThread | None = None
         self._status = self._snapshot()  # no thread runs yet: the first status (it names the device) is ready now
+        self.ingest.status_source = lambda: self._status  # answered on the ingest thread, which also writes it
         log.warning("learner trains on %s", self.device_name)
 
     @property
@@ -228,6 +231,10 @@ class Learner:
         """Train until `stop()`; the ingest and sampler threads run alongside and end with it."""
         self._threads = {"ingest": GuardedThread("learner-ingest", self._ingest_loop),
                          "sampler": GuardedThread("learner-sampler", self.sampler.run)}
+        board = open_log(self.run_dir) if self.cfg.learner.tensorboard_every_s > 0 else None
+        if board is not None:  # beside the others, not one of them: logs that fail never stop training
+            self._board_thread = GuardedThread("learner-tensorboard", lambda: self._log_curves(board))
+            self._board_thread.start()
         for thread in self._threads.values():
             thread.start()
         try:
@@ -261,6 +268,8 @@ class Learner:
             if not self._threads["ingest"].is_alive():  # its sockets and counters are ours now
                 self._publish_pending()
                 self._status = self._snapshot()
+            if self._board_thread is not None:  # it writes a last point and closes its file
+                self._board_thread.join(timeout=30)
 
     def _on_reply(self, reply: Reply) -> None:
         if reply.kind == "actor":
@@ -350,6 +359,16 @@ class Learner:
             self._published = request
             self._publish_cond.notify_all()
 
+    def _log_curves(self, board: TensorBoardLog) -> None:
+        """The tensorboard thread: a point from the status every `learner.tensorboard_every_s`, and a last one."""
+        curves = LearnerCurves(board)
+        try:
+            while not self._stop.wait(self.cfg.learner.tensorboard_every_s):
+                curves.write(self.status())
+            curves.write(self.status())
+        finally:
+            board.close()
+
     # -- control from outside the loop threads ----------------------------------------------
     def pause(self, timeout: float = 30.0) -> int:
         """Stop updating, publish the current actor, and return its version."""
@@ -383,6 +402,8 @@ class Learner:
     def _thread_errors(self) -> dict[str, str]:
         """Every background thread (and the trainer process) that stopped on an error or is failing, with why."""
         errors = {name: thread.error for name, thread in self._threads.items() if thread.error}
+        if self._board_thread is not None and self._board_thread.error:
+            errors["tensorboard"] = self._board_thread.error
         if self.trainer is not None and self.trainer.error:
             errors["trainer"] = self.trainer.error
         if self.checkpoints.error:

@@ -79,6 +79,8 @@ class RobotSession:
             "safety_violations": self.heartbeat.get("safety_violations", {}),
             "watchdog_holds": self.heartbeat.get("watchdog_holds", 0),
             "estopped": self.heartbeat.get("estopped"),
+            "health": self.heartbeat.get("health", "unknown"),  # "ok" or what is wrong, as the edge sees it
+            "last_error": self.heartbeat.get("last_error"),  # the newest problem the edge met
             "intervention_rate": self.intervention_rate(),  # of its recent stored steps
             "take_overs": self.heartbeat.get("take_overs", 0),
             "driver": self.heartbeat.get("driver", ""),  # who acts now ("": the policy)

@@ -52,3 +52,17 @@ def row_lags(columns: dict[str, np.ndarray], published: PublishedVersions) -> np
 def stale_rows(lags: np.ndarray, max_lag: int | None) -> np.ndarray:
     """Which rows lagged more than `max_lag` versions (`buffer.max_policy_lag`; None: none did)."""
     return np.zeros(len(lags), bool) if max_lag is None else lags > max_lag
+
+
+class LagCounts:
+    """How many stored rows the policy acted with each lag (the last bin holds `MAX_BIN` and more):
+    the staleness histogram of the learner's status and TensorBoard."""
+
+    MAX_BIN = 32
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(self.MAX_BIN + 1, np.int64)
+
+    def add(self, lags: np.ndarray, columns: dict[str, np.ndarray]) -> None:
+        acted = (columns["actor"] == pb.ACTOR_POLICY) & (columns["policy_version"] >= 0)
+        self.counts += np.bincount(np.minimum(lags[acted], self.MAX_BIN), minlength=self.MAX_BIN + 1)

@@ -30,9 +30,10 @@ from torch import nn
 
 from user_rl.edge.adapt import BacklogAdapter
 from user_rl.edge.batching import BatchBuilder
+from user_rl.edge.health import EdgeHealth
 from user_rl.edge.inference import AsyncChunkRunner
 from user_rl.edge.intervention import InterventionMux, StepView
-from user_rl.edge.jitter import LoopJitter, keep_startup_objects_out_of_gc
+from user_rl.edge.jitter import LoopJitter, prepare_control_loop_process
 from user_rl.edge.link import DataLink, LinkSettings
 from user_rl.edge.operator import OperatorRequests, StepRecord
 from user_rl.edge.weights import WeightReceiver
@@ -107,6 +108,9 @@ class EdgeDaemon:
                                  name=robot.descriptor.id)
         self.estop = EStopLatch(self.link.spool.directory / LATCH_NAME)  # next to the spool: survives restarts
         self.estops = 0
+        self.health = EdgeHealth(robot, self.estop.tripped, lambda: self.link.refused, {
+            "learner rejected": lambda: self.link.last_reject, "link": lambda: self.link.handshake_error,
+            "hold failed": lambda: self.watchdog.last_failure, "weights": lambda: self.weights.error})
         self.rng = np.random.default_rng(s.seed)
         # an actor built from local weights (`pretrained`) acts with them, as version 0, until the learner's
         # first version arrives; any other acts randomly (warm-up) until then
@@ -181,12 +185,14 @@ class EdgeDaemon:
             self._flush()
         if now - self._last_heartbeat > self.settings.heartbeat_s:
             self._update_rate(now)
+            health, last_error = self.health.check()
             self.link.heartbeat(env_steps=self.steps, episodes=self.episodes,
                                 policy_version=self.acting_version, steps_per_second=self.steps_per_second,
                                 safety_violations=self._violations(), watchdog_holds=self.watchdog.holds,
                                 estopped=self.estop.tripped() or "",
                                 intervention_steps=self.interventions.intervention_steps,
                                 take_overs=self.interventions.take_overs, driver=self.interventions.driver_name,
+                                health=health, last_error=last_error,
                                 **self._inference_stats())
             self._last_heartbeat = now
         self.link.poll(0)
@@ -279,7 +285,7 @@ class EdgeDaemon:
     # -- the loop -----------------------------------------------------------------------------
     def run(self, max_steps: int | None = None) -> dict:
         s = self.settings
-        keep_startup_objects_out_of_gc()
+        prepare_control_loop_process()
         self.link.hello(self.acting_version)
         obs, seed = None, s.seed  # None: a new episode starts (reset) before the next step
         period = 1.0 / s.control_hz if s.control_hz > 0 else 0.0
@@ -405,6 +411,7 @@ class EdgeDaemon:
             "watchdog_holds": self.watchdog.holds,
             "hold_error": self.watchdog.last_failure,  # the last hold that failed (counted as hold_failed)
             "errors": self.errors(),
+            "last_error": self.health.last_error or None,
             "estopped": self.estop.tripped(),
             "estops": self.estops,
             "interventions": self.interventions.status(),

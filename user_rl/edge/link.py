@@ -123,6 +123,7 @@ class DataLink:
         self.welcomed = False
         self.stop_requested = False
         self.rejects: Counter[str] = Counter()
+        self.last_reject: str | None = None  # the newest reason the learner gave for refusing a message
         self.resends = 0
         self._hello_at = 0.0
         self.refused: str | None = None  # the learner will not take this robot (e.g. other spaces)
@@ -345,6 +346,7 @@ class DataLink:
     def _on_reject(self, reason: str) -> None:
         key = reason.split(":")[0]
         self.rejects[key] += 1
+        self.last_reject = reason
         if key in ("no_hello", "unknown_stream"):
             # The learner restarted, or does not know this connection or an older epoch of ours:
             # introduce ourselves again (the hello names every spooled epoch). Nothing is deleted.

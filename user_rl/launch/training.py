@@ -24,7 +24,9 @@ from user_rl.config import Config, ConfigError, StopConfig, dump_config
 from user_rl.evaluation import EvalResult, evaluate
 from user_rl.launch.fleet_health import FleetHealth
 from user_rl.launch.placement import actor_options, check_cluster, edge_demands, learner_demand, local_resources, node_names
+from user_rl.plots import NothingToPlot, render_run_plots
 from user_rl.progress import ProgressPrinter, write_status_json
+from user_rl.tensorboard_log import TensorBoardLog, open_log
 
 Printer = Callable[[str], None]
 
@@ -122,6 +124,7 @@ class FleetRun:
     addresses: dict[str, str] = field(default_factory=dict)
     evaluator: Evaluator | None = None
     printer: ProgressPrinter | None = None
+    board: TensorBoardLog | None = None  # the evaluations, beside the learner's own TensorBoard curves
     evals: list[dict] = field(default_factory=list)
     passed: int = 0  # consecutive evaluations that met the goal
     last_eval: float = 0.0
@@ -174,6 +177,7 @@ def _place(run: FleetRun) -> None:
             f"{len(run.fleet.active)} edge daemons started")
     run.evaluator = Evaluator(cfg, addresses["weights"])
     run.printer = ProgressPrinter(run.run_dir / "metrics.jsonl", run.out)
+    run.board = open_log(run.run_dir, suffix=".eval")
     run.last_eval = time.monotonic()  # the first evaluation comes eval_every_s after the fleet started
 
 
@@ -225,15 +229,28 @@ def train(cfg: Config, out: Printer = print, ray_address: str | None = None) -> 
         for run in runs:
             if run.evaluator is not None:
                 run.evaluator.close()
+            if run.board is not None:
+                run.board.close()
         ray.shutdown()
     summary = finals[""] if "" in finals else _combine(finals)
     summary.update(placement=placement, wall_s=round(time.monotonic() - started, 1), run_dir=str(run_dir))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     ProgressPrinter.print_summary(summary, out)
+    _draw_plots(run_dir, out)
     return summary
 
 
 STOP_SEVERITY = ("goal_reached", "max_env_steps", "max_wall_s")  # a run stops for its worst embodiment's reason
+
+
+def _draw_plots(run_dir: Path, out: Printer) -> None:
+    """The end-of-run plots; a run whose plots cannot be drawn (no matplotlib) still succeeded."""
+    try:
+        written = render_run_plots(run_dir)
+    except (ImportError, NothingToPlot) as exc:
+        out(f"no plots: {exc}")
+        return
+    out("plots: " + ", ".join(str(path) for path in written))
 
 
 def _combine(finals: dict[str, dict]) -> dict:
@@ -289,20 +306,24 @@ def _tend(run: FleetRun, stop: StopConfig, started: float) -> None:
         run.stop_reason = "max_env_steps"
         _evaluate_snapshot(run, started)
         return
-    due = time.monotonic() - run.last_eval >= stop.eval_every_s and status.get("policy_version", 0) > 0
-    if due and (stop.success_rate is not None or stop.mean_return is not None):
-        result = _evaluate_snapshot(run, started)
+    if stop.eval_every_s is None or time.monotonic() - run.last_eval < stop.eval_every_s \
+            or status.get("policy_version", 0) <= 0:
+        return
+    result = _evaluate_snapshot(run, started)  # every eval_every_s, goal or not: the learning curve
+    if stop.success_rate is not None or stop.mean_return is not None:
         run.passed = run.passed + 1 if result.meets(stop.success_rate, stop.mean_return) else 0
         if run.passed >= stop.confirm_evals:
             run.stop_reason, run.goal_reached_s = "goal_reached", run.evals[-1]["time_s"]
             return  # the learner stays paused: the checkpoint it writes is the version evaluated last
-        ray.get(run.learner.resume.remote())
+    ray.get(run.learner.resume.remote())
 
 
 def _write_fleet_status(run_dir: Path, learner_status: dict, fleet: FleetHealth) -> None:
-    """`fleet_status.json`: each robot's edge (pid, steps, restarts, failure) and what the learner has of it."""
+    """`fleet_status.json`: each robot's edge (pid, steps, restarts, failure), what the learner has of
+    it, and the learner's counters (`user-rl status RUN_DIR` reads it)."""
+    counters = {key: learner_status.get(key) for key in ("time", "env_steps", "updates", "policy_version", "buffer")}
     write_status_json(run_dir / "fleet_status.json",
-                      {"edges": fleet.report(), "learner_robots": learner_status.get("robots", {})})
+                      {"edges": fleet.report(), "learner_robots": learner_status.get("robots", {}), "learner": counters})
 
 
 def _record_teleop_pages(run: FleetRun) -> None:
@@ -322,9 +343,15 @@ def _evaluate_snapshot(run: FleetRun, started: float) -> EvalResult:
     import ray
 
     version = ray.get(run.learner.pause.remote())
+    env_steps = ray.get(run.learner.status.remote())["env_steps"]
     result = run.evaluator.run(version, round_index=len(run.evals))
     run.last_eval = time.monotonic()
-    record = {"time_s": round(run.last_eval - started, 1), "policy_version": version, **result.as_dict()}
+    record = {"time_s": round(run.last_eval - started, 1), "policy_version": version, "env_steps": env_steps,
+              **result.as_dict()}
     run.evals.append(record)
     run.printer.evaluation(record)
+    if run.board is not None:
+        run.board.scalars(env_steps, {"eval/success_rate": result.success_rate, "eval/mean_return": result.mean_return,
+                                      "eval/mean_length": result.mean_length})
+        run.board.flush()
     return result

@@ -1,0 +1,106 @@
+"""What a lab watches while a run goes on and looks at after it: `user-rl status` on a live run
+(from its directory and over the wire), evaluations and learning curves without a stop goal,
+TensorBoard logs from the learner, and the end-of-run plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.e2e.harness import REPO, run_cli
+from user_rl.testing.wait import wait_until
+
+ROBOTS = ("mujoco_reach-0", "mujoco_reach-1")
+RUN = ("fleet.num_robots=2", "stop.success_rate=null", "stop.max_env_steps=4000", "stop.eval_every_s=8",
+       "stop.eval_episodes=5", "learner.tensorboard_every_s=2")
+
+
+def table_rows(stdout: str) -> dict[str, list[str]]:
+    """The status table's robot rows, by robot id (cells split on runs of two or more spaces)."""
+    import re
+
+    lines = stdout.splitlines()
+    assert lines[1].split()[:3] == ["robot", "health", "policy"], stdout
+    return {cells[0]: cells for cells in (re.split(r"\s{2,}", line.strip()) for line in lines[2:])}
+
+
+def assert_live_rows(stdout: str) -> None:
+    rows = table_rows(stdout)
+    assert set(rows) == set(ROBOTS), stdout
+    for robot, health, policy, lag, steps, spool, backlog, stored, last_error in rows.values():
+        assert health == "ok" and policy.startswith("v") and int(policy[1:]) >= 1, stdout
+        assert int(lag) >= 0 and float(steps) >= 0 and int(backlog) >= 0, stdout  # a paced sim may wait (0/s)
+        assert spool.endswith("B") and int(stored.replace(",", "")) > 0 and last_error == "-", stdout
+
+
+@pytest.mark.timeout(600)
+def test_a_run_without_a_goal_is_watched_live_and_leaves_curves_and_plots(tmp_path: Path) -> None:
+    env = {**os.environ, "MUJOCO_GL": "egl"}
+    with open(tmp_path / "train.log", "w") as log:
+        train = subprocess.Popen([sys.executable, "-m", "user_rl.cli", "train", "configs/reach.yaml",
+                                  f"run_root={tmp_path}", *RUN], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def fleet() -> dict:
+            found = list(tmp_path.glob("*/fleet_status.json"))
+            return json.loads(found[0].read_text()) if found else {}
+
+        def acting_everywhere() -> bool:
+            assert train.poll() is None, (tmp_path / "train.log").read_text()[-3000:]
+            robots = fleet().get("learner_robots", {})
+            return set(robots) == set(ROBOTS) and all((r.get("acting_version") or -1) >= 1 and r["health"] == "ok"
+                                                      for r in robots.values())
+
+        wait_until(acting_everywhere, 240, "both robots acting with a learned policy")
+        run_dir = next(tmp_path.glob("*/fleet_status.json")).parent
+        from_dir = run_cli("status", str(run_dir), timeout=60)
+        assert from_dir.returncode == 0, from_dir.stderr
+        assert_live_rows(from_dir.stdout)
+        assert "updated" in from_dir.stdout.splitlines()[0]
+        address = json.loads((run_dir / "addresses.json").read_text())["data"]
+        over_wire = run_cli("status", address, timeout=60)
+        assert over_wire.returncode == 0, over_wire.stderr
+        assert_live_rows(over_wire.stdout)
+        assert train.wait(timeout=400) == 0, (tmp_path / "train.log").read_text()[-3000:]
+    finally:
+        train.kill()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "max_env_steps"
+    after = run_cli("status", str(run_dir), timeout=60)
+    assert after.returncode == 0 and "finished" in after.stdout.splitlines()[0]
+
+    # Evaluations came on schedule although the config names no goal: a learning curve.
+    evals = [json.loads(line)["eval"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if '"eval"' in line]
+    assert len(evals) >= 3 and len(evals) == len(summary["evaluations"]), evals
+    assert [e["env_steps"] for e in evals] == sorted(e["env_steps"] for e in evals) and evals[-1]["env_steps"] > 0
+
+    # The end-of-run plots: PNG images with something drawn on them.
+    import matplotlib.image
+
+    for name in ("learning_curve.png", "robots.png"):
+        image = matplotlib.image.imread(run_dir / name)
+        assert image.shape[0] >= 300 and image.shape[1] >= 600 and np.std(image) > 0.05, name
+    assert run_cli("plot", str(run_dir), timeout=120).stdout.split() == [str(run_dir / "learning_curve.png"),
+                                                                          str(run_dir / "robots.png")]
+
+    # TensorBoard: the learner's curves and the launch's evaluations, in one log directory.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0, "histograms": 0})
+    board.Reload()
+    scalars, histograms = set(board.Tags()["scalars"]), set(board.Tags()["histograms"])
+    wanted = {"rollout/return", "rollout/success", "buffer/transitions", "interventions/rate", "policy/version",
+              "throughput/env_steps_per_s", "throughput/updates_per_s", "eval/success_rate", "eval/mean_return",
+              *(f"robots/{robot}/steps_per_s" for robot in ROBOTS)}
+    assert wanted <= scalars, wanted - scalars
+    assert any(tag.startswith("loss/") for tag in scalars), scalars
+    assert "staleness/policy_lag" in histograms
+    returns = board.Scalars("rollout/return")
+    assert len(returns) >= 3 and returns[-1].step > returns[0].step
+    assert [e.step for e in board.Scalars("eval/mean_return")] == [e["env_steps"] for e in evals]
