@@ -75,6 +75,11 @@ def lerobot_run(lerobot_python: Path, tmp_path_factory: pytest.TempPathFactory) 
         wait_until(lambda: (run / "addresses.json").is_file() or learner.poll() is not None, 120, "the learner")
         assert learner.poll() is None, learner.communicate()[0][-3000:]
         refused = uncalibrated.communicate(timeout=180)[0], uncalibrated.returncode
+        # A hello without steps: the learner learns the spaces and starts its trainer (LeRobot's ACT takes
+        # ~15 s to build on 2 busy cores) before the run, whose 600 steps take 6 s, begins.
+        run_in_lerobot(lerobot_python, *edge[1:], "--max-steps", "0", env=env, timeout=300)
+        wait_until(lambda: json.loads((run / "learner_status.json").read_text()).get("trainer_ready"), 120,
+                   "the learner's trainer")
         done = run_in_lerobot(lerobot_python, *edge[1:], "--max-steps", str(STEPS), env=env, timeout=300)
     finally:
         learner.send_signal(signal.SIGINT)
@@ -83,7 +88,7 @@ def lerobot_run(lerobot_python: Path, tmp_path_factory: pytest.TempPathFactory) 
     assert status.get("stopped") and not status.get("errors"), learner_log[-3000:]
     calibration = json.loads((tmp / "site" / "calibration" / "robots" / "sim_arm" / "arm_a.json").read_text())
     return {"run": run, "output": done.stdout + done.stderr, "uncalibrated": refused, "status": status,
-            "calibration": calibration, "act_dir": act_dir}
+            "calibration": calibration, "act_dir": act_dir, "learner_log": learner_log}
 
 
 def test_lerobot_robot_plugin_is_driven_by_the_edge_in_a_short_training_run(lerobot_run: dict) -> None:
@@ -105,7 +110,7 @@ def test_lerobot_robot_plugin_is_driven_by_the_edge_in_a_short_training_run(lero
     assert (np.abs(steps["action"]) <= action_space.high).all()
     assert all(len(e) <= EPISODE_STEPS for e in episodes(lerobot_run["run"]))  # the time limit ends episodes
     # the learner trained, and the edge acted with its updates
-    assert lerobot_run["status"]["updates"] > 0
+    assert lerobot_run["status"]["updates"] > 0, lerobot_run["learner_log"][-3000:]
     assert steps["policy_version"].max() >= 1, lerobot_run["status"]
 
 

@@ -40,7 +40,7 @@ from user_rl.wire.weights import CASTS, PackedWeights
 from user_rl.config import Config
 from user_rl.hal.registry import robot_spaces
 from user_rl.security.curve import learner_gate
-from user_rl.tensorboard_log import LearnerCurves, TensorBoardLog, open_log
+from user_rl.tensorboard_log import LearnerCurves, open_log
 
 log = logging.getLogger(__name__)
 
@@ -231,9 +231,8 @@ class Learner:
         """Train until `stop()`; the ingest and sampler threads run alongside and end with it."""
         self._threads = {"ingest": GuardedThread("learner-ingest", self._ingest_loop),
                          "sampler": GuardedThread("learner-sampler", self.sampler.run)}
-        board = open_log(self.run_dir) if self.cfg.learner.tensorboard_every_s > 0 else None
-        if board is not None:  # beside the others, not one of them: logs that fail never stop training
-            self._board_thread = GuardedThread("learner-tensorboard", lambda: self._log_curves(board))
+        if self.cfg.learner.tensorboard_every_s > 0:  # beside the others, not one of them: logs never stop training
+            self._board_thread = GuardedThread("learner-tensorboard", self._log_curves)
             self._board_thread.start()
         for thread in self._threads.values():
             thread.start()
@@ -359,8 +358,12 @@ class Learner:
             self._published = request
             self._publish_cond.notify_all()
 
-    def _log_curves(self, board: TensorBoardLog) -> None:
-        """The tensorboard thread: a point from the status every `learner.tensorboard_every_s`, and a last one."""
+    def _log_curves(self) -> None:
+        """The tensorboard thread: a point from the status every `learner.tensorboard_every_s`, and a last one.
+        It opens the log itself: importing TensorBoard takes seconds that the learner's start must not wait."""
+        board = open_log(self.run_dir)
+        if board is None:
+            return
         curves = LearnerCurves(board)
         try:
             while not self._stop.wait(self.cfg.learner.tensorboard_every_s):
@@ -424,6 +427,7 @@ class Learner:
             "steps_at_start": self.steps_at_start,
             "active_robots": self.active_robots,
             "updates": self.updates,
+            "trainer_ready": self.trainer is not None,  # it starts once the first hello names the spaces
             "policy_version": self.version,
             "buffer": len(self.ingest.buffer) if self.ingest.buffer else 0,
             "recent_success": float(np.mean(successes)) if successes else None,
