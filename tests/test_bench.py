@@ -83,3 +83,13 @@ def test_weight_sync_bench_times_every_edge_applying_what_was_published(tmp_path
     assert result["bytes"] >= 2 * result["params"]  # bfloat16
     assert result["ours_s"] > 0 and result["plain_s"] > 0 and result["ratio_vs_plain"] > 0
     assert result["jitter_p99_ms_during_sync"] >= 0 and result["jitter_p99_ms_quiet"] >= 0
+
+
+def test_transport_bench_moves_the_same_transitions_three_ways(tmp_path: Path) -> None:
+    result = run_bench("transport.py", tmp_path / "transport.json")  # ours is checked stored, every transition
+    assert set(result["transitions_per_s"]) == {"ours", "plain", "grpc_torch_save"}
+    assert all(rate > 0 for rate in result["transitions_per_s"].values())
+    sizes = result["payload_bytes_per_transition"]
+    assert sizes["plain"] == sizes["ours"] >= 84 * 84 * 3  # the same bytes, uint8 images
+    assert sizes["grpc_torch_save"] > 6 * sizes["ours"]  # float32 images, and the next observation beside each
+    assert result["ours_vs_plain"] > 0 and result["ours_vs_grpc_torch_save"] > 0

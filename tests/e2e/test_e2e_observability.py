@@ -17,8 +17,9 @@ from tests.e2e.harness import REPO, run_cli
 from user_rl.testing.wait import wait_until
 
 ROBOTS = ("mujoco_reach-0", "mujoco_reach-1")
-RUN = ("fleet.num_robots=2", "stop.success_rate=null", "stop.max_env_steps=4000", "stop.eval_every_s=8",
-       "stop.eval_episodes=5", "learner.tensorboard_every_s=2")
+RUN = ("fleet.num_robots=2", "policy.hidden=[32]", "algo.learning_starts=300", "algo.batch_size=64",
+       "stop.success_rate=null", "stop.max_env_steps=2400", "stop.eval_every_s=5", "stop.eval_episodes=3",
+       "learner.tensorboard_every_s=2")
 
 
 def table_rows(stdout: str) -> dict[str, list[str]]:

@@ -1,0 +1,284 @@
+"""Edge -> learner transport of 84x84x3 image transitions, three ways, in one run:
+
+- ours: the full path. An edge's `DataLink` batches transitions (uint8 images; the next observation is
+  the next row), spools each batch to disk and sends it as a protobuf envelope plus raw frames; the
+  learner's `Ingest` decodes and validates it, appends it to the durable replay buffer (segments on
+  disk, group commits, SQLite index) and acknowledges it once durable. Timed until the edge holds
+  the last ack.
+- plain: pyzmq PUSH/PULL of exactly the bytes our batches carry (no envelope, no validation, no
+  disk, no acks): the raw baseline.
+- torch.save over gRPC: a re-implementation of the style of LeRobot's actor/learner (lerobot
+  0.4 `transport/`): the actor collects a whole episode of transitions (observation and next
+  observation, float32 images), `torch.save`s the list, streams the bytes in 2 MiB chunks
+  (begin / middle / end) over a client-streaming gRPC call; the learner reassembles them,
+  `torch.load`s the list and appends each transition to an in-memory list. Timed until the
+  learner has loaded the last episode.
+
+Sender and receiver are separate processes; each figure is the median of `--repeats` runs, and
+each ratio is against the plain copy (and ours against gRPC) measured in the same run.
+
+    python bench/transport.py [--transitions 3000] [--repeats 3] [--out transport.json] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent import futures
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from user_rl.cloud.ingest import Ingest  # noqa: E402
+from user_rl.edge.batching import BatchBuilder  # noqa: E402
+from user_rl.edge.link import DataLink  # noqa: E402
+from user_rl.hal.descriptor import DeviceDescriptor  # noqa: E402
+from user_rl.wire import user_rl_pb2 as pb  # noqa: E402
+
+IMAGE = (84, 84, 3)
+STATE, ACTION = 8, 4
+EPISODE = 100  # steps
+BATCH = 32  # transitions per message of ours (the fleet's default batch_transitions)
+CHUNK = 2 << 20  # LeRobot's gRPC chunk size (transport/utils.py CHUNK_SIZE)
+OBS_SPACE = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, IMAGE, np.uint8),
+                             "state": gym.spaces.Box(-1, 1, (STATE,), np.float32)})
+ACTION_SPACE = gym.spaces.Box(-1, 1, (ACTION,), np.float32)
+TRANSFER_BEGIN, TRANSFER_MIDDLE, TRANSFER_END = 1, 2, 3  # LeRobot's TransferState
+
+
+def observation(t: int) -> dict[str, np.ndarray]:
+    """A camera frame and a state vector that change every step (not all-zero pages)."""
+    return {"image": np.full(IMAGE, t % 251, np.uint8), "state": np.full(STATE, (t % 100) / 100, np.float32)}
+
+
+def our_batches(transitions: int):
+    """(count, columns) of BATCH transitions at a time, in episodes of EPISODE steps."""
+    builder = BatchBuilder(OBS_SPACE, ACTION_SPACE, capacity=BATCH)
+    for t in range(transitions):
+        step = t % EPISODE
+        ends = step == EPISODE - 1 or t == transitions - 1
+        builder.add(observation(t), np.full(ACTION, 0.5, np.float32), 0.0, False, ends, episode=t // EPISODE,
+                    step=step, policy_version=0, actor=pb.ACTOR_POLICY, label=pb.LABEL_NONE, sensor_time=time.time(),
+                    final_obs=observation(t + 1) if ends else None)
+        if builder.full or ends:
+            yield builder.take()
+
+
+# -- ours ---------------------------------------------------------------------------------------
+def ours_learner(buffer_dir: str, ready: mp.Queue, stop: mp.Event) -> None:
+    import zmq
+
+    context = zmq.Context()
+    ingest = Ingest(context, "tcp://127.0.0.1:0", Path(buffer_dir))
+    ready.put(ingest.endpoint)
+    while not stop.is_set():
+        ingest.poll(timeout_ms=20)
+    ready.put(len(ingest.buffer))
+    ingest.close()
+    context.term()
+
+
+def run_ours(transitions: int) -> dict:
+    import zmq
+
+    batches = list(our_batches(transitions))  # built before the clock starts, as a robot's steps are
+    spawn = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="bench-transport-") as tmp:
+        ready, stop = spawn.Queue(), spawn.Event()
+        learner = spawn.Process(target=ours_learner, args=(os.path.join(tmp, "buffer"), ready, stop), daemon=True)
+        learner.start()
+        endpoint = ready.get(timeout=120)
+        context = zmq.Context()
+        link = DataLink(context, endpoint, DeviceDescriptor("sim", "bench", "edge-0"), OBS_SPACE, ACTION_SPACE)
+        link.hello()
+        while not link.welcomed:
+            link.poll(20)
+        nbytes = sum(column.nbytes for _, columns in batches for column in columns.values())
+        started = time.perf_counter()
+        for count, columns in batches:
+            link.send_batch(count, columns)
+            link.poll(0)
+        while link.unacked:
+            link.poll(20)
+        elapsed = time.perf_counter() - started
+        link.close()
+        context.term()
+        stop.set()
+        stored = ready.get(timeout=120)
+        learner.join(60)
+    assert stored == transitions, f"the learner stored {stored} of {transitions} transitions"
+    return {"seconds": elapsed, "payload_bytes": nbytes}
+
+
+# -- plain PUSH/PULL of the same bytes ----------------------------------------------------------
+def plain_receiver(expected_bytes: int, ready: mp.Queue, done: mp.Queue) -> None:
+    import zmq
+
+    context = zmq.Context()
+    pull = context.socket(zmq.PULL)
+    ready.put(pull.bind_to_random_port("tcp://127.0.0.1"))
+    got = 0
+    while got < expected_bytes:
+        got += sum(len(frame.buffer) for frame in pull.recv_multipart(copy=False))
+    done.put(time.perf_counter())
+    pull.close(0)
+    context.term()
+
+
+def run_plain(transitions: int) -> dict:
+    import zmq
+
+    batches = list(our_batches(transitions))
+    nbytes = sum(column.nbytes for _, columns in batches for column in columns.values())
+    spawn = mp.get_context("spawn")
+    ready, done = spawn.Queue(), spawn.Queue()
+    receiver = spawn.Process(target=plain_receiver, args=(nbytes, ready, done), daemon=True)
+    receiver.start()
+    port = ready.get(timeout=120)
+    context = zmq.Context()
+    push = context.socket(zmq.PUSH)
+    push.connect(f"tcp://127.0.0.1:{port}")
+    started = time.perf_counter()
+    for _, columns in batches:
+        push.send_multipart([np.ascontiguousarray(column) for column in columns.values()], copy=False)
+    finished = done.get(timeout=600)
+    push.close()
+    context.term()
+    receiver.join(60)
+    return {"seconds": finished - started, "payload_bytes": nbytes}  # perf_counter is system-wide on Linux
+
+
+# -- torch.save over gRPC, as LeRobot's actor/learner ------------------------------------------
+SERVICE, METHOD = "bench.LearnerService", "SendTransitions"
+
+
+def grpc_learner(ready: mp.Queue, done: mp.Queue, expected: int) -> None:
+    import grpc
+    import torch
+
+    torch.set_num_threads(1)
+    replay: list[dict] = []
+
+    def send_transitions(chunks, context) -> bytes:  # the learner's servicer: reassemble, then load
+        buffer = io.BytesIO()
+        for chunk in chunks:
+            state, data = chunk[0], chunk[1:]
+            if state == TRANSFER_BEGIN:
+                buffer = io.BytesIO()
+            buffer.write(data)
+            if state == TRANSFER_END:
+                buffer.seek(0)
+                replay.extend(torch.load(buffer, weights_only=False))  # LeRobot's bytes_to_transitions
+                if len(replay) >= expected:
+                    done.put(time.perf_counter())
+        return b""
+
+    handler = grpc.method_handlers_generic_handler(SERVICE, {METHOD: grpc.stream_unary_rpc_method_handler(
+        send_transitions, request_deserializer=lambda b: b, response_serializer=lambda b: b)})
+    options = [("grpc.max_receive_message_length", 4 * CHUNK), ("grpc.max_send_message_length", 4 * CHUNK)]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=options)
+    server.add_generic_rpc_handlers((handler,))
+    ready.put(server.add_insecure_port("127.0.0.1:0"))
+    server.start()
+    server.wait_for_termination(timeout=900)
+
+
+def lerobot_transition(t: int, torch) -> dict:
+    """One transition as LeRobot's actor builds it: float32 tensors, the next observation beside it."""
+    def state(step: int) -> dict:
+        obs = observation(step)
+        return {"observation.image": torch.from_numpy(obs["image"]).permute(2, 0, 1).float().div(255).unsqueeze(0),
+                "observation.state": torch.from_numpy(obs["state"]).unsqueeze(0)}
+    ends = t % EPISODE == EPISODE - 1
+    return {"state": state(t), "action": torch.full((1, ACTION), 0.5), "reward": 0.0, "next_state": state(t + 1),
+            "done": False, "truncated": ends, "complementary_info": {}}
+
+
+def episode_chunks(payload: bytes):
+    """LeRobot's send_bytes_in_chunks: begin, middle..., end."""
+    for offset in range(0, len(payload), CHUNK):
+        last = offset + CHUNK >= len(payload)
+        state = TRANSFER_END if last else TRANSFER_BEGIN if offset == 0 else TRANSFER_MIDDLE
+        yield bytes([state]) + payload[offset:offset + CHUNK]
+
+
+def run_grpc(transitions: int) -> dict:
+    import grpc
+    import torch
+
+    torch.set_num_threads(1)
+    spawn = mp.get_context("spawn")
+    ready, done = spawn.Queue(), spawn.Queue()
+    learner = spawn.Process(target=grpc_learner, args=(ready, done, transitions), daemon=True)
+    learner.start()
+    port = ready.get(timeout=120)
+    options = [("grpc.max_receive_message_length", 4 * CHUNK), ("grpc.max_send_message_length", 4 * CHUNK)]
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=options)
+    grpc.channel_ready_future(channel).result(timeout=60)
+    send = channel.stream_unary(f"/{SERVICE}/{METHOD}", request_serializer=lambda b: b,
+                                response_deserializer=lambda b: b)
+    started = time.perf_counter()
+    sent = 0
+    for first in range(0, transitions, EPISODE):  # the actor sends each episode when it ends
+        episode = [lerobot_transition(t, torch) for t in range(first, min(first + EPISODE, transitions))]
+        buffer = io.BytesIO()
+        torch.save(episode, buffer)  # LeRobot's transitions_to_bytes
+        payload = buffer.getvalue()
+        sent += len(payload)
+        send(episode_chunks(payload))
+    finished = done.get(timeout=900)
+    channel.close()
+    learner.terminate()
+    learner.join(30)
+    return {"seconds": finished - started, "payload_bytes": sent}
+
+
+WAYS = {"ours": run_ours, "plain": run_plain, "grpc_torch_save": run_grpc}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--transitions", type=int, default=3000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=str, default=None)
+    parser.add_argument("--quick", action="store_true", help="300 transitions, 1 repeat (the test)")
+    args = parser.parse_args()
+    if args.quick:
+        args.transitions, args.repeats = 300, 1
+    print(f"transport: {args.transitions} transitions of {IMAGE[0]}x{IMAGE[1]}x{IMAGE[2]} images, edge -> learner "
+          f"on loopback, {os.cpu_count()} cores, {args.repeats} repeats")
+    runs: dict[str, list[dict]] = {way: [] for way in WAYS}
+    for repeat in range(args.repeats):
+        for way, run in WAYS.items():
+            result = run(args.transitions)
+            runs[way].append(result)
+            print(f"  repeat {repeat + 1}: {way:16s} {args.transitions / result['seconds']:8.0f} transitions/s "
+                  f"({result['payload_bytes'] / result['seconds'] / 2**20:7.1f} MiB/s of payload)", flush=True)
+    rates = {way: statistics.median(args.transitions / r["seconds"] for r in rs) for way, rs in runs.items()}
+    summary = {
+        "transitions": args.transitions, "image": list(IMAGE), "repeats": args.repeats, "cores": os.cpu_count(),
+        "transitions_per_s": {way: round(rate, 1) for way, rate in rates.items()},
+        "payload_bytes_per_transition": {way: round(rs[0]["payload_bytes"] / args.transitions) for way, rs in runs.items()},
+        "ours_vs_plain": round(rates["ours"] / rates["plain"], 2),
+        "ours_vs_grpc_torch_save": round(rates["ours"] / rates["grpc_torch_save"], 2),
+        "runs": runs,
+    }
+    print(f"ours {rates['ours']:.0f} transitions/s: ratio {summary['ours_vs_plain']} to plain PUSH/PULL "
+          f"({rates['plain']:.0f}/s), {summary['ours_vs_grpc_torch_save']} to torch.save over gRPC "
+          f"({rates['grpc_torch_save']:.0f}/s)")
+    if args.out:
+        Path(args.out).write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
