@@ -31,7 +31,7 @@ after the first update (learning_starts reached) plus `--warmup` seconds, exclud
 interval that holds an evaluation (the learner is paused then). The rate run sets no goal, so
 nothing pauses it; the goal runs report the same windowed rate.
 
-    python bench/fleet_scaling.py [--robots 1 2 4] [--rate-robots 4] [--rate-seconds 120] [--out bench/results.json]
+    python bench/fleet_scaling.py [--robots 1 2 4 8] [--rate-robots 4] [--rate-seconds 120] [--max-wall-s 300] [--out bench/results.json]
     python bench/fleet_scaling.py --robots        # the update-rate run only
     python bench/fleet_scaling.py --robots --interleave 6   # the update-rate run, baseline interleaved
 """
@@ -246,6 +246,8 @@ def main() -> None:
     parser.add_argument("--interleave", type=int, default=0,
                         help="update-rate run with the plain loop measured between N streaming windows")
     parser.add_argument("--window", type=float, default=15.0, help="seconds per streaming window (--interleave)")
+    parser.add_argument("--max-wall-s", type=float, default=None,
+                        help="each time-to-goal run stops here if the goal is not reached (default: the config's)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--raw-sac-only", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--sim-load", type=float, nargs=2, default=None, help=argparse.SUPPRESS)  # steps/s, seconds
@@ -274,8 +276,9 @@ def main() -> None:
     rows = []
     for n in args.robots:
         with tempfile.TemporaryDirectory() as root:
+            limit = [f"stop.max_wall_s={args.max_wall_s}"] if args.max_wall_s else []
             summary = run_fleet(args.config, [f"fleet.num_robots={n}", f"stop.success_rate={args.goal}",
-                                              "stop.eval_episodes=20", "stop.eval_every_s=10"], root)
+                                              "stop.eval_episodes=20", "stop.eval_every_s=10", *limit], root)
             window = windowed_update_rate(Path(summary["run_dir"]) / "metrics.jsonl", args.warmup)
         learner = summary["learner"]
         train_s = max(summary["wall_s"], 1e-9)

@@ -93,3 +93,18 @@ def test_transport_bench_moves_the_same_transitions_three_ways(tmp_path: Path) -
     assert sizes["plain"] == sizes["ours"] >= 84 * 84 * 3  # the same bytes, uint8 images
     assert sizes["grpc_torch_save"] > 6 * sizes["ours"]  # float32 images, and the next observation beside each
     assert result["ours_vs_plain"] > 0 and result["ours_vs_grpc_torch_save"] > 0
+
+
+def test_one_command_runs_the_benchmarks_and_writes_one_table(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--quick", "--only", "transport", "link_encryption",
+                           "--results", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {"transport.json", "link_encryption.json", "RESULTS.md"} <= {p.name for p in tmp_path.iterdir()}
+    table = (tmp_path / "RESULTS.md").read_text()
+    assert table in done.stdout  # printed as written
+    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| transport")
+            or line.startswith("| link_encryption")]
+    assert len(rows) == 4  # two figures each
+    transport = json.loads((tmp_path / "transport.json").read_text())
+    assert rows[0][2].strip() == f"{transport['transitions_per_s']['ours']:,.0f}"
+    assert rows[0][4].strip() == f"{transport['ours_vs_plain']:.2f}x"

@@ -1,0 +1,170 @@
+"""Run every benchmark and gather one table: `python bench/run_all.py`.
+
+Each benchmark runs as its own process with the settings below (chosen so that all of them take
+under 30 minutes on a 2-core machine), writes `bench/results/<name>.json`, and gives the table
+its headline figures: ours, the raw baseline measured in the same run, and their ratio. The table
+goes to `bench/results/RESULTS.md` and to the screen. A benchmark that fails is a row saying so;
+the others still run.
+
+    python bench/run_all.py                     # everything (~20-30 min here)
+    python bench/run_all.py --only transport weight_sync
+    python bench/run_all.py --quick             # every benchmark at its smoke-test size
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+Row = tuple[str, str, str, str]  # figure, ours, baseline, ratio
+
+
+@dataclass
+class Benchmark:
+    script: str
+    args: list[str]
+    rows: Callable[[dict], list[Row]]
+    quick: list[str] = field(default_factory=lambda: ["--quick"])
+
+
+def _x(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def transport_rows(r: dict) -> list[Row]:
+    rates = r["transitions_per_s"]
+    return [("84x84x3 transitions/s edge -> learner, durable and acked, vs plain PUSH/PULL", f"{rates['ours']:,.0f}",
+             f"{rates['plain']:,.0f}", _x(r["ours_vs_plain"])),
+            ("... vs torch.save over gRPC (LeRobot's actor/learner style)", f"{rates['ours']:,.0f}",
+             f"{rates['grpc_torch_save']:,.0f}", _x(r["ours_vs_grpc_torch_save"]))]
+
+
+def weight_sync_rows(r: dict) -> list[Row]:
+    rows = []
+    for size in r["results"]:
+        rows.append((f"{size['params'] / 1e6:.0f}M bf16 params to {size['edges']} edges, applied (s) vs one plain copy",
+                     f"{size['ours_s']:.2f}", f"{size['plain_s']:.2f}", _x(size["ratio_vs_plain"])))
+        rows.append((f"50 Hz loop p99 jitter (ms) during that sync vs between syncs",
+                     f"{size['jitter_p99_ms_during_sync']:.1f}", f"{size['jitter_p99_ms_quiet']:.1f}", "-"))
+    return rows
+
+
+def buffer_insert_rows(r: dict) -> list[Row]:
+    return [("durable image inserts (transitions/s) vs raw np.memmap writes", f"{r['ours']['transitions_per_s']:,.0f}",
+             f"{r['raw']['transitions_per_s']:,.0f}", _x(r["ratio"]))]
+
+
+def buffer_sample_rows(r: dict) -> list[Row]:
+    return [(f"batches of 256/s ({name}) vs a numpy gather in RAM", f"{case['ours']['batches_per_s']:,.1f}",
+             f"{case['raw']['batches_per_s']:,.1f}", _x(case["ratio"])) for name, case in r["cases"].items()]
+
+
+def buffer_growth_rows(r: dict) -> list[Row]:
+    return [(f"sample ms per batch at {row['size']:,} stored, ingest interleaved, vs numpy gather",
+             f"{row['ours_ms']:.2f}", f"{row['raw_ms']:.2f}", _x(row["ratio_vs_raw"])) for row in r["sizes"]]
+
+
+def link_encryption_rows(r: dict) -> list[Row]:
+    return [(f"{name} messages/s with CurveZMQ vs in the clear", f"{row['curve_msgs_per_s']:,.0f}",
+             f"{row['clear_msgs_per_s']:,.0f}", _x(row["ratio"])) for name, row in r.items()]
+
+
+def policy_updates_rows(r: dict) -> list[Row]:
+    c = r["config"]
+    return [(f"{c['algo']} updates/s, batch {c['batch']}, {c['device_name']}, vs a plain PyTorch step",
+             f"{r['ours']['updates_per_s']:.1f}", f"{r['raw']['updates_per_s']:.1f}", _x(r["ratio"]))]
+
+
+def fleet_scaling_rows(r: dict) -> list[Row]:
+    rows = []
+    sim_actor = r["baselines"]["sim_actor_steps_per_s"]
+    for run in r["runs"]:
+        goal = "not reached" if run["time_to_goal_s"] is None else f"{run['time_to_goal_s']:.0f} s"
+        rows.append((f"{run['robots']} sim robots: to 90% success {goal}, {run['env_steps']:,} env steps; "
+                     "env steps/s per robot vs raw sim + actor", f"{run['env_steps_per_s_per_robot']:.0f}",
+                     f"{sim_actor:.0f}", _x(run["per_robot_vs_raw_sim_actor"])))
+    return rows
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "transport": Benchmark("transport.py", ["--transitions", "3000", "--repeats", "3"], transport_rows),
+    "weight_sync": Benchmark("weight_sync.py", ["--params", "100e6", "--edges", "8"], weight_sync_rows),
+    "buffer_insert": Benchmark("buffer_insert.py", [], buffer_insert_rows),
+    "buffer_sample": Benchmark("buffer_sample.py", [], buffer_sample_rows),
+    "buffer_growth": Benchmark("buffer_growth.py", ["--sizes", "10000,100000,1000000", "--rounds", "10"],
+                               buffer_growth_rows),
+    "link_encryption": Benchmark("link_encryption.py", [], link_encryption_rows,
+                                 quick=["--seconds", "0.5", "--repeats", "1"]),
+    "policy_updates": Benchmark("policy_updates.py", ["configs/reach_pixels.yaml"], policy_updates_rows,
+                                quick=["configs/reach_pixels.yaml", "--quick"]),
+    "fleet_scaling": Benchmark("fleet_scaling.py", ["--robots", "1", "2", "4", "8", "--rate-robots", "0",
+                                                    "--max-wall-s", "300"], fleet_scaling_rows,
+                               quick=["--robots", "1", "--rate-robots", "0", "--max-wall-s", "60"]),
+}
+
+
+def run_one(name: str, bench: Benchmark, results: Path, quick: bool) -> tuple[list[Row], float, str | None]:
+    """(rows, seconds, why it failed) of one benchmark run."""
+    out = results / f"{name}.json"
+    command = [sys.executable, str(BENCH / bench.script), *(bench.quick if quick else bench.args), "--out", str(out)]
+    started = time.monotonic()
+    log = results / f"{name}.log"
+    with open(log, "w") as stream:
+        done = subprocess.run(command, cwd=REPO, stdout=stream, stderr=subprocess.STDOUT,
+                              env={**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")})
+    seconds = time.monotonic() - started
+    if done.returncode != 0 or not out.is_file():
+        return [], seconds, f"exit {done.returncode}: see {log.relative_to(REPO) if log.is_relative_to(REPO) else log}"
+    try:
+        return bench.rows(json.loads(out.read_text())), seconds, None
+    except (KeyError, TypeError, ValueError) as exc:
+        return [], seconds, f"its results could not be read: {exc!r}"
+
+
+def table(outcomes: dict[str, tuple[list[Row], float, str | None]], quick: bool) -> str:
+    lines = [f"# Benchmarks ({'smoke-test sizes' if quick else 'full'}; {os.cpu_count()} cores; "
+             f"{time.strftime('%Y-%m-%d %H:%M')})", "",
+             "| benchmark | figure | ours | baseline | ratio |", "|---|---|---|---|---|"]
+    for name, (rows, seconds, failed) in outcomes.items():
+        if failed:
+            lines.append(f"| {name} | FAILED ({failed}) | - | - | - |")
+        for figure, ours, baseline, ratio in rows:
+            lines.append(f"| {name} | {figure} | {ours} | {baseline} | {ratio} |")
+    lines += ["", "Seconds each: " + ", ".join(f"{name} {seconds:.0f}" for name, (_, seconds, _) in outcomes.items())]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), help="these benchmarks only")
+    parser.add_argument("--quick", action="store_true", help="each at its smoke-test size")
+    parser.add_argument("--results", type=Path, default=BENCH / "results", help="where the JSON and the table go")
+    args = parser.parse_args()
+    args.results.mkdir(parents=True, exist_ok=True)
+    names = args.only or list(BENCHMARKS)
+    outcomes = {}
+    started = time.monotonic()
+    for index, name in enumerate(names, 1):
+        print(f"[{time.monotonic() - started:5.0f}s] {index}/{len(names)} {name} ...", flush=True)
+        outcomes[name] = run_one(name, BENCHMARKS[name], args.results, args.quick)
+        rows, seconds, failed = outcomes[name]
+        print(f"[{time.monotonic() - started:5.0f}s] {name}: {failed or f'{len(rows)} figures'} in {seconds:.0f} s",
+              flush=True)
+    text = table(outcomes, args.quick)
+    (args.results / "RESULTS.md").write_text(text)
+    print()
+    print(text)
+    return 1 if any(failed for _, _, failed in outcomes.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
