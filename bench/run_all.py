@@ -9,6 +9,7 @@ the others still run.
     python bench/run_all.py                     # everything (~20-30 min here)
     python bench/run_all.py --only transport weight_sync
     python bench/run_all.py --quick             # every benchmark at its smoke-test size
+    python bench/run_all.py --table-only        # the table again, from the JSON in bench/results
 """
 
 from __future__ import annotations
@@ -85,13 +86,17 @@ def policy_updates_rows(r: dict) -> list[Row]:
 
 
 def fleet_scaling_rows(r: dict) -> list[Row]:
+    """Sims are paced to the learner (`algo.utd_ratio` 1): a fleet steps as fast as the learner updates."""
     rows = []
-    sim_actor = r["baselines"]["sim_actor_steps_per_s"]
+    raw_sac = r["baselines"]["sac_updates_per_s"]
     for run in r["runs"]:
-        goal = "not reached" if run["time_to_goal_s"] is None else f"{run['time_to_goal_s']:.0f} s"
-        rows.append((f"{run['robots']} sim robots: to 90% success {goal}, {run['env_steps']:,} env steps; "
-                     "env steps/s per robot vs raw sim + actor", f"{run['env_steps_per_s_per_robot']:.0f}",
-                     f"{sim_actor:.0f}", _x(run["per_robot_vs_raw_sim_actor"])))
+        goal = "not reached" if run["time_to_goal_s"] is None else f"in {run['time_to_goal_s']:.0f} s"
+        rows.append((f"{run['robots']} sim robots: 90% success {goal} after {run['env_steps']:,} env steps; "
+                     "learner updates/s vs raw SAC", f"{run['updates_per_s']:.0f}", f"{raw_sac:.0f}",
+                     _x(run["updates_vs_raw_sac"])))
+        rows.append((f"... fleet env steps/s ({run['env_steps_per_s_per_robot']:.0f} per robot) vs raw sim + actor, "
+                     "one process", f"{run['env_steps_per_s_total']:.0f}", f"{r['baselines']['sim_actor_steps_per_s']:.0f}",
+                     _x(run["env_steps_per_s_total"] / r["baselines"]["sim_actor_steps_per_s"])))
     return rows
 
 
@@ -139,7 +144,8 @@ def table(outcomes: dict[str, tuple[list[Row], float, str | None]], quick: bool)
             lines.append(f"| {name} | FAILED ({failed}) | - | - | - |")
         for figure, ours, baseline, ratio in rows:
             lines.append(f"| {name} | {figure} | {ours} | {baseline} | {ratio} |")
-    lines += ["", "Seconds each: " + ", ".join(f"{name} {seconds:.0f}" for name, (_, seconds, _) in outcomes.items())]
+    if any(seconds for _, seconds, _ in outcomes.values()):
+        lines += ["", "Seconds each: " + ", ".join(f"{name} {seconds:.0f}" for name, (_, seconds, _) in outcomes.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -148,12 +154,18 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), help="these benchmarks only")
     parser.add_argument("--quick", action="store_true", help="each at its smoke-test size")
     parser.add_argument("--results", type=Path, default=BENCH / "results", help="where the JSON and the table go")
+    parser.add_argument("--table-only", action="store_true", help="rebuild RESULTS.md from the JSON already there")
     args = parser.parse_args()
     args.results.mkdir(parents=True, exist_ok=True)
     names = args.only or list(BENCHMARKS)
     outcomes = {}
     started = time.monotonic()
-    for index, name in enumerate(names, 1):
+    if args.table_only:
+        for name in names:
+            out = args.results / f"{name}.json"
+            outcomes[name] = (BENCHMARKS[name].rows(json.loads(out.read_text())), 0.0, None) if out.is_file() \
+                else ([], 0.0, f"no {out.name}")
+    for index, name in enumerate([] if args.table_only else names, 1):
         print(f"[{time.monotonic() - started:5.0f}s] {index}/{len(names)} {name} ...", flush=True)
         outcomes[name] = run_one(name, BENCHMARKS[name], args.results, args.quick)
         rows, seconds, failed = outcomes[name]

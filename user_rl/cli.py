@@ -200,7 +200,7 @@ def _status(args: argparse.Namespace) -> int:
 
     while True:
         try:
-            statuses = learner_statuses(args.target, args.keys, args.robot)
+            statuses = learner_statuses(args.target, args.keys, args.robot, args.timeout)
         except NoStatus as exc:
             print(f"user-rl: {exc}", file=sys.stderr)
             return 2
@@ -365,6 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--keys", help="keys directory, for a learner whose links are encrypted")
     status.add_argument("--robot", default="", help="the enrolled robot whose key asks (with --keys)")
     status.add_argument("--watch", type=float, default=0.0, metavar="S", help="print the table again every S seconds")
+    status.add_argument("--timeout", type=float, default=5.0, metavar="S", help="how long to wait for a learner's answer")
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     status.set_defaults(func=_status)
 

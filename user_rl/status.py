@@ -115,11 +115,12 @@ def _size(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-def learner_statuses(target: str, keys_dir: str | None = None, robot_id: str = "") -> list[tuple[str, dict]]:
+def learner_statuses(target: str, keys_dir: str | None = None, robot_id: str = "",
+                     timeout_s: float = 5.0) -> list[tuple[str, dict]]:
     """The status of a run directory's learners, or of the learner at a tcp:// address."""
     if target.startswith("tcp://"):
         if keys_dir and not robot_id:
             raise NoStatus("--keys needs --robot: the enrolled robot whose key asks")
         keys = ClientKeys.for_robot(keys_dir, robot_id) if keys_dir else None
-        return [("", ask_learner(target, keys, robot_id))]
+        return [("", ask_learner(target, keys, robot_id, timeout_s))]
     return read_run_status(Path(target))

@@ -1,6 +1,7 @@
 """What a lab watches while a run goes on and looks at after it: `user-rl status` on a live run
 (from its directory and over the wire), evaluations and learning curves without a stop goal,
-TensorBoard logs from the learner, and the end-of-run plots."""
+TensorBoard logs from the learner, and the end-of-run plots; then the same run resumed (one run
+serves both: each `user-rl train` costs the suite a Ray start)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.e2e.harness import REPO, run_cli
+from tests.e2e.harness import REPO, run_cli, train as train_to_end
 from user_rl.testing.wait import wait_until
 
 ROBOTS = ("mujoco_reach-0", "mujoco_reach-1")
@@ -40,8 +41,8 @@ def assert_live_rows(stdout: str) -> None:
         assert spool.endswith("B") and int(stored.replace(",", "")) > 0 and last_error == "-", stdout
 
 
-@pytest.mark.timeout(600)
-def test_a_run_without_a_goal_is_watched_live_and_leaves_curves_and_plots(tmp_path: Path) -> None:
+@pytest.mark.timeout(900)
+def test_a_run_without_a_goal_is_watched_live_leaves_curves_and_plots_and_resumes(tmp_path: Path) -> None:
     env = {**os.environ, "MUJOCO_GL": "egl"}
     with open(tmp_path / "train.log", "w") as log:
         train = subprocess.Popen([sys.executable, "-m", "user_rl.cli", "train", "configs/reach.yaml",
@@ -105,3 +106,26 @@ def test_a_run_without_a_goal_is_watched_live_and_leaves_curves_and_plots(tmp_pa
     returns = board.Scalars("rollout/return")
     assert len(returns) >= 3 and returns[-1].step > returns[0].step
     assert [e.step for e in board.Scalars("eval/mean_return")] == [e["env_steps"] for e in evals]
+
+    # Resumed: the same directory, networks, optimisers and counters from the final checkpoint ...
+    done = summary["learner"]
+    assert done["updates"] > 0 and done["resumed_from"] is None
+    second = train_to_end("configs/reach.yaml", tmp_path, *RUN, "stop.max_env_steps=3000", f"resume={run_dir}")
+    assert second["run_dir"] == str(run_dir)  # the same directory, not a new run
+    resumed = second["learner"]["resumed_from"]
+    assert resumed["updates"] == done["updates"] and resumed["policy_version"] == done["policy_version"]
+    assert resumed["buffer_transitions"] > 0
+    # ... and training went on from there, over the first run's data plus the new steps.
+    assert second["learner"]["updates"] > done["updates"]
+    assert second["learner"]["policy_version"] > done["policy_version"]
+    assert second["learner"]["env_steps"] >= 3000 > done["env_steps"]
+
+    # Resuming with another arm model: the policy was made for 3 joints, so every robot is refused.
+    other_arm = run_cli("train", "configs/reach.yaml", *RUN, "stop.max_env_steps=4000", f"resume={run_dir}",
+                        "robot.options.arm=4dof", timeout=300)
+    assert other_arm.returncode == 1, other_arm.stdout[-3000:] + other_arm.stderr[-3000:]
+    assert "user-rl: every robot of the fleet failed: mujoco_reach-" in other_arm.stderr
+    assert "the learner refused it: spaces_mismatch" in other_arm.stderr
+
+    missing = run_cli("train", "configs/reach.yaml", f"resume={tmp_path / 'nowhere'}", timeout=120)
+    assert missing.returncode != 0 and "holds no checkpoint.pt" in missing.stderr

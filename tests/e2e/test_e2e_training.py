@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import evaluate, run_cli, train
+from tests.e2e.harness import evaluate, train
 
 
 def assert_fleet_ran_as_processes(summary: dict, robots: int) -> None:
@@ -48,34 +48,3 @@ def test_gym_env_id_fleet_balances_inverted_pendulum(tmp_path: Path) -> None:
     # episodes): a checkpoint that merely averaged 980 once dropped the pole in 1 of 5 fresh ones.
     fresh = evaluate(summary["checkpoint"], episodes=20, seed=3)
     assert fresh["mean_return"] >= 950, (fresh, summary["evaluations"])
-
-
-@pytest.mark.timeout(900)
-def test_train_resume_continues_the_run_directory(tmp_path: Path) -> None:
-    small = ("fleet.num_robots=2", "algo.learning_starts=400", "algo.batch_size=64", "stop.eval_every_s=1000",
-             "stop.eval_episodes=2")
-    first = train("configs/reach.yaml", tmp_path, *small, "stop.max_env_steps=1200")
-    run_dir = Path(first["run_dir"])
-    done = first["learner"]
-    assert done["updates"] > 0 and done["resumed_from"] is None
-
-    second = train("configs/reach.yaml", tmp_path, *small, "stop.max_env_steps=2400", f"resume={run_dir}")
-    assert second["run_dir"] == str(run_dir)  # the same directory, not a new run
-    resumed = second["learner"]["resumed_from"]
-    # Networks, optimisers and counters came back from the first run's final checkpoint ...
-    assert resumed["updates"] == done["updates"] and resumed["policy_version"] == done["policy_version"]
-    assert resumed["buffer_transitions"] > 0
-    # ... and training went on from there, over the first run's data plus the new steps.
-    assert second["learner"]["updates"] > done["updates"]
-    assert second["learner"]["policy_version"] > done["policy_version"]
-    assert second["learner"]["env_steps"] >= 2400 > done["env_steps"]
-
-    # Resuming with another arm model: the policy was made for 3 joints, so every robot is refused.
-    other_arm = run_cli("train", "configs/reach.yaml", *small, "stop.max_env_steps=4800", f"resume={run_dir}",
-                        "robot.options.arm=4dof", timeout=300)
-    assert other_arm.returncode == 1, other_arm.stdout[-3000:] + other_arm.stderr[-3000:]
-    assert "user-rl: every robot of the fleet failed: mujoco_reach-" in other_arm.stderr
-    assert "the learner refused it: spaces_mismatch" in other_arm.stderr
-
-    missing = run_cli("train", "configs/reach.yaml", f"resume={tmp_path / 'nowhere'}", timeout=120)
-    assert missing.returncode != 0 and "holds no checkpoint.pt" in missing.stderr

@@ -78,15 +78,16 @@ def test_health_and_last_error_reach_the_status_asked_over_the_wire(tmp_path: Pa
             context.term()
 
 
-def test_status_names_what_is_wrong_with_its_target(tmp_path: Path) -> None:
-    nowhere = subprocess.run([sys.executable, "-m", "user_rl.cli", "status", str(tmp_path / "nowhere")],
-                             capture_output=True, text=True, timeout=60)
-    assert nowhere.returncode == 2 and "is not a directory" in nowhere.stderr
-    empty = subprocess.run([sys.executable, "-m", "user_rl.cli", "status", str(tmp_path)],
-                           capture_output=True, text=True, timeout=60)
-    assert empty.returncode == 2 and "holds no fleet_status.json or learner_status.json" in empty.stderr
+def test_status_names_what_is_wrong_with_its_target(tmp_path: Path, capsys) -> None:
+    from user_rl.cli import main
+
+    assert main(["status", str(tmp_path / "nowhere")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    assert main(["status", str(tmp_path)]) == 2
+    assert "holds no fleet_status.json or learner_status.json" in capsys.readouterr().err
     with zmq.Context() as context, context.socket(zmq.ROUTER) as silent:  # a port where nobody answers
         port = silent.bind_to_random_port("tcp://127.0.0.1")
-        mute = subprocess.run([sys.executable, "-m", "user_rl.cli", "status", f"tcp://127.0.0.1:{port}"],
-                              capture_output=True, text=True, timeout=60)
-    assert mute.returncode == 2 and f"no learner answered at tcp://127.0.0.1:{port}" in mute.stderr
+        assert main(["status", f"tcp://127.0.0.1:{port}", "--timeout", "0.5"]) == 2
+    assert f"no learner answered at tcp://127.0.0.1:{port} within 0.5 s" in capsys.readouterr().err
+    assert main(["status", "tcp://127.0.0.1:1", "--keys", str(tmp_path)]) == 2
+    assert "--keys needs --robot" in capsys.readouterr().err
