@@ -19,7 +19,7 @@ from user_rl.testing.wait import wait_until
 
 ROBOTS = ("mujoco_reach-0", "mujoco_reach-1")
 RUN = ("fleet.num_robots=2", "policy.hidden=[32]", "algo.learning_starts=300", "algo.batch_size=64",
-       "stop.success_rate=null", "stop.max_env_steps=2400", "stop.eval_every_s=5", "stop.eval_episodes=3",
+       "stop.success_rate=null", "stop.max_env_steps=2400", "stop.eval_every_s=3", "stop.eval_episodes=3",
        "learner.tensorboard_every_s=2")
 
 
@@ -79,8 +79,9 @@ def test_a_run_without_a_goal_is_watched_live_leaves_curves_and_plots_and_resume
     # Evaluations came on schedule although the config names no goal: a learning curve.
     evals = [json.loads(line)["eval"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
              if '"eval"' in line]
-    assert len(evals) >= 3 and len(evals) == len(summary["evaluations"]), evals
-    assert [e["env_steps"] for e in evals] == sorted(e["env_steps"] for e in evals) and evals[-1]["env_steps"] > 0
+    assert len(evals) == len(summary["evaluations"]) and evals[-1]["env_steps"] >= 2400, evals  # the final one
+    assert evals[0]["env_steps"] < 2400, evals  # and before it, on schedule (the run takes 15-40 s)
+    assert [e["env_steps"] for e in evals] == sorted(e["env_steps"] for e in evals)
 
     # The end-of-run plots: PNG images with something drawn on them.
     import matplotlib.image
