@@ -16,6 +16,7 @@ from typing import Any
 
 import zmq
 
+from user_rl.cloud.buffer.inspect import format_bytes
 from user_rl.cloud.fleet_status import status_from_reply
 from user_rl.security.curve import ClientKeys
 from user_rl.wire import user_rl_pb2 as pb
@@ -99,7 +100,7 @@ def fleet_table(status: dict[str, Any]) -> str:
         acting, lag = robot.get("acting_version"), robot.get("policy_lag")
         rows.append((robot_id, robot.get("health") or "unknown", "-" if acting is None or acting < 0 else f"v{acting}",
                      "-" if lag is None else str(lag), f"{robot.get('steps_per_second') or 0.0:.1f}",
-                     _size(robot.get("backlog_bytes") or 0), str(robot.get("backlog_batches") or 0),
+                     format_bytes(robot.get("backlog_bytes") or 0), str(robot.get("backlog_batches") or 0),
                      f"{robot.get('transitions') or 0:,}", robot.get("last_error") or "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS) - 1)]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1] for row in rows]
@@ -107,12 +108,6 @@ def fleet_table(status: dict[str, Any]) -> str:
         lines.append("(no robot has connected)")
     return "\n".join([head, *lines])
 
-
-def _size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} B"
 
 
 def learner_statuses(target: str, keys_dir: str | None = None, robot_id: str = "",

@@ -45,8 +45,12 @@ def row_lags(columns: dict[str, np.ndarray], published: PublishedVersions) -> np
     """Each row's policy lag: versions published after the one that acted. 0 where the policy did
     not act (random warm-up, a person, the scripted intervener): the row's action is not the policy's."""
     lag = published.behind(columns["policy_version"])
-    acted = (columns["actor"] == pb.ACTOR_POLICY) & (columns["policy_version"] >= 0)
-    return np.where(acted, lag, 0).astype(np.int32)
+    return np.where(policy_acted(columns), lag, 0).astype(np.int32)
+
+
+def policy_acted(columns: dict[str, np.ndarray]) -> np.ndarray:
+    """Rows whose action a published policy version chose (not warm-up, a person or the scripted intervener)."""
+    return (columns["actor"] == pb.ACTOR_POLICY) & (columns["policy_version"] >= 0)
 
 
 def stale_rows(lags: np.ndarray, max_lag: int | None) -> np.ndarray:
@@ -64,5 +68,5 @@ class LagCounts:
         self.counts = np.zeros(self.MAX_BIN + 1, np.int64)
 
     def add(self, lags: np.ndarray, columns: dict[str, np.ndarray]) -> None:
-        acted = (columns["actor"] == pb.ACTOR_POLICY) & (columns["policy_version"] >= 0)
+        acted = policy_acted(columns)
         self.counts += np.bincount(np.minimum(lags[acted], self.MAX_BIN), minlength=self.MAX_BIN + 1)

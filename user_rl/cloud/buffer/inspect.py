@@ -315,7 +315,8 @@ def _spaces(hex_text: str | None) -> dict[str, str] | None:
 
 # -- text -------------------------------------------------------------------------------------------
 
-def _size(n: float) -> str:
+def format_bytes(n: float) -> str:
+    """A byte count as people read it (`user-rl buffer inspect`, `user-rl status`)."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -342,15 +343,15 @@ def format_report(report: dict[str, Any]) -> str:
         f"buffer {report['directory']}: {'OK' if report['ok'] else 'CORRUPT'} - "
         f"{_count(len(report['robots']), 'robot')}, {_count(eps['total'], 'episode')}, "
         f"{_count(report['transitions'], 'transition')} in {_count(seg['ok'], 'segment')}, "
-        f"{_size(size['total_allocated'])} on disk",
+        f"{format_bytes(size['total_allocated'])} on disk",
         f"segments: {seg['ok']} ok, {seg['corrupt']} corrupt, {seg['evicted']} evicted, "
         f"{len(seg['unindexed'])} not indexed, {len(seg['open'])} open; "
         + ("checksums verified" if report["verified"] else "headers only (--no-verify)"),
         f"data: {report['rows']:,} rows, {report['records']:,} step records, {report['transitions']:,} transitions, "
         f"{report['batches']:,} batches"
         + (f" ({report['lost_batches']:,} lost by edges before sending)" if report["lost_batches"] else "")
-        + f"; {_size(size['segments'])} of segment files "
-        f"({_size(size['segments_allocated'])} allocated), index {_size(size['index'])}",
+        + f"; {format_bytes(size['segments'])} of segment files "
+        f"({format_bytes(size['segments_allocated'])} allocated), index {format_bytes(size['index'])}",
         "episodes: " + ", ".join(f"{eps[s]:,} {s}" for s in EPISODE_STATUSES)
         + (f" ({eps['cut_short']:,} cut short by an edge restart)" if eps["cut_short"] else "")
         + f"; success {_rate(report['success_rate'])} over {eps['labelled']:,} labelled; "
