@@ -20,8 +20,10 @@ from user_rl.evaluation import checkpoint_actor
 from user_rl.hal.registry import make_robot
 from user_rl.sim.reach import ReachRobot
 
-FRESH_EPISODES = 100
-SWAPPED_EPISODES = 50
+# Rendered episodes are the costly part of this test (~30 frames/s per core at 32x32). Measured
+# policies reach 0.93-0.97: below 0.8 on 50 episodes ~1 run in 300; the swap shows 0.98 / 0.02.
+FRESH_EPISODES = 50
+SWAPPED_EPISODES = 30
 
 
 def reach_what_it_is_shown(checkpoint: str, episodes: int) -> tuple[float, float]:
