@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
@@ -101,3 +105,71 @@ def test_one_command_runs_the_benchmarks_and_writes_one_table(tmp_path: Path) ->
     sizes = transport["payload_bytes_per_transition"]
     assert sizes["plain"] == sizes["ours"] >= 84 * 84 * 3  # the same bytes both ways, uint8 images
     assert sizes["grpc_torch_save"] > 6 * sizes["ours"]  # float32 images, and the next observation beside each
+
+
+def load_bench(script: str) -> ModuleType:
+    """A bench script as a module (bench/ is not a package), to test its pieces without running it all."""
+    spec = importlib.util.spec_from_file_location(f"bench_{script.removesuffix('.py')}", BENCH / script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sample_efficiency_builds_both_sacs_alike() -> None:
+    """The comparison with Stable-Baselines3 is like with like: the same networks, temperature and settings."""
+    from stable_baselines3 import SAC as SB3SAC
+
+    from user_rl.algos import ALGOS, algo_settings
+    from user_rl.config import build_config
+    from user_rl.sim.gym_adapter import GymRobot
+
+    bench = load_bench("sample_efficiency.py")
+    schedule = bench.Schedule(steps=2000, eval_every=500, eval_episodes=2, learning_starts=300)
+    cfg = build_config(bench.our_config("Hopper-v5", 3, schedule, BENCH / "unused"))
+    assert (cfg.stop.max_env_steps, cfg.stop.eval_every_env_steps, cfg.stop.eval_every_s) == (2000, 500, None)
+    robot = GymRobot(env_id="Hopper-v5")  # (HalfCheetah's model makes MuJoCo write a warnings file here)
+    ours = ALGOS["sac"](robot.observation_space, robot.action_space, "mlp", cfg.policy.options(),
+                        algo_settings("sac", cfg.algo.model_dump()))
+    theirs = SB3SAC("MlpPolicy", robot.env, **bench.sb3_kwargs(schedule, 3))
+    robot.close()
+    assert ours.target_entropy == theirs.target_entropy == -3.0  # -|A|
+    assert ours.alpha.item() == pytest.approx(theirs.log_ent_coef.exp().item()) == 1.0
+    s = ours.settings
+    assert (s.gamma, s.tau, s.actor_lr, s.critic_lr) == (theirs.gamma, theirs.tau, theirs.learning_rate,
+                                                         theirs.learning_rate)
+    assert (cfg.algo.batch_size, cfg.algo.learning_starts, cfg.algo.utd_ratio) == (
+        theirs.batch_size, theirs.learning_starts, theirs.gradient_steps)
+
+    def sizes(module) -> list[tuple[int, ...]]:
+        return sorted(tuple(p.shape) for p in module.parameters())
+
+    assert sizes(ours.critic) == sizes(theirs.critic)  # two Q-networks of (256, 256) each
+    # The actor's (256, 256) trunk alike; its mean and log-std come from one layer here, two there
+    assert [s for s in sizes(ours.actor) if 256 in s[:1]] == [s for s in sizes(theirs.actor) if 256 in s[:1]]
+    assert sum(p.numel() for p in ours.actor.parameters()) == sum(p.numel() for p in theirs.actor.parameters())
+
+
+def test_sample_efficiency_evaluates_sb3_where_ours_holds(tmp_path: Path) -> None:
+    """SB3 is evaluated at the same env steps with the same updates behind each point as our held fleet
+    (steps - learning_starts); a run set against itself has ratio 1 in the JSON and the table."""
+    out = tmp_path / "sb3.json"
+    done = subprocess.run([sys.executable, str(BENCH / "sample_efficiency.py"), "--sb3-run", "InvertedPendulum-v5", "0",
+                           "--steps", "250", "--eval-every", "100", "--learning-starts", "100",
+                           "--eval-episodes", "1", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = json.loads(out.read_text())
+    assert [(p["env_steps"], p["updates"]) for p in run["points"]] == [(100, 0), (200, 100), (250, 150)]
+    assert all(p["mean_return"] > 0 for p in run["points"])  # InvertedPendulum pays 1 per step
+
+    bench = load_bench("sample_efficiency.py")
+    schedule = bench.Schedule(steps=250, eval_every=100, eval_episodes=1, learning_starts=100)
+    env = bench.summarize("InvertedPendulum-v5", {0: {"ours": run, "sb3": run}}, schedule)
+    assert env["final"]["ratio"] == env["auc"]["ratio"] == 1.0
+    result = {"config": {"points": schedule.points(), "seeds": [0], "eval_episodes": 1, "steps": 250},
+              "envs": {"InvertedPendulum-v5": env}}
+    table = bench.table(result).splitlines()
+    assert table[0].split("|")[3:6] == [" 0.1k ", " 0.2k ", " 0.25k "]
+    assert table[2].split("|")[-3:-1] == [" 1.00x ", " 1.00x "]
+    rows = load_bench("run_all.py").sample_efficiency_rows(result)
+    assert [row[3] for row in rows] == ["1.00x", "1.00x"]  # final return and area under the curve

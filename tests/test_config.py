@@ -198,3 +198,33 @@ def test_chunk_policies_and_their_algorithms_are_checked_together() -> None:
     ):
         with pytest.raises(ConfigError, match=re.escape(message)):
             build_config({}, overrides)
+
+
+@pytest.mark.parametrize(("section", "kind", "builtins", "group"), [
+    ("policy", "policy", "mlp, flow, vla, lerobot", "user_rl.policies"),
+    ("algo", "algorithm", "sac, drq, bc, qc", "user_rl.algos"),
+    ("reward", "reward", "env, labels, classifier", "user_rl.rewards"),
+])
+def test_a_policy_algo_or_reward_that_is_not_installed_lists_the_known_ones(section: str, kind: str, builtins: str,
+                                                                            group: str) -> None:
+    """A config may name a plugin's part (docs/guides/add-a-*.md); one no installed package declares is refused."""
+    message = error(overrides=[f"{section}.type=residual_thing"])
+    assert message.startswith(f"config error: {section}.type: unknown {kind}; known: {builtins}")  # plugins after these
+    assert f"entry-point group {group!r}" in message and message.endswith("(got 'residual_thing')")
+
+
+def test_the_builtin_names_the_config_knows_are_the_registries() -> None:
+    """The config lists them without importing torch; the registries hold the classes."""
+    from user_rl.algos import ALGOS
+    from user_rl.config import BUILTIN_ALGOS, BUILTIN_POLICIES, BUILTIN_REWARDS
+    from user_rl.policies import ACTORS
+    from user_rl.rewards import REWARDS
+
+    assert (BUILTIN_POLICIES, BUILTIN_ALGOS, BUILTIN_REWARDS) == (tuple(ACTORS), tuple(ALGOS), tuple(REWARDS))
+
+
+def test_algo_options_are_a_plugin_algorithms_own_settings() -> None:
+    """A built-in algorithm's settings are keys of algo (each validated there), so it takes no options."""
+    message = error(overrides=["algo.options.num_critics=5"])
+    assert message == ("config error: algo.options: unknown key 'num_critics' for algo.type sac; "
+                       "allowed: none (its settings are keys of algo itself)")

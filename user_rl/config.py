@@ -5,12 +5,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
+
+from user_rl import plugins
+
+# The built-in types (a test keeps each equal to its registry; the config stays importable without
+# torch). Installed packages add more through entry points (user_rl/plugins.py).
+BUILTIN_POLICIES = ("mlp", "flow", "vla", "lerobot")
+BUILTIN_ALGOS = ("sac", "drq", "bc", "qc")
+BUILTIN_REWARDS = ("env", "labels", "classifier")
 
 
 class ConfigError(ValueError):
@@ -27,6 +37,25 @@ def settings_of_other_types(section: BaseModel) -> list[tuple[str, tuple[str, ..
     defaults = type(section).model_fields
     return [(key, owners) for key, owners in section.ONLY_FOR.items()
             if section.type not in owners and getattr(section, key) != defaults[key].default]
+
+
+def installed(kind: str, group: str, builtins: tuple[str, ...], name: str) -> str:
+    """`name` if it is a built-in or an installed package's entry point in `group`, else a ValueError listing them."""
+    names = plugins.known_names(group, builtins)
+    if name not in names:
+        raise ValueError(f"unknown {kind}; known: {', '.join(names)}; an installed package adds more through "
+                         f"the entry-point group {group!r}")
+    return name
+
+
+def plugin_algo_settings(name: str) -> type | None:
+    """The Settings dataclass of a plugin algorithm (its package is imported); None for a built-in."""
+    if name in BUILTIN_ALGOS:
+        return None
+    try:
+        return plugins.load_plugin(plugins.ALGOS, name).Settings
+    except Exception as exc:  # a broken plugin is a mistake in the environment, reported like a config one
+        raise ValueError(f"algo.type {name}: its package failed to load: {type(exc).__name__}: {exc}") from None
 
 
 class RobotConfig(Section):
@@ -132,13 +161,19 @@ class RewardConfig(Section):
     """Which reward the run learns from, decided on each edge before a row is recorded (user_rl/rewards/).
     With labels or classifier, the environment's own reward never leaves the edge."""
 
-    type: Literal["env", "labels", "classifier"] = Field(
+    type: str = Field(
         "env", description="env: the environment's reward; labels: 1 on a row labelled success (person or env), "
                            "else 0; classifier: 1 where a learned success classifier judges the observation a success "
-                           "(which ends the episode), else 0")
+                           "(which ends the episode), else 0; or a reward an installed package adds "
+                           "(entry-point group user_rl.rewards)")
     classifier: str | None = Field(None, description="classifier: the file `user-rl reward train` wrote")
     threshold: float = Field(0.5, gt=0.0, lt=1.0, description="classifier: P(success) from which a step is a success")
     keys: list[str] | None = Field(None, description="classifier: observation keys it reads (default: those it was trained on)")
+
+    @field_validator("type")
+    @classmethod
+    def _installed_reward(cls, value: str) -> str:
+        return installed("reward", plugins.REWARDS, BUILTIN_REWARDS, value)
 
     @field_validator("classifier")
     @classmethod
@@ -160,10 +195,11 @@ class RewardConfig(Section):
 class PolicyConfig(Section):
     """The network edges run (`user_rl.policies.ACTORS`) and what it is built from."""
 
-    type: Literal["mlp", "flow", "vla", "lerobot"] = Field(
+    type: str = Field(
         "mlp", description="mlp: a Gaussian actor (sac, drq, bc); flow: a flow-matching policy that outputs "
                            "chunks of `chunk` actions (bc, qc); vla: images + instruction + state through a "
-                           "transformer, into flow chunks (bc, qc); lerobot: a LeRobot ACT or diffusion policy (bc)")
+                           "transformer, into flow chunks (bc, qc); lerobot: a LeRobot ACT or diffusion policy (bc); "
+                           "or a policy an installed package adds (entry-point group user_rl.policies)")
     hidden: list[int] = Field(default_factory=lambda: [256, 256], description="vla: its flow head's (default: by size)")
     size: Literal["tiny", "100m", "500m"] = Field("tiny", description="vla: the backbone's named size")
     freeze: list[str] = Field(default_factory=list, description="parameter-name prefixes kept fixed in training, "
@@ -180,6 +216,11 @@ class PolicyConfig(Section):
     ONLY_FOR: ClassVar[dict[str, tuple[str, ...]]] = {
         "chunk": ("flow", "vla", "lerobot"), "flow_steps": ("flow", "vla"), "best_of": ("flow", "vla"),
         "size": ("vla",), "lerobot": ("lerobot",)}
+
+    @field_validator("type")
+    @classmethod
+    def _installed_policy(cls, value: str) -> str:
+        return installed("policy", plugins.POLICIES, BUILTIN_POLICIES, value)
 
     @model_validator(mode="after")
     def _settings_of_the_chosen_policy(self) -> "PolicyConfig":
@@ -232,15 +273,18 @@ class PolicyConfig(Section):
 
 
 class AlgoConfig(Section):
-    """The learning algorithm and its settings. `type` names one of `user_rl.algos.ALGOS` (a test
-    keeps the two lists equal; the config stays importable without torch). Each algorithm reads
-    the fields of its own settings dataclass (`SACSettings`, `BCSettings`) from here by name."""
+    """The learning algorithm and its settings. `type` names one of `user_rl.algos.ALGOS` or an
+    installed package's algorithm. Each algorithm reads the fields of its own settings dataclass
+    (`SACSettings`, `BCSettings`) from here by name; a plugin's other settings come from `options`."""
 
-    type: Literal["sac", "drq", "bc", "qc"] = Field(
+    type: str = Field(
         "sac", description="sac: soft actor-critic (RLPD with critic_layer_norm, a high utd_ratio and buffer.mix); "
                            "drq: SAC from pixels (a shared camera encoder, random-shift augmentation); "
                            "bc: behaviour cloning of interventions (HG-DAgger; mlp or flow policies); "
-                           "qc: Q-chunking, online RL for flow chunk policies (best-of-N on a chunk critic)")
+                           "qc: Q-chunking, online RL for flow chunk policies (best-of-N on a chunk critic); "
+                           "or an algorithm an installed package adds (entry-point group user_rl.algos)")
+    options: dict[str, Any] = Field(default_factory=dict, description="a plugin algorithm's own settings: fields of "
+                                    "its Settings that are not keys of algo (built-in algorithms take none)")
     gamma: float = Field(0.99, gt=0.0, le=1.0)
     tau: float = Field(0.005, gt=0.0, le=1.0)
     actor_lr: float = Field(3e-4, gt=0.0)
@@ -259,10 +303,41 @@ class AlgoConfig(Section):
     ONLY_FOR: ClassVar[dict[str, tuple[str, ...]]] = {
         "critic_layer_norm": ("sac", "drq"), "augment_pad": ("drq",), "policy_row_weight": ("bc", "qc")}
 
+    @field_validator("type")
+    @classmethod
+    def _installed_algo(cls, value: str) -> str:
+        return installed("algorithm", plugins.ALGOS, BUILTIN_ALGOS, value)
+
+    @field_validator("options")
+    @classmethod
+    def _options_of_a_plugin(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """Keys of the plugin's Settings that algo itself lacks, each checked against its field's type."""
+        name = info.data.get("type")
+        if not options or name is None:  # nothing to check, or the type itself was refused
+            return options
+        settings = plugin_algo_settings(name)
+        own = [f.name for f in dataclasses.fields(settings) if f.name not in cls.model_fields] if settings else []
+        unknown = sorted(set(options) - set(own))
+        if unknown:
+            raise ValueError(f"unknown key {unknown[0]!r} for algo.type {name}; allowed: "
+                             f"{', '.join(own) or 'none (its settings are keys of algo itself)'}")
+        try:
+            checked = TypeAdapter(settings).validate_python(options)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            message = err["msg"].removeprefix("Value error, ")  # the Settings' own check (__post_init__) says it all
+            raise ValueError(f"{where}: {message} (got {err['input']!r})" if where else message) from None
+        return {key: getattr(checked, key) for key in options}
+
     @model_validator(mode="after")
     def _settings_of_the_chosen_algorithm(self) -> "AlgoConfig":
-        """A setting changed from its default for an algorithm the run does not use is a mistake."""
+        """A setting changed from its default for an algorithm the run does not use is a mistake
+        (a plugin algorithm uses those its Settings has)."""
         for key, owners in settings_of_other_types(self):
+            settings = plugin_algo_settings(self.type)
+            if settings is not None and key in {f.name for f in dataclasses.fields(settings)}:
+                continue
             raise ValueError(f"{key} is a setting of algo.type {' or '.join(owners)}; this run's algo.type is {self.type}")
         return self
 
@@ -340,6 +415,13 @@ class StopConfig(Section):
     max_wall_s: float = Field(1800.0, gt=0.0)
     eval_every_s: float | None = Field(20.0, gt=0.0, description="evaluations, goal or not (the learning "
                                        "curve); null: only the final one (a goal then needs one)")
+    eval_every_env_steps: int | None = Field(
+        None, ge=1, description="also evaluate at every multiple of this many env steps (a learning curve at "
+                                "the same env steps as another library's). A paced fleet holds at each one, and "
+                                "the evaluation waits for the updates those steps earn (algo.utd_ratio), so each "
+                                "point is exact; so does the final one at stop.max_env_steps. A point before "
+                                "algo.learning_starts ends the edges' random warm-up (they act with the actor it "
+                                "publishes)")
     eval_episodes: int = Field(20, ge=1)
     success_rate: float | None = Field(None, ge=0.0, le=1.0)
     confirm_evals: int = Field(1, ge=1, description="consecutive evaluations, each on new episodes, that must meet the goal")
@@ -347,9 +429,15 @@ class StopConfig(Section):
 
     @model_validator(mode="after")
     def _goal_needs_evaluations(self) -> "StopConfig":
-        if self.eval_every_s is None and (self.success_rate is not None or self.mean_return is not None):
+        no_schedule = self.eval_every_s is None and self.eval_every_env_steps is None
+        if no_schedule and (self.success_rate is not None or self.mean_return is not None):
             raise ValueError("stop.eval_every_s is null but stop names a goal: a goal is checked by evaluations")
         return self
+
+    def next_eval_steps(self, env_steps: int) -> int | None:
+        """The first multiple of `eval_every_env_steps` after `env_steps` (None: no such schedule)."""
+        every = self.eval_every_env_steps
+        return None if every is None else (env_steps // every + 1) * every
 
 
 class EmbodimentConfig(Section):

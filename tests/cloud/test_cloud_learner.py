@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -20,9 +21,11 @@ from user_rl.cloud.learner import Learner, credit_increment
 from user_rl.cloud.threads import GuardedThread
 from user_rl.cloud.version_lease import LEASE_FILE, VersionLease
 from user_rl.config import build_config
+from user_rl.edge.factory import make_edge
 from user_rl.edge.weights import WeightReceiver
 from user_rl.hal.registry import robot_spaces
 from user_rl.launch.placement import actor_options, check_cluster, learner_demand, learner_wants_gpu
+from user_rl.launch.training import updates_caught_up
 from user_rl.progress import ProgressPrinter
 from user_rl.testing.wait import wait_until
 from user_rl.wire import user_rl_pb2 as pb
@@ -298,3 +301,32 @@ def test_step_credit_is_a_per_robot_increment_that_never_stops_a_paced_fleet() -
     assert credit_increment(updates=40_000, env_steps=50_000, robots=4, **common) == -2000 + 32
     # Near the end of the run the share of what is left bounds it.
     assert credit_increment(updates=99_000, env_steps=99_600, robots=4, **common) == 100
+
+
+def test_a_paced_fleet_holds_at_each_eval_point_with_exactly_the_updates_its_steps_earn(
+        tmp_path: Path, serving_learner) -> None:
+    """stop.eval_every_env_steps: a learning curve at exact env steps, each point with the updates a serial
+    loop (one per step after learning_starts) would have made, for comparison with another library."""
+    paced = {**REACH, "fleet": {"num_robots": 1, "pace_to_learner": True, "batch_transitions": 16},
+             "stop": {"eval_every_env_steps": 150, "eval_every_s": None, "max_env_steps": 1000}}
+    cfg = build_config(paced)
+    assert cfg.stop.next_eval_steps(0) == 150 and cfg.stop.next_eval_steps(150) == 300
+    learner = serving_learner(paced)
+    learner.hold_at = 150  # as the launcher sets it before any edge steps
+    edge = make_edge(cfg, 0, learner.addresses["data"], learner.addresses["weights"], tmp_path / "spool")
+    runner = GuardedThread("edge", edge.run)
+    runner.start()
+    try:
+        for point in (150, 300):
+            earned = point - 100  # utd_ratio 1 after learning_starts 100
+            wait_until(lambda: (learner.env_steps, learner.updates) == (point, earned), 60,
+                       f"the fleet and the updates at {point} env steps")
+            assert not updates_caught_up(cfg, {"updates": earned - 1}, point)
+            assert updates_caught_up(cfg, {"updates": earned}, point)
+            time.sleep(0.5)  # held there until the launcher moves the point on
+            assert (learner.env_steps, learner.updates) == (point, earned)
+            learner.hold_at = cfg.stop.next_eval_steps(point)
+    finally:
+        edge.stop()
+        runner.join(30)
+        edge.close()

@@ -117,22 +117,22 @@ def test_launch_places_edges_with_their_sims_and_the_learner_where_asked(cluster
 
 
 @pytest.mark.parametrize("overrides, named", [
-    (["robot={type: toy_arm, options: {port: /dev/ttyTOY0}}", "fleet.num_robots=1"],
-     "edge toy_arm-0: needs resource 'robot:toy_arm-0', which no node has"),
+    (["robot={type: example_arm, options: {controller: arm-bench:7700}}", "fleet.num_robots=1"],
+     "edge example_arm-0: needs resource 'robot:example_arm-0', which no node has"),
     (["fleet.num_robots=3"], "edge mujoco_reach-2: the cluster's 'sim:mujoco_reach' are all taken"),
     (["learner.resources={gpu_box: 1}"], "learner: needs resource 'gpu_box', which no node has"),
     (["fleet.labels={zone: lab}"], "no node has the labels zone=lab"),
 ])
-def test_launch_that_cannot_fit_fails_at_once_naming_what_is_missing(cluster: str, tmp_path: Path, toy_driver: dict,
+def test_launch_that_cannot_fit_fails_at_once_naming_what_is_missing(cluster: str, tmp_path: Path, arm_driver: dict,
                                                                       overrides: list[str], named: str) -> None:
     config = "configs/reach.yaml"
     if overrides[0].startswith("robot="):  # a real robot that no node owns (its options replace the sim's)
-        config = str(tmp_path.parent / "toy.yaml")
-        Path(config).write_text(yaml.safe_dump({"robot": {"type": "toy_arm", "options": {"port": "/dev/ttyTOY0"}}}))
+        config = str(tmp_path.parent / "arm.yaml")
+        Path(config).write_text(yaml.safe_dump({"robot": {"type": "example_arm", "options": {"controller": "arm-bench:7700"}}}))
         overrides = overrides[1:]
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "user_rl.cli", "launch", config, f"run_root={tmp_path}",
-                           *overrides, "--address", cluster], cwd=REPO, env={**toy_driver, **ENV_EXTRA},
+                           *overrides, "--address", cluster], cwd=REPO, env={**arm_driver, **ENV_EXTRA},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert named in done.stderr

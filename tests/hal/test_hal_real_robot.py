@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium as gym
@@ -23,6 +24,7 @@ from user_rl.config import build_config
 from user_rl.edge.factory import make_edge
 from user_rl.hal import DeviceDescriptor, Robot, StepResult
 from user_rl.hal.registry import make_robot, register_robot
+from user_rl.testing.example_arm import arm_controller
 from user_rl.testing.wait import free_port, wait_until
 
 
@@ -88,24 +90,29 @@ def start_learner(config: Path, run_dir: Path, log, env: dict) -> subprocess.Pop
     return proc
 
 
+@pytest.fixture
+def arm_at_20hz(arm_driver: dict) -> Iterator[str]:
+    """The example arm's simulated controller, stepping at 20 Hz; its HOST:PORT."""
+    with arm_controller("--rate-hz", "20") as controller:
+        yield controller
+
+
 def test_a_real_robot_keeps_acting_through_a_learner_outage_with_the_default_config(
-        tmp_path: Path, toy_driver: dict, monkeypatch) -> None:
-    monkeypatch.syspath_prepend(toy_driver["PYTHONPATH"].split(os.pathsep)[0])  # the toy driver, in this process too
-    port = tmp_path / "ttyTOY0"
-    port.write_text("toy-fw 1.2\n")
-    rate_hz, outage_s = 20.0, 10.0
+        tmp_path: Path, arm_driver: dict, arm_at_20hz: str, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(arm_driver["PYTHONPATH"].split(os.pathsep)[0])  # the arm driver, in this process too
+    rate_hz, outage_s, controller = 20.0, 10.0, arm_at_20hz
     data_port, weights_port = free_port(), free_port()
-    cfg_dict = {"robot": {"type": "toy_arm", "options": {"port": str(port), "rate_hz": rate_hz, "episode_steps": 50}},
+    cfg_dict = {"robot": {"type": "example_arm", "options": {"controller": controller, "episode_steps": 50}},
                 "fleet": {"num_robots": 1},  # no pacing override: the default paces sims
                 "policy": {"hidden": [32]}, "algo": {"learning_starts": 100, "batch_size": 32},
                 "learner": {"data_port": data_port, "weights_port": weights_port, "torch_threads": 1}}
-    config = tmp_path / "toy.yaml"
+    config = tmp_path / "arm.yaml"
     config.write_text(yaml.safe_dump(cfg_dict))
     cfg = build_config(cfg_dict)
     assert cfg.fleet.pace_to_learner, "the default is meant to pace (sims)"
     run_dir = tmp_path / "run"
     with open(tmp_path / "learner.log", "ab") as log:
-        proc = start_learner(config, run_dir, log, toy_driver)
+        proc = start_learner(config, run_dir, log, arm_driver)
         edge = make_edge(cfg, 0, f"tcp://127.0.0.1:{data_port}", f"tcp://127.0.0.1:{weights_port}", tmp_path / "spool")
         assert not edge.settings.pace_to_learner
         runner = threading.Thread(target=edge.run, daemon=True)
@@ -121,7 +128,7 @@ def test_a_real_robot_keeps_acting_through_a_learner_outage_with_the_default_con
             print(f"outage: {acted} steps in {elapsed:.1f} s ({acted / elapsed:.1f}/s at {rate_hz:g} Hz), "
                   f"{backlog} batches spooled")
             assert acted >= 0.8 * rate_hz * outage_s, "the robot stopped acting while the learner was down"
-            proc = start_learner(config, run_dir, log, toy_driver)
+            proc = start_learner(config, run_dir, log, arm_driver)
             wait_until(lambda: edge.link.unacked <= 1, 60, "the backlog to reach the restarted learner")
             time.sleep(1.0)
             edge.stop()

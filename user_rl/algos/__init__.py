@@ -10,8 +10,11 @@
 | `bc` | `BehaviourCloning` | the actions of people (and the scripted intervener): HG-DAgger; MLP or flow chunk policies |
 | `qc` | `QChunking` | rewards, for a flow chunk policy: a chunk critic picks the best of N sampled chunks (Q-chunking) |
 
-To add one: a class with the interface of `base.Algorithm`, its settings fields added to
-`AlgoConfig` under the same names, its name in `ALGOS` and in `AlgoConfig.type`.
+To add one here: a class with the interface of `base.Algorithm`, its settings fields added to
+`AlgoConfig` under the same names, its name in `ALGOS` and in `config.BUILTIN_ALGOS`. Another
+installed package adds one without touching this repository, through the `user_rl.algos`
+entry-point group (user_rl/plugins.py; docs/guides/add-an-algorithm.md): its Settings fields named
+like `AlgoConfig` fields come from there, the others from `algo.options`.
 """
 
 from __future__ import annotations
@@ -27,22 +30,34 @@ from user_rl.algos.bc import BCSettings, BehaviourCloning
 from user_rl.algos.drq import DrQ, DrQSettings
 from user_rl.algos.qc import QChunking, QCSettings
 from user_rl.algos.sac import SAC, SACSettings
+from user_rl.plugins import ALGOS as ALGO_GROUP
+from user_rl.plugins import known_names, load_plugin
 
 ALGOS: dict[str, type] = {"sac": SAC, "drq": DrQ, "bc": BehaviourCloning, "qc": QChunking}
 
 
+def algo_names() -> list[str]:
+    """Built-in algorithms and those installed packages add (entry-point group `user_rl.algos`)."""
+    return known_names(ALGO_GROUP, ALGOS)
+
+
 def algo_class(name: str) -> type:
-    if name not in ALGOS:
-        raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(ALGOS)}")
-    return ALGOS[name]
+    found = ALGOS[name] if name in ALGOS else load_plugin(ALGO_GROUP, name)
+    if found is None:
+        raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(algo_names())}")
+    return found
 
 
 def algo_settings(name: str, fields: Mapping[str, Any] | None = None) -> Any:
     """The algorithm's settings dataclass, each field taken from `fields` (an `AlgoConfig` dump)
-    where it is there and not None; the others keep their defaults (which differ by algorithm)."""
+    where it is there and not None, or from its `options` (a plugin's own settings); the others
+    keep their defaults (which differ by algorithm)."""
     settings = algo_class(name).Settings
     known = {f.name for f in dataclasses.fields(settings)}
-    return settings(**{key: value for key, value in (fields or {}).items() if key in known and value is not None})
+    fields = dict(fields or {})
+    options = fields.pop("options", None) or {}
+    chosen = {key: value for key, value in fields.items() if key in known and value is not None}
+    return settings(**{**chosen, **options})
 
 
 def make_algo(name: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, policy: str = "mlp",
@@ -56,5 +71,5 @@ def make_algo(name: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Bo
 
 
 __all__ = ["ALGOS", "Algorithm", "BCSettings", "BehaviourCloning", "DrQ", "DrQSettings", "QCSettings", "QChunking",
-           "SAC", "SACSettings", "algo_class",
+           "SAC", "SACSettings", "algo_class", "algo_names",
            "algo_settings", "check_state_is_for", "make_algo", "metrics_to_floats"]

@@ -9,6 +9,9 @@ Q-values from running away when each sample is replayed many times), a high upda
 ratio (`algo.utd_ratio`), and interventions or demonstrations sampled at a fixed share of every
 batch (`buffer.mix`). An intervention row is an ordinary transition here, so the same row
 serves SAC and behaviour cloning.
+
+A variant with other Q-networks (an ensemble, as REDQ's) overrides `build_critic`, `target_q` and
+`actor_q`, and keeps the rest (examples/user_rl_point_plugin/user_rl_point_plugin/algo.py).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from user_rl.algos.base import check_state_is_for
 from user_rl.policies import make_actor, make_critic
@@ -54,8 +58,7 @@ class SAC:
         self.device = torch.device(device)
         options = policy_options or {}
         self.actor = make_actor(policy, obs_space, action_space, **options).to(self.device)
-        self.critic = make_critic(policy, obs_space, action_space, **options,
-                                  layer_norm=s.critic_layer_norm).to(self.device)
+        self.critic = self.build_critic(policy, obs_space, action_space, options).to(self.device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = torch.tensor(np.log(s.init_alpha), device=self.device, requires_grad=True)
         self.target_entropy = -s.target_entropy_scale * float(np.prod(action_space.shape))
@@ -68,17 +71,30 @@ class SAC:
     def alpha(self) -> torch.Tensor:
         return self.log_alpha.exp()
 
+    def build_critic(self, policy: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box,
+                     policy_options: dict) -> nn.Module:
+        """The policy's critic: twin Q-networks; `q_of(features, action)` gives a tuple of Q-values."""
+        return make_critic(policy, obs_space, action_space, **policy_options, layer_norm=self.settings.critic_layer_norm)
+
+    def target_q(self, qs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The target critics' value of (s', a'): the smaller of the two (clipped double Q)."""
+        return torch.min(*qs)
+
+    def actor_q(self, qs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The value the actor's loss maximises: the smaller of the two critics' too."""
+        return torch.min(*qs)
+
     def td_target(self, batch: dict, next_obs: dict | None = None) -> torch.Tensor:
         """The critics' regression target per row: r + discount * (1 - terminated) * soft V(s').
 
         `discount` is the row's own column when there is one (gamma ** n for n-step returns),
         else gamma. Only a real termination stops bootstrapping; a time-limit truncation does not.
-        V(s') = min of the target critics at a' ~ pi(s') minus alpha * log pi(a' | s').
+        V(s') = `target_q` of the target critics at a' ~ pi(s') minus alpha * log pi(a' | s').
         """
         with torch.no_grad():
             next_obs = batch["next_obs"] if next_obs is None else next_obs
             next_action, next_log_prob = self.actor.sample(next_obs)
-            soft_value = torch.min(*self.critic_target(next_obs, next_action)) - self.alpha * next_log_prob
+            soft_value = self.target_q(self.critic_target(next_obs, next_action)) - self.alpha * next_log_prob
             discount = batch["discount"].unsqueeze(-1) if "discount" in batch else self.settings.gamma
             not_done = 1.0 - batch["terminated"].float().unsqueeze(-1)
             return batch["reward"].unsqueeze(-1) + discount * not_done * soft_value
@@ -95,14 +111,14 @@ class SAC:
         action = self.actor.normalize(batch["action"])
         td_target = self.td_target(batch, next_obs)
         features = self.critic.encoder(obs)
-        q1, q2 = self.critic.q_of(features, action)
-        critic_loss = F.mse_loss(q1, td_target) + F.mse_loss(q2, td_target)
+        qs = self.critic.q_of(features, action)
+        critic_loss = sum(F.mse_loss(q, td_target) for q in qs)
         self.critic_optim.zero_grad(set_to_none=True)
         critic_loss.backward()
         self.critic_optim.step()
 
         new_action, log_prob = self.actor.sample_from(self.actor_features(obs, features))
-        q_new = torch.min(*self.critic.q_of(features.detach(), new_action))
+        q_new = self.actor_q(self.critic.q_of(features.detach(), new_action))
         actor_loss = (self.alpha.detach() * log_prob - q_new).mean()
         self.actor_optim.zero_grad(set_to_none=True)
         actor_loss.backward()
@@ -121,7 +137,7 @@ class SAC:
             "critic_loss": critic_loss.detach(),
             "actor_loss": actor_loss.detach(),
             "alpha": self.alpha.detach(),
-            "q": q1.detach().mean(),
+            "q": qs[0].detach().mean(),
         }
 
     def view(self, obs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

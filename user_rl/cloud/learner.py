@@ -31,6 +31,7 @@ from user_rl.algos import algo_settings
 from user_rl.cloud.batches import BatchPreparer
 from user_rl.cloud.checkpoint import (BackgroundCheckpointer, load_checkpoint, save_checkpoint, snapshot,
                                       spaces_from_text, spaces_to_text)
+from user_rl.cloud.endpoints import reachable_endpoint
 from user_rl.cloud.ingest import Ingest
 from user_rl.cloud.threads import GuardedThread
 from user_rl.cloud.trainer import Reply, Trainer, TrainerFailed, TrainerSpec
@@ -126,6 +127,9 @@ class Learner:
         else:
             self._open_configured_buffer()
         self.steps_at_start = self.env_steps  # for progress rates only
+        # The launcher's next evaluation point (stop.eval_every_env_steps): a paced fleet and the
+        # updates stop there until it has evaluated and sets the next one (None: no hold)
+        self.hold_at: int | None = None
         self._status: dict = {}
         self._started = time.monotonic()
         self._credit_pushed_at = (-1, -1)  # (updates, robots) at the last push of credit to every robot
@@ -149,7 +153,8 @@ class Learner:
 
     @property
     def addresses(self) -> dict[str, str]:
-        return {"data": self.ingest.endpoint, "weights": self.weights.endpoint}
+        """Where edges and tools reach this learner (bound to every interface: this machine's address)."""
+        return {"data": reachable_endpoint(self.ingest.endpoint), "weights": reachable_endpoint(self.weights.endpoint)}
 
     def _open_configured_buffer(self) -> None:
         """A fresh run takes the config's robot's spaces, so a stranger's hello cannot set them."""
@@ -209,10 +214,15 @@ class Learner:
         if not fleet.pace_to_learner:
             credit.increment, credit.max_records = None, None
             return
-        credit.max_records = self.cfg.stop.max_env_steps
+        credit.max_records = self.step_limit
         credit.increment = credit_increment(
             algo.learning_starts, self.updates, algo.utd_ratio, self.env_steps, max(1, self.active_robots),
-            fleet.batch_transitions, self.cfg.stop.max_env_steps)
+            fleet.batch_transitions, self.step_limit)
+
+    @property
+    def step_limit(self) -> int:
+        """The env steps a paced fleet may reach now: the run's budget, or the next evaluation point."""
+        return min(self.cfg.stop.max_env_steps, self.hold_at or self.cfg.stop.max_env_steps)
 
     def _may_submit(self) -> bool:
         """Whether the sampler may send the trainer one more batch (read under its `send_lock`)."""
@@ -223,8 +233,12 @@ class Learner:
         if not self.cfg.fleet.pace_to_learner:
             return True
         # Paced: do not run ahead of the data either (the ratio holds in both directions).
-        lead = self.active_robots * self.cfg.fleet.batch_transitions * self.cfg.algo.utd_ratio
-        return trainer.submitted < self.cfg.algo.utd_ratio * (self.env_steps - self.cfg.algo.learning_starts) + lead
+        algo = self.cfg.algo
+        lead = self.active_robots * self.cfg.fleet.batch_transitions * algo.utd_ratio
+        limit = algo.utd_ratio * (self.env_steps - algo.learning_starts) + lead
+        if self.hold_at is not None:  # at an evaluation point exactly the updates its steps earn, as in a serial loop
+            limit = min(limit, algo.utd_ratio * (self.step_limit - algo.learning_starts))
+        return trainer.submitted < limit
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> None:

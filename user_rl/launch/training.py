@@ -128,6 +128,7 @@ class FleetRun:
     evals: list[dict] = field(default_factory=list)
     passed: int = 0  # consecutive evaluations that met the goal
     last_eval: float = 0.0
+    next_eval_steps: int | None = None  # stop.eval_every_env_steps: the env steps of the next evaluation
     stop_reason: str | None = None  # set when this embodiment is done; its learner then stays paused
     goal_reached_s: float | None = None
 
@@ -160,6 +161,8 @@ def _place(run: FleetRun) -> None:
     run.learner = ray.remote(LearnerService).options(**actor_options(demand), name=learner_actor_name(run.run_dir)).remote(
         cfg.model_dump(), str(run.run_dir.resolve()))
     run.addresses = addresses = ray.get(run.learner.addresses.remote())
+    run.next_eval_steps = cfg.stop.next_eval_steps(ray.get(run.learner.status.remote())["env_steps"])
+    ray.get(run.learner.set_hold.remote(run.next_eval_steps))  # before any edge steps
     device = ray.get(run.learner.device.remote())
     (run.run_dir / "addresses.json").write_text(json.dumps(addresses))  # `user-rl attach --run-dir` reads it
     spool_root = str((run.run_dir / "spool").resolve())
@@ -303,19 +306,36 @@ def _tend(run: FleetRun, stop: StopConfig, started: float) -> None:
     run.printer.progress(time.monotonic() - started, status)
     robots = run.cfg.fleet.num_robots
     if status["env_steps"] >= robots * math.floor(stop.max_env_steps / robots):
+        if not updates_caught_up(run.cfg, status, stop.max_env_steps):
+            return
         run.stop_reason = "max_env_steps"
         _evaluate_snapshot(run, started)
         return
-    if stop.eval_every_s is None or time.monotonic() - run.last_eval < stop.eval_every_s \
-            or status.get("policy_version", 0) <= 0:
+    by_steps = run.next_eval_steps is not None and status["env_steps"] >= run.next_eval_steps
+    if by_steps and not updates_caught_up(run.cfg, status, run.next_eval_steps):
         return
-    result = _evaluate_snapshot(run, started)  # every eval_every_s, goal or not: the learning curve
+    by_time = stop.eval_every_s is not None and time.monotonic() - run.last_eval >= stop.eval_every_s \
+        and status.get("policy_version", 0) > 0
+    if not (by_steps or by_time):
+        return
+    result = _evaluate_snapshot(run, started)  # on schedule, goal or not: the learning curve
+    if by_steps:
+        run.next_eval_steps = stop.next_eval_steps(run.evals[-1]["env_steps"])
+        ray.get(run.learner.set_hold.remote(run.next_eval_steps))  # the fleet goes on once resumed
     if stop.success_rate is not None or stop.mean_return is not None:
         run.passed = run.passed + 1 if result.meets(stop.success_rate, stop.mean_return) else 0
         if run.passed >= stop.confirm_evals:
             run.stop_reason, run.goal_reached_s = "goal_reached", run.evals[-1]["time_s"]
             return  # the learner stays paused: the checkpoint it writes is the version evaluated last
     ray.get(run.learner.resume.remote())
+
+
+def updates_caught_up(cfg: Config, status: dict, env_steps: int) -> bool:
+    """Whether an evaluation at `env_steps` may start: with `stop.eval_every_env_steps` on a paced
+    fleet, once the learner has made the updates those steps earn (it holds there: `Learner.hold_at`)."""
+    if cfg.stop.eval_every_env_steps is None or not cfg.fleet.pace_to_learner:
+        return True
+    return status["updates"] >= math.ceil(cfg.algo.utd_ratio * (env_steps - cfg.algo.learning_starts))
 
 
 def _write_fleet_status(run_dir: Path, learner_status: dict, fleet: FleetHealth) -> None:
@@ -343,11 +363,12 @@ def _evaluate_snapshot(run: FleetRun, started: float) -> EvalResult:
     import ray
 
     version = ray.get(run.learner.pause.remote())
-    env_steps = ray.get(run.learner.status.remote())["env_steps"]
+    status = ray.get(run.learner.status.remote())
+    env_steps = status["env_steps"]
     result = run.evaluator.run(version, round_index=len(run.evals))
     run.last_eval = time.monotonic()
     record = {"time_s": round(run.last_eval - started, 1), "policy_version": version, "env_steps": env_steps,
-              **result.as_dict()}
+              "updates": status["updates"], **result.as_dict()}
     run.evals.append(record)
     run.printer.evaluation(record)
     if run.board is not None:

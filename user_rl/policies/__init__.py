@@ -11,6 +11,11 @@ Every actor has `act(obs, deterministic)`; a chunk actor also `act_chunk`, `chun
 executed per inference) and `imitation_loss` (what `algo.type: bc` minimises).
 `make_actor(..., freeze=[prefix, ...])` keeps the parameters whose names start so fixed.
 `ChunkRunner` (`chunking.py`) runs either kind one action per step.
+
+Another installed package adds a policy through the `user_rl.policies` entry-point group
+(user_rl/plugins.py; docs/guides/add-a-policy.md): the entry point names an actor class, built as
+`cls(obs_space, action_space, hidden=policy.hidden)`. With SAC-family algorithms its class names
+the critic trained beside it in a `Critic` attribute (e.g. `Critic = TwinQCritic`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 import gymnasium as gym
 from torch import nn
 
+from user_rl.plugins import POLICIES, known_names, load_plugin
 from user_rl.policies.chunking import ChunkRunner, act_chunk, chunk_length
 from user_rl.policies.flow import FlowChunkActor
 from user_rl.policies.mlp import GaussianActor, TwinQCritic
@@ -33,16 +39,21 @@ CRITICS: dict[str, type[nn.Module]] = {"mlp": TwinQCritic}
 
 def make_actor(name: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box,
                freeze: list[str] | tuple[str, ...] = (), **options: Any) -> nn.Module:
-    if name not in ACTORS:
-        raise KeyError(f"unknown policy {name!r}; known: {', '.join(sorted(ACTORS))}")
     actor = actor_class(name)(obs_space, action_space, **options)
     freeze_parameters(actor, freeze)
     return actor
 
 
+def policy_names() -> list[str]:
+    """Built-in policy types and those installed packages add (entry-point group `user_rl.policies`)."""
+    return known_names(POLICIES, ACTORS)
+
+
 def actor_class(name: str) -> type[nn.Module]:
-    """The class of a policy type; one named "module:Class" is imported on first use (optional extras)."""
-    found = ACTORS[name]
+    """The class of a policy type; one named "module:Class" (an optional extra) or a plugin's is imported on first use."""
+    found = ACTORS[name] if name in ACTORS else load_plugin(POLICIES, name)
+    if found is None:
+        raise KeyError(f"unknown policy {name!r}; known: {', '.join(policy_names())}")
     if isinstance(found, str):
         module, _, attribute = found.partition(":")
         found = getattr(importlib.import_module(module), attribute)
@@ -64,10 +75,13 @@ def freeze_parameters(module: nn.Module, prefixes: list[str] | tuple[str, ...]) 
 
 
 def make_critic(name: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, **options: Any) -> nn.Module:
-    if name not in CRITICS:
-        raise KeyError(f"policy {name!r} has no separate critic; policies with one: {', '.join(sorted(CRITICS))}")
-    return CRITICS[name](obs_space, action_space, **options)
+    """The critic SAC-family algorithms train beside policy `name`'s actor (a plugin's class names it as `Critic`)."""
+    critic = CRITICS.get(name) or getattr(actor_class(name), "Critic", None)
+    if critic is None:
+        raise KeyError(f"policy {name!r} has no separate critic; built-in policies with one: {', '.join(sorted(CRITICS))} "
+                       "(a plugin policy names its own in a `Critic` class attribute)")
+    return critic(obs_space, action_space, **options)
 
 
 __all__ = ["ACTORS", "CRITICS", "ChunkRunner", "FlowChunkActor", "GaussianActor", "TwinQCritic", "VLAChunkActor",
-           "act_chunk", "actor_class", "chunk_length", "freeze_parameters", "make_actor", "make_critic"]
+           "act_chunk", "actor_class", "chunk_length", "freeze_parameters", "make_actor", "make_critic", "policy_names"]
