@@ -48,7 +48,7 @@ def test_a_run_rewarded_by_the_success_classifier_learns_the_task(tmp_path: Path
     # the classifier's: the dense variant's reward (minus the distance, never 0 or 1) stays on the edge.
     summary = train("configs/reach_interventions.yaml", tmp_path / "run", "robot.options.reward=dense",
                     "reward.type=classifier", f"reward.classifier={classifier_file}", f"reward.threshold={THRESHOLD}",
-                    *ONLY_THE_FINAL_EVALUATION, timeout=1200)
+                    "stop.max_env_steps=22000", *ONLY_THE_FINAL_EVALUATION, timeout=1200)
     fresh = evaluate(summary["checkpoint"], FRESH_EPISODES, 11, "robot.options.reward=sparse")
     print(f"{summary['learner']['env_steps']:,} env steps rewarded by the classifier: success on {FRESH_EPISODES} "
           f"fresh episodes of the task (touch the target) {fresh['success_rate']:.2f}")
