@@ -11,16 +11,11 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from user_rl import plugins
-
-# The built-in types (a test keeps each equal to its registry; the config stays importable without
-# torch). Installed packages add more through entry points (user_rl/plugins.py).
-BUILTIN_POLICIES = ("mlp", "flow", "vla", "lerobot")
-BUILTIN_ALGOS = ("sac", "drq", "bc", "qc")
-BUILTIN_REWARDS = ("env", "labels", "classifier")
+from user_rl.config_plugins import (BUILTIN_ALGOS, BUILTIN_POLICIES, BUILTIN_REWARDS, checked_plugin_options,
+                                    installed, plugin_algo_settings)
 
 
 class ConfigError(ValueError):
@@ -37,25 +32,6 @@ def settings_of_other_types(section: BaseModel) -> list[tuple[str, tuple[str, ..
     defaults = type(section).model_fields
     return [(key, owners) for key, owners in section.ONLY_FOR.items()
             if section.type not in owners and getattr(section, key) != defaults[key].default]
-
-
-def installed(kind: str, group: str, builtins: tuple[str, ...], name: str) -> str:
-    """`name` if it is a built-in or an installed package's entry point in `group`, else a ValueError listing them."""
-    names = plugins.known_names(group, builtins)
-    if name not in names:
-        raise ValueError(f"unknown {kind}; known: {', '.join(names)}; an installed package adds more through "
-                         f"the entry-point group {group!r}")
-    return name
-
-
-def plugin_algo_settings(name: str) -> type | None:
-    """The Settings dataclass of a plugin algorithm (its package is imported); None for a built-in."""
-    if name in BUILTIN_ALGOS:
-        return None
-    try:
-        return plugins.load_plugin(plugins.ALGOS, name).Settings
-    except Exception as exc:  # a broken plugin is a mistake in the environment, reported like a config one
-        raise ValueError(f"algo.type {name}: its package failed to load: {type(exc).__name__}: {exc}") from None
 
 
 class RobotConfig(Section):
@@ -315,20 +291,7 @@ class AlgoConfig(Section):
         name = info.data.get("type")
         if not options or name is None:  # nothing to check, or the type itself was refused
             return options
-        settings = plugin_algo_settings(name)
-        own = [f.name for f in dataclasses.fields(settings) if f.name not in cls.model_fields] if settings else []
-        unknown = sorted(set(options) - set(own))
-        if unknown:
-            raise ValueError(f"unknown key {unknown[0]!r} for algo.type {name}; allowed: "
-                             f"{', '.join(own) or 'none (its settings are keys of algo itself)'}")
-        try:
-            checked = TypeAdapter(settings).validate_python(options)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"])
-            message = err["msg"].removeprefix("Value error, ")  # the Settings' own check (__post_init__) says it all
-            raise ValueError(f"{where}: {message} (got {err['input']!r})" if where else message) from None
-        return {key: getattr(checked, key) for key in options}
+        return checked_plugin_options(name, options, set(cls.model_fields))
 
     @model_validator(mode="after")
     def _settings_of_the_chosen_algorithm(self) -> "AlgoConfig":
