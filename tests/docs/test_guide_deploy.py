@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.docs.guide_blocks import commands, drift, file_blocks
+from user_rl.cloud.endpoints import this_machine_address
 from user_rl.cli import main
 from user_rl.config import load_config
 from user_rl.status import NoStatus, ask_learner
@@ -127,13 +128,15 @@ def test_the_guides_deployment_runs_a_learner_and_an_encrypted_edge(tmp_path: Pa
             run_dir = gpu_box.root / "var" / "lib" / "user-rl" / "runs" / "lab"
             status_file = run_dir / "learner_status.json"
             wait_until(status_file.exists, 120, "the learner to start")
-            assert f"learner at tcp://0.0.0.0:{data_port} (weights tcp://0.0.0.0:{weights_port})" in learner_log.read_text()
+            here = this_machine_address()  # bound to every interface, it names the address robots dial
+            assert f"learner at tcp://{here}:{data_port} (weights tcp://{here}:{weights_port})" in learner_log.read_text()
 
-            def stored() -> int:
-                robots = json.loads(status_file.read_text()).get("robots") or {}
-                return (robots.get("arm-0") or {}).get("transitions", 0)
+            def arm_0_status() -> dict:
+                return (json.loads(status_file.read_text()).get("robots") or {}).get("arm-0") or {}
 
-            wait_until(lambda: stored() >= 64, 90, "arm-0's steps to reach the learner over the encrypted link")
+            wait_until(lambda: arm_0_status().get("transitions", 0) >= 64, 90,
+                       "arm-0's steps to reach the learner over the encrypted link")
+            wait_until(lambda: arm_0_status().get("health") == "ok", 30, "arm-0's first heartbeat")
 
             laptop = tmp_path / "laptop" / "user-rl-keys"  # the ops key, in the layout the guide names
             for name in ("learner.key", "robots/ops.key_secret"):

@@ -176,7 +176,9 @@ def test_a_person_drives_labels_and_stops_the_robot_from_the_page(running, brows
     wait_until(lambda: len(human_rows()) >= 100, 30, "human rows in the buffer")
     rows = human_rows()
     actions, proposals = flat["action"][rows], flat["policy_action"][rows]
-    assert set(np.unique(actions[:, 0]).tolist()) <= {-1.0, 0.0, 1.0} and (actions[:, 1:] == 0).all()
+    # What is stored is what the robot did: near a joint limit the safety filter shrinks her command.
+    assert (np.abs(actions[:, 0]) <= 1).all() and (actions[:, 1:] == 0).all()
+    assert np.isin(actions[:, 0], [-1.0, 0.0, 1.0]).mean() > 0.9, actions[:, 0]
     assert (actions[:, 0] == 1.0).sum() >= 6 and (actions[:, 0] == -1.0).sum() >= 6
     # Warm-up proposals are random actions, never exactly what she did.
     assert (np.abs(proposals - actions).max(axis=1) > 1e-3).mean() > 0.95
