@@ -36,6 +36,7 @@ import torch
 from torch.distributions import Normal
 
 from user_rl.algos.base import check_state_is_for, trainable
+from user_rl.algos.optim import adam
 from user_rl.policies import make_actor
 
 # The likelihood's target for an action at a bound is atanh(0.99) = 2.6, not infinity. (Nearer 1 the
@@ -70,7 +71,7 @@ class BehaviourCloning:
             raise ValueError(f"policy_row_weight must be >= 0, not {self.settings.policy_row_weight}")
         self.device = torch.device(device)
         self.actor = make_actor(policy, obs_space, action_space, **(policy_options or {})).to(self.device)
-        self.actor_optim = torch.optim.Adam(trainable(self.actor), lr=self.settings.actor_lr)
+        self.actor_optim = adam(trainable(self.actor), self.settings.actor_lr)
         self.chunked = hasattr(self.actor, "imitation_loss")
         self.updates = 0
         self._last: dict[str, torch.Tensor] = {}

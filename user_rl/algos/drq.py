@@ -18,6 +18,7 @@ import gymnasium as gym
 import torch
 
 from user_rl.algos.augment import random_shift
+from user_rl.algos.optim import adam
 from user_rl.algos.sac import SAC, SACSettings
 from user_rl.policies.encoders import is_image
 
@@ -41,7 +42,7 @@ class DrQ(SAC):
         super().__init__(obs_space, action_space, policy, policy_options, settings or DrQSettings(), device)
         self.actor.encoder = self.critic.encoder
         own = [p for name, p in self.actor.named_parameters() if not name.startswith("encoder.")]
-        self.actor_optim = torch.optim.Adam(own, lr=self.settings.actor_lr)
+        self.actor_optim = adam(own, self.settings.actor_lr)
 
     def view(self, obs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         pad = self.settings.augment_pad

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from user_rl.algos.base import check_state_is_for
+from user_rl.algos.optim import adam
 from user_rl.policies import make_actor
 
 
@@ -61,8 +62,8 @@ class QChunking:
         self.critic = self.actor.value
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         flow = [p for name, p in self.actor.named_parameters() if not name.startswith("value.") and p.requires_grad]
-        self.actor_optim = torch.optim.Adam(flow, lr=s.actor_lr)
-        self.critic_optim = torch.optim.Adam(self.critic.parameters(), lr=s.critic_lr)
+        self.actor_optim = adam(flow, s.actor_lr)
+        self.critic_optim = adam(self.critic.parameters(), s.critic_lr)
         self.updates = 0
 
     def td_target(self, batch: dict) -> torch.Tensor:

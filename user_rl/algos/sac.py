@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from user_rl.algos.base import check_state_is_for
+from user_rl.algos.optim import adam
 from user_rl.policies import make_actor, make_critic
 
 
@@ -62,9 +63,9 @@ class SAC:
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = torch.tensor(np.log(s.init_alpha), device=self.device, requires_grad=True)
         self.target_entropy = -s.target_entropy_scale * float(np.prod(action_space.shape))
-        self.actor_optim = torch.optim.Adam(self.actor.parameters(), lr=s.actor_lr)
-        self.critic_optim = torch.optim.Adam(self.critic.parameters(), lr=s.critic_lr)
-        self.alpha_optim = torch.optim.Adam([self.log_alpha], lr=s.actor_lr)
+        self.actor_optim = adam(self.actor.parameters(), s.actor_lr)
+        self.critic_optim = adam(self.critic.parameters(), s.critic_lr)
+        self.alpha_optim = adam([self.log_alpha], s.actor_lr)
         self.updates = 0
 
     @property

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from user_rl.algos.optim import adam
 from user_rl.rewards.frames import LabelledFrames, labelled_frames
 from user_rl.rewards.model import SuccessClassifier, box_space, save_classifier
 
@@ -66,7 +67,7 @@ def fit(frames: LabelledFrames, space: gym.spaces.Dict, updates: int = 1500, bat
     rng = np.random.default_rng(seed)
     model = SuccessClassifier(space, hidden)
     model.fit_normaliser(frames.obs)
-    optim = torch.optim.Adam(model.parameters(), lr=lr)
+    optim = adam(model.parameters(), lr)
     pos, neg = np.flatnonzero(frames.success), np.flatnonzero(~frames.success)
     model.train()
     for _ in range(updates):
