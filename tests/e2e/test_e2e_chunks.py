@@ -18,6 +18,7 @@ from tests.e2e.harness import ONLY_THE_FINAL_EVALUATION, evaluate, train
 FRESH_EPISODES = 100  # with gains of 0.2-0.3 measured, a +0.1 bar on 100 episodes each rarely flakes
 
 
+@pytest.mark.long
 @pytest.mark.timeout(1200)
 def test_q_chunking_improves_a_behaviour_cloned_flow_chunk_policy_online(tmp_path: Path) -> None:
     cloned = train("configs/reach_flow_bc.yaml", tmp_path / "bc", *ONLY_THE_FINAL_EVALUATION)

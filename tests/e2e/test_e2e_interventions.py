@@ -16,7 +16,7 @@ import pytest
 
 from tests.e2e.harness import ONLY_THE_FINAL_EVALUATION, evaluate, train
 
-FRESH_EPISODES = 100  # the run stops at two evaluations in a row >= 0.8: at 80%, a 70% bar on 100 fails ~1 in 150
+FRESH_EPISODES = 100  # a policy at 85% fails the 80% bar on 100 episodes about 1 run in 10 ... at 90%: 1 in 1000
 
 
 def intervention_rates(run_dir: Path) -> list[float]:
@@ -25,10 +25,11 @@ def intervention_rates(run_dir: Path) -> list[float]:
     return [r["intervention_rate"] for r in records if "eval" not in r and r.get("policy_version", 0) > 0]
 
 
+@pytest.mark.long
 @pytest.mark.timeout(1200)
 def test_interventions_solve_a_sparse_task_that_sac_alone_does_not(tmp_path: Path) -> None:
-    # Helped: until two evaluations in a row (100 episodes each) reach 0.8, at most 30,000 env steps.
-    helped = train("configs/reach_interventions.yaml", tmp_path / "helped", "stop.success_rate=0.8",
+    # Helped: until two evaluations in a row (100 episodes each) reach 0.9, at most 30,000 env steps.
+    helped = train("configs/reach_interventions.yaml", tmp_path / "helped", "stop.success_rate=0.9",
                    "stop.confirm_evals=2", "stop.eval_every_s=15")
     steps = helped["learner"]["env_steps"]
     assert helped["stop_reason"] == "goal_reached" and steps <= 30000, helped["stdout"][-3000:]
@@ -40,7 +41,7 @@ def test_interventions_solve_a_sparse_task_that_sac_alone_does_not(tmp_path: Pat
     alone_fresh = evaluate(alone["checkpoint"], episodes=FRESH_EPISODES, seed=11)
     print(f"\nsparse reach, {steps:,} env steps, success on {FRESH_EPISODES} fresh episodes: "
           f"with interventions {helped_fresh['success_rate']:.2f}, SAC alone {alone_fresh['success_rate']:.2f}")
-    assert helped_fresh["success_rate"] >= 0.7, helped_fresh
+    assert helped_fresh["success_rate"] >= 0.8, helped_fresh
     assert alone_fresh["success_rate"] < 0.3, alone_fresh
 
     # The expert took over often at first and less as the policy learned.

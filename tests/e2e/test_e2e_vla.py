@@ -17,6 +17,7 @@ from tests.e2e.harness import ONLY_THE_FINAL_EVALUATION, evaluate, train
 FRESH_EPISODES = 50  # per instruction; the expert itself touches ~0.94 of targets within 30 steps
 
 
+@pytest.mark.long
 @pytest.mark.timeout(1500)
 def test_the_tiny_vla_touches_the_target_its_instruction_names(tmp_path: Path) -> None:
     summary = train("configs/reach_vla.yaml", tmp_path, *ONLY_THE_FINAL_EVALUATION, timeout=1200)
