@@ -39,7 +39,8 @@ def test_a_3dof_and_a_4dof_arm_train_one_run(tmp_path: Path) -> None:
     train = subprocess.Popen(
         [sys.executable, "-m", "user_rl.cli", "train", "configs/reach_mixed.yaml", f"run_root={tmp_path}",
          "stop.success_rate=0.8", "stop.confirm_evals=1", f"stop.max_env_steps={ENV_STEP_BUDGET}",
-         f"stop.max_wall_s={HANG_S}", "stop.eval_every_s=60", "learner.forget_idle_s=7200"],  # the attached robot leaves early: keep it listed
+         f"stop.max_wall_s={HANG_S}", "stop.eval_every_s=60",
+         "learner.forget_idle_s=7200"],  # the attached robot leaves early: keep it listed
         cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(train.stdout.readline, "")), daemon=True)
