@@ -12,6 +12,11 @@ linear layer to the action (or the action chunk), mean squared error, backward, 
 ours/raw (in updates per second) says what the algorithm costs beyond touching the network once:
 SAC and DrQ also run two critics and a target, flow matching runs its head, and so on.
 
+SAC on state vectors gets a second baseline, the plain SAC loop: the same update (twin critics,
+target, actor, temperature, Polyak) written out CleanRL-style in plain PyTorch, networks of the
+same sizes, tensors already on the device. Ours/plain SAC says what this system's SAC costs over
+the textbook one.
+
 Batches are random, drawn from the robot's spaces (the config's robot is asked for them, as the
 learner does), so nothing is trained and only the rate means anything.
 
@@ -33,7 +38,9 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.distributions import Normal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from user_rl.algos import algo_settings, make_algo  # noqa: E402
@@ -86,6 +93,65 @@ class PlainStep:
         loss.backward()
         self.optim.step()
         return loss.detach()
+
+
+class PlainSAC:
+    """The plain SAC loop (CleanRL's shape): one flat state vector, twin Q-networks, targets, a
+    tanh-squashed Gaussian actor, a learned temperature, plain Adam."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: list[int], device: torch.device) -> None:
+        def net(inputs: int, outputs: int) -> nn.Sequential:
+            layers, width = [], inputs
+            for size in hidden:
+                layers += [nn.Linear(width, size), nn.ReLU()]
+                width = size
+            return nn.Sequential(*layers, nn.Linear(width, outputs)).to(device)
+
+        self.actor, self.q1, self.q2 = net(obs_dim, 2 * action_dim), net(obs_dim + action_dim, 1), \
+            net(obs_dim + action_dim, 1)
+        self.q1_target, self.q2_target = copy.deepcopy(self.q1), copy.deepcopy(self.q2)
+        self.log_alpha = torch.zeros(1, device=device, requires_grad=True)
+        self.q_optim = torch.optim.Adam([*self.q1.parameters(), *self.q2.parameters()], lr=3e-4)
+        self.actor_optim = torch.optim.Adam(self.actor.parameters(), lr=3e-4)
+        self.alpha_optim = torch.optim.Adam([self.log_alpha], lr=3e-4)
+        self.target_entropy = -float(action_dim)
+
+    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, log_std = self.actor(obs).chunk(2, dim=-1)
+        log_std = -5.0 + 3.5 * (torch.tanh(log_std) + 1.0)
+        normal = Normal(mean, log_std.exp())
+        x = normal.rsample()
+        action = torch.tanh(x)
+        return action, (normal.log_prob(x) - torch.log(1.0 - action.pow(2) + 1e-6)).sum(-1, keepdim=True)
+
+    def update(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, next_obs: torch.Tensor,
+               terminated: torch.Tensor) -> torch.Tensor:
+        alpha = self.log_alpha.exp().detach()
+        with torch.no_grad():
+            next_action, next_log_prob = self.sample(next_obs)
+            next_in = torch.cat([next_obs, next_action], 1)
+            next_q = torch.min(self.q1_target(next_in), self.q2_target(next_in)) - alpha * next_log_prob
+            target = reward.unsqueeze(1) + 0.99 * (1.0 - terminated.float().unsqueeze(1)) * next_q
+        taken = torch.cat([obs, action], 1)
+        q_loss = F.mse_loss(self.q1(taken), target) + F.mse_loss(self.q2(taken), target)
+        self.q_optim.zero_grad()
+        q_loss.backward()
+        self.q_optim.step()
+        new_action, log_prob = self.sample(obs)
+        new_in = torch.cat([obs, new_action], 1)
+        actor_loss = (alpha * log_prob - torch.min(self.q1(new_in), self.q2(new_in))).mean()
+        self.actor_optim.zero_grad()
+        actor_loss.backward()
+        self.actor_optim.step()
+        alpha_loss = (-self.log_alpha.exp() * (log_prob.detach() + self.target_entropy)).mean()
+        self.alpha_optim.zero_grad()
+        alpha_loss.backward()
+        self.alpha_optim.step()
+        with torch.no_grad():
+            for q, q_target in ((self.q1, self.q1_target), (self.q2, self.q2_target)):
+                for param, target_param in zip(q.parameters(), q_target.parameters()):
+                    target_param.data.copy_(0.005 * param.data + 0.995 * target_param.data)
+        return q_loss.detach()
 
 
 def timed(step, updates: int, device: torch.device) -> float:
@@ -143,10 +209,18 @@ def main() -> None:
         batch = next(device_cycle)
         return plain.update(batch["obs"], batch[target])
 
-    for step in (ours, raw):  # warm-up: allocator, kernels, Adam's state
+    steps = {"ours": ours, "raw": raw}
+    states = cfg.algo.type == "sac" and all(space.dtype != np.uint8 for space in obs_space.spaces.values())
+    if states:  # the plain SAC loop on the same batches, the state columns as one vector
+        flat = [(torch.cat([b["obs"][k].flatten(1) for k in sorted(b["obs"])], 1),
+                 b["action"], b["reward"], torch.cat([b["next_obs"][k].flatten(1) for k in sorted(b["next_obs"])], 1),
+                 b["terminated"]) for b in on_device]
+        plain_sac = PlainSAC(flat[0][0].shape[1], int(np.prod(action_space.shape)), cfg.policy.hidden, device)
+        flat_cycle = itertools.cycle(flat)
+        steps["plain_sac"] = lambda: plain_sac.update(*next(flat_cycle))
+    for step in steps.values():  # warm-up: allocator, kernels, Adam's state
         timed(step, 2, device)
-    rounds = [{"ours": timed(ours, args.updates, device), "raw": timed(raw, args.updates, device)}
-              for _ in range(args.rounds)]
+    rounds = [{name: timed(step, args.updates, device) for name, step in steps.items()} for _ in range(args.rounds)]
     best_ours, best_raw = max(r["ours"] for r in rounds), max(r["raw"] for r in rounds)
     total = sum(p.numel() for p in algo.actor.parameters())
     trainable = sum(p.numel() for p in algo.actor.parameters() if p.requires_grad)
@@ -160,10 +234,15 @@ def main() -> None:
         "raw": {"updates_per_s": best_raw, "samples_per_s": best_raw * batch_size},
         "ratio": best_ours / best_raw, "rounds": rounds,
     }
+    if states:
+        best_plain_sac = max(r["plain_sac"] for r in rounds)
+        result["plain_sac"] = {"updates_per_s": best_plain_sac, "samples_per_s": best_plain_sac * batch_size}
+        result["ratio_vs_plain_sac"] = best_ours / best_plain_sac
     print(f"{cfg.algo.type} / {cfg.policy.summary()} on {result['config']['device_name']}, batch {batch_size}, "
           f"actor {total / 1e6:.2f}M parameters ({trainable / 1e6:.2f}M trained): "
           f"{best_ours:.1f} updates/s ({best_ours * batch_size:,.0f} samples/s); plain step {best_raw:.1f}/s; "
-          f"ratio ours/raw {result['ratio']:.2f}")
+          f"ratio ours/raw {result['ratio']:.2f}" +
+          (f"; plain SAC loop {best_plain_sac:.1f}/s, ratio {result['ratio_vs_plain_sac']:.2f}" if states else ""))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
 

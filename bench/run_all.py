@@ -12,7 +12,8 @@ the others still run.
     python bench/run_all.py --table-only        # the table again, from the JSON in bench/results
 
 A long benchmark (sample_efficiency: hours) runs only with --quick or when --only names it; a full
-run keeps its rows from the JSON its own run left in bench/results.
+run keeps its rows from the JSON its own run left in bench/results. A GPU benchmark (gpu_updates)
+runs where CUDA is available; elsewhere the table keeps the rows of its last run (on a GPU box).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Benchmark:
     rows: Callable[[dict], list[Row]]
     quick: list[str] = field(default_factory=lambda: ["--quick"])
     long: bool = False  # hours at full size: a full run_all shows its last JSON instead of running it
+    gpu: bool = False  # needs CUDA: without it, run_all shows its last JSON instead of running it
 
 
 def _x(ratio: float | None) -> str:
@@ -83,10 +85,19 @@ def link_encryption_rows(r: dict) -> list[Row]:
              f"{row['clear_msgs_per_s']:,.0f}", _x(row["ratio"])) for name, row in r.items()]
 
 
-def policy_updates_rows(r: dict) -> list[Row]:
+def policy_updates_rows(r: dict, name: str = "") -> list[Row]:
     c = r["config"]
-    return [(f"{c['algo']} updates/s, batch {c['batch']}, {c['device_name']}, vs a plain PyTorch step",
-             f"{r['ours']['updates_per_s']:.1f}", f"{r['raw']['updates_per_s']:.1f}", _x(r["ratio"]))]
+    rows = [(f"{c['algo']}{f' ({name})' if name else ''} updates/s, batch {c['batch']}, {c['device_name']}, "
+             "vs a plain PyTorch step", f"{r['ours']['updates_per_s']:.1f}", f"{r['raw']['updates_per_s']:.1f}",
+             _x(r["ratio"]))]
+    if "plain_sac" in r:
+        rows.append(("... vs the plain SAC loop (CleanRL's shape)", f"{r['ours']['updates_per_s']:.1f}",
+                     f"{r['plain_sac']['updates_per_s']:.1f}", _x(r["ratio_vs_plain_sac"])))
+    return rows
+
+
+def gpu_updates_rows(r: dict) -> list[Row]:
+    return [row for name, case in r["cases"].items() for row in policy_updates_rows(case, name)]
 
 
 def fleet_scaling_rows(r: dict) -> list[Row]:
@@ -131,6 +142,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "fleet_scaling": Benchmark("fleet_scaling.py", ["--robots", "1", "2", "4", "8", "--rate-robots", "0",
                                                     "--max-wall-s", "300"], fleet_scaling_rows,
                                quick=["--robots", "1", "--rate-robots", "0", "--max-wall-s", "60"]),
+    "gpu_updates": Benchmark("gpu_updates.py", [], gpu_updates_rows, gpu=True),
     "sample_efficiency": Benchmark("sample_efficiency.py", [], sample_efficiency_rows, long=True),
 }
 
@@ -168,6 +180,12 @@ def table(outcomes: dict[str, tuple[list[Row], float, str | None]], quick: bool)
     return "\n".join(lines) + "\n"
 
 
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), help="these benchmarks only")
@@ -180,6 +198,10 @@ def main() -> int:
     outcomes = {}
     started = time.monotonic()
     kept = [] if args.only or args.quick else [n for n in names if BENCHMARKS[n].long]
+    if any(BENCHMARKS[n].gpu for n in names) and not cuda_available():
+        gpu = [n for n in names if BENCHMARKS[n].gpu]
+        print(f"no CUDA GPU here: {', '.join(gpu)} not run; the table shows the rows of its last run", flush=True)
+        kept += gpu
     names = [n for n in names if n not in kept]
     if args.table_only:
         for name in names:

@@ -48,6 +48,7 @@ leaves torch as it is). The dev extra includes it.
     python bench/sample_efficiency.py                    # 3 envs x 3 seeds, 50k steps (hours)
     python bench/sample_efficiency.py --quick            # HalfCheetah, 1 seed, 3k steps: a smoke check
     python bench/sample_efficiency.py --envs Hopper-v5 --seeds 0 1 --jobs 2
+    python bench/sample_efficiency.py --runs-dir runs/se --jobs 2   # stop it any time; the same line resumes
 """
 
 from __future__ import annotations
@@ -115,7 +116,11 @@ def our_config(env_id: str, seed: int, schedule: Schedule, run_root: Path) -> di
 
 def run_ours(env_id: str, seed: int, schedule: Schedule, root: Path) -> dict:
     """One `user-rl train` run in its own process; its evaluations are the curve."""
+    finished = root / f"ours-{env_id}-s{seed}.json"
+    if finished.exists():  # a resumed comparison keeps the runs it finished before
+        return json.loads(finished.read_text())
     run_root = root / f"ours-{env_id}-s{seed}"
+    shutil.rmtree(run_root, ignore_errors=True)  # an unfinished run starts again
     run_root.mkdir(parents=True)
     config = run_root / "config.yaml"
     config.write_text(yaml.safe_dump(our_config(env_id, seed, schedule, run_root), sort_keys=False))
@@ -132,7 +137,9 @@ def run_ours(env_id: str, seed: int, schedule: Schedule, root: Path) -> dict:
     summary = json.loads(summaries[0].read_text())
     points = [{"env_steps": e["env_steps"], "updates": e["updates"], "mean_return": e["mean_return"]}
               for e in summary["evaluations"]]
-    return {"points": points, "wall_s": round(wall, 1), "stop_reason": summary["stop_reason"]}
+    result = {"points": points, "wall_s": round(wall, 1), "stop_reason": summary["stop_reason"]}
+    finished.write_text(json.dumps(result))
+    return result
 
 
 # -- Stable-Baselines3 ---------------------------------------------------------------------------
@@ -200,6 +207,8 @@ def run_sb3_here(env_id: str, seed: int, schedule: Schedule) -> dict:
 def run_sb3(env_id: str, seed: int, schedule: Schedule, root: Path) -> dict:
     """`run_sb3_here` in a process of its own (runs side by side with --jobs)."""
     out = root / f"sb3-{env_id}-s{seed}.json"
+    if out.exists():  # a resumed comparison keeps the runs it finished before
+        return json.loads(out.read_text())
     command = [sys.executable, __file__, "--sb3-run", env_id, str(seed), "--out", str(out),
                *(f"--{key.replace('_', '-')}={value}" for key, value in asdict(schedule).items())]
     with open(root / f"sb3-{env_id}-s{seed}.log", "w") as log:
@@ -263,7 +272,8 @@ def table(result: dict) -> str:
 def compare(envs: list[str], seeds: list[int], schedule: Schedule, jobs: int, root: Path) -> dict:
     """Every (system, env, seed) run, `jobs` at a time; the JSON result."""
     started = time.monotonic()
-    tasks = [(system, env_id, seed) for env_id in envs for seed in seeds for system in ("ours", "sb3")]
+    # seed by seed, so that a comparison stopped part-way has whole seeds of every env to report (--seeds 0)
+    tasks = [(system, env_id, seed) for seed in seeds for env_id in envs for system in ("ours", "sb3")]
     runner = {"ours": run_ours, "sb3": run_sb3}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {task: pool.submit(runner[task[0]], task[1], task[2], schedule, root) for task in tasks}
@@ -299,8 +309,9 @@ def main() -> int:
                         help="smoke check: HalfCheetah-v5, seed 0, 3000 steps, evaluations every 1000 of 2 episodes, "
                              "learning from 1000 (flags given as well win)")
     parser.add_argument("--jobs", type=int, default=1, help="runs side by side (each run uses about 2 cores)")
-    parser.add_argument("--runs-dir", type=Path, help="keep every run's directory and log here (default: a temp dir, "
-                                                      "removed at the end)")
+    parser.add_argument("--runs-dir", type=Path, help="keep every run's directory, log and result here (default: a "
+                                                      "temp dir, removed at the end); run again with the same dir to "
+                                                      "resume: finished runs are read back, not rerun")
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/sample_efficiency.json")
     parser.add_argument("--sb3-run", nargs=2, metavar=("ENV", "SEED"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -328,6 +339,13 @@ def main() -> int:
         return 0
     root = (args.runs_dir or Path(tempfile.mkdtemp(prefix="sample-efficiency-"))).resolve()  # runs start there
     root.mkdir(parents=True, exist_ok=True)
+    settings = {"envs": args.envs, "seeds": args.seeds, **asdict(schedule)}
+    recorded = root / "settings.json"
+    if recorded.exists() and json.loads(recorded.read_text())["schedule"] != asdict(schedule):
+        parser.error(f"{root} holds runs of another schedule ({recorded.read_text().strip()}); "
+                     f"resume with the same --steps, --eval-every, --eval-episodes and --learning-starts, "
+                     f"or give another --runs-dir")
+    recorded.write_text(json.dumps({"schedule": asdict(schedule), "last_asked": settings}))
     try:
         result = compare(args.envs, args.seeds, schedule, args.jobs, root)
     except Exception:

@@ -68,6 +68,53 @@ def test_update_bench_reports_a_chunk_policys_rate_and_ratio(tmp_path: Path) -> 
     assert result["ratio"] > 0
 
 
+def test_update_bench_sets_sac_against_the_plain_sac_loop(tmp_path: Path) -> None:
+    """SAC on state vectors is also measured against the textbook SAC loop with networks of the same sizes."""
+    result = run_bench("policy_updates.py", tmp_path / "updates.json", str(BENCH.parent / "configs/reach.yaml"),
+                       "--device", "cpu", "--batch", "32")
+    assert result["config"]["algo"] == "sac"
+    assert result["plain_sac"]["updates_per_s"] > 0 and result["ratio_vs_plain_sac"] > 0
+    rows = load_bench("run_all.py").policy_updates_rows(result)
+    assert rows[1][0].startswith("... vs the plain SAC loop") and rows[1][3] == f"{result['ratio_vs_plain_sac']:.2f}x"
+
+    import gymnasium as gym
+    import torch
+
+    from user_rl.algos import ALGOS
+
+    obs_space = gym.spaces.Dict({"state": gym.spaces.Box(-1, 1, (18,))})
+    action_space = gym.spaces.Box(-1, 1, (3,))
+    ours = ALGOS["sac"](obs_space, action_space, "mlp", {"hidden": [64, 64]})
+    plain = load_bench("policy_updates.py").PlainSAC(18, 3, [64, 64], torch.device("cpu"))
+
+    def count(*modules) -> int:
+        return sum(p.numel() for module in modules for p in module.parameters())
+
+    assert count(ours.actor) == count(plain.actor) and count(ours.critic) == count(plain.q1, plain.q2)
+
+
+def test_gpu_bench_without_a_gpu_says_so_and_the_table_keeps_its_last_rows(tmp_path: Path) -> None:
+    """On a box without CUDA, gpu_updates refuses clearly and run_all shows the rows its last GPU run left."""
+    import torch
+
+    if torch.cuda.is_available():  # a GPU box runs it for real
+        result = run_bench("gpu_updates.py", tmp_path / "gpu.json", "--only", "sac_mlp_128")
+        assert result["cases"]["sac_mlp_128"]["config"]["device"].startswith("cuda")
+        return
+    done = subprocess.run([sys.executable, str(BENCH / "gpu_updates.py"), "--out", str(tmp_path / "gpu.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr and not (tmp_path / "gpu.json").exists()
+    last = json.loads((BENCH / "results/gpu_updates.json").read_text())
+    (tmp_path / "gpu_updates.json").write_text(json.dumps(last))
+    done = subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--only", "gpu_updates", "--results",
+                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no CUDA GPU here: gpu_updates not run" in done.stdout
+    rows = [line for line in (tmp_path / "RESULTS.md").read_text().splitlines() if line.startswith("| gpu_updates")]
+    assert len(rows) == len(last["cases"]) + sum("plain_sac" in case for case in last["cases"].values())
+    assert f"{last['cases']['vla_100m']['ours']['updates_per_s']:.1f}" in rows[-1]
+
+
 def test_learn_from_demos_reports_success_per_instruction(tmp_path: Path) -> None:
     out = tmp_path / "demos.json"
     done = subprocess.run([sys.executable, str(BENCH / "learn_from_demos.py"), "--episodes", "3", "--updates", "4",
@@ -173,3 +220,19 @@ def test_sample_efficiency_evaluates_sb3_where_ours_holds(tmp_path: Path) -> Non
     assert table[2].split("|")[-3:-1] == [" 1.00x ", " 1.00x "]
     rows = load_bench("run_all.py").sample_efficiency_rows(result)
     assert [row[3] for row in rows] == ["1.00x", "1.00x"]  # final return and area under the curve
+
+    # A comparison stopped part-way resumes from its --runs-dir: finished runs are read back, not rerun
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for system in ("ours", "sb3"):
+        (runs / f"{system}-InvertedPendulum-v5-s0.json").write_text(json.dumps(run))
+    schedule_args = ["--envs", "InvertedPendulum-v5", "--seeds", "0", "--steps", "250", "--eval-every", "100",
+                     "--learning-starts", "100", "--eval-episodes", "1", "--runs-dir", str(runs)]
+    resumed = subprocess.run([sys.executable, str(BENCH / "sample_efficiency.py"), *schedule_args,
+                              "--out", str(tmp_path / "resumed.json")], capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert not (runs / "ours-InvertedPendulum-v5-s0").exists()  # nothing was trained again
+    assert json.loads((tmp_path / "resumed.json").read_text())["envs"]["InvertedPendulum-v5"]["final"]["ratio"] == 1.0
+    other = subprocess.run([sys.executable, str(BENCH / "sample_efficiency.py"), *schedule_args, "--steps", "300"],
+                           capture_output=True, text=True, timeout=120)
+    assert other.returncode == 2 and "holds runs of another schedule" in other.stderr  # never mixes two schedules
