@@ -36,12 +36,6 @@ CASES: list[tuple[str, str, list[str], int, int]] = [
 ]
 
 
-def cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def run_case(config: str, overrides: list[str], batch: int, updates: int, quick: bool, work: Path) -> dict:
     """One `policy_updates.py` run on cuda in its own process (a fresh CUDA context each)."""
     out = work / "case.json"
@@ -63,7 +57,9 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", choices=[name for name, *_ in CASES], help="these cases only")
     parser.add_argument("--out", type=Path, default=BENCH / "results/gpu_updates.json")
     args = parser.parse_args()
-    if not cuda_available():
+    import torch  # here, not at the top: --help needs no torch
+
+    if not torch.cuda.is_available():
         print("bench/gpu_updates.py needs a CUDA GPU and torch.cuda.is_available() is False here; "
               "bench/policy_updates.py CONFIG --device cpu measures the CPU", file=sys.stderr)
         return 2

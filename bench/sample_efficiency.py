@@ -116,9 +116,6 @@ def our_config(env_id: str, seed: int, schedule: Schedule, run_root: Path) -> di
 
 def run_ours(env_id: str, seed: int, schedule: Schedule, root: Path) -> dict:
     """One `user-rl train` run in its own process; its evaluations are the curve."""
-    finished = root / f"ours-{env_id}-s{seed}.json"
-    if finished.exists():  # a resumed comparison keeps the runs it finished before
-        return json.loads(finished.read_text())
     run_root = root / f"ours-{env_id}-s{seed}"
     shutil.rmtree(run_root, ignore_errors=True)  # an unfinished run starts again
     run_root.mkdir(parents=True)
@@ -138,7 +135,7 @@ def run_ours(env_id: str, seed: int, schedule: Schedule, root: Path) -> dict:
     points = [{"env_steps": e["env_steps"], "updates": e["updates"], "mean_return": e["mean_return"]}
               for e in summary["evaluations"]]
     result = {"points": points, "wall_s": round(wall, 1), "stop_reason": summary["stop_reason"]}
-    finished.write_text(json.dumps(result))
+    result_file(root, "ours", env_id, seed).write_text(json.dumps(result))
     return result
 
 
@@ -206,9 +203,7 @@ def run_sb3_here(env_id: str, seed: int, schedule: Schedule) -> dict:
 
 def run_sb3(env_id: str, seed: int, schedule: Schedule, root: Path) -> dict:
     """`run_sb3_here` in a process of its own (runs side by side with --jobs)."""
-    out = root / f"sb3-{env_id}-s{seed}.json"
-    if out.exists():  # a resumed comparison keeps the runs it finished before
-        return json.loads(out.read_text())
+    out = result_file(root, "sb3", env_id, seed)
     command = [sys.executable, __file__, "--sb3-run", env_id, str(seed), "--out", str(out),
                *(f"--{key.replace('_', '-')}={value}" for key, value in asdict(schedule).items())]
     with open(root / f"sb3-{env_id}-s{seed}.log", "w") as log:
@@ -219,6 +214,18 @@ def run_sb3(env_id: str, seed: int, schedule: Schedule, root: Path) -> dict:
 
 
 # -- the comparison ------------------------------------------------------------------------------
+def result_file(root: Path, system: str, env_id: str, seed: int) -> Path:
+    """Where a finished run leaves its curve: a resumed comparison reads it back instead of running again."""
+    return root / f"{system}-{env_id}-s{seed}.json"
+
+
+def run_or_read(system: str, env_id: str, seed: int, schedule: Schedule, root: Path) -> dict:
+    finished = result_file(root, system, env_id, seed)
+    if finished.exists():
+        return json.loads(finished.read_text())
+    return {"ours": run_ours, "sb3": run_sb3}[system](env_id, seed, schedule, root)
+
+
 def area(steps: list[int], returns: list[float]) -> float:
     """Area under the curve (trapezoids over the evaluation points), per env step."""
     pairs = list(zip(steps, returns))
@@ -274,9 +281,8 @@ def compare(envs: list[str], seeds: list[int], schedule: Schedule, jobs: int, ro
     started = time.monotonic()
     # seed by seed, so that a comparison stopped part-way has whole seeds of every env to report (--seeds 0)
     tasks = [(system, env_id, seed) for seed in seeds for env_id in envs for system in ("ours", "sb3")]
-    runner = {"ours": run_ours, "sb3": run_sb3}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {task: pool.submit(runner[task[0]], task[1], task[2], schedule, root) for task in tasks}
+        futures = {task: pool.submit(run_or_read, *task, schedule, root) for task in tasks}
         done = {}
         for task, future in futures.items():
             done[task] = future.result()
@@ -339,13 +345,12 @@ def main() -> int:
         return 0
     root = (args.runs_dir or Path(tempfile.mkdtemp(prefix="sample-efficiency-"))).resolve()  # runs start there
     root.mkdir(parents=True, exist_ok=True)
-    settings = {"envs": args.envs, "seeds": args.seeds, **asdict(schedule)}
-    recorded = root / "settings.json"
-    if recorded.exists() and json.loads(recorded.read_text())["schedule"] != asdict(schedule):
+    recorded = root / "schedule.json"
+    if recorded.exists() and json.loads(recorded.read_text()) != asdict(schedule):
         parser.error(f"{root} holds runs of another schedule ({recorded.read_text().strip()}); "
                      f"resume with the same --steps, --eval-every, --eval-episodes and --learning-starts, "
                      f"or give another --runs-dir")
-    recorded.write_text(json.dumps({"schedule": asdict(schedule), "last_asked": settings}))
+    recorded.write_text(json.dumps(asdict(schedule)))
     try:
         result = compare(args.envs, args.seeds, schedule, args.jobs, root)
     except Exception:
