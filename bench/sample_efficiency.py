@@ -239,8 +239,8 @@ def ratio(ours: float, baseline: float) -> float | None:
 
 
 def summarize(env_id: str, runs: dict[int, dict], schedule: Schedule) -> dict:
-    """Per seed the two curves; over seeds the mean curves, and ours / SB3 of the final mean return and
-    of the area under the mean curve."""
+    """Per seed the two curves and final returns (their spread says how much a ratio means); over seeds the
+    mean curves, and ours / SB3 of the final mean return and of the area under the mean curve."""
     points = schedule.points()
     for seed, run in runs.items():
         for system in ("ours", "sb3"):
@@ -253,7 +253,9 @@ def summarize(env_id: str, runs: dict[int, dict], schedule: Schedule) -> dict:
     return {"seeds": {str(seed): run for seed, run in runs.items()},
             "mean": {"env_steps": points, **mean},
             "final": {"ours": mean["ours"][-1], "sb3": mean["sb3"][-1],
-                      "ratio": ratio(mean["ours"][-1], mean["sb3"][-1])},
+                      "ratio": ratio(mean["ours"][-1], mean["sb3"][-1]),
+                      "by_seed": {system: [round(run[system]["points"][-1]["mean_return"], 2) for run in runs.values()]
+                                  for system in ("ours", "sb3")}},
             "auc": {"ours": round(areas["ours"], 2), "sb3": round(areas["sb3"], 2),
                     "ratio": ratio(areas["ours"], areas["sb3"])}}
 
@@ -261,18 +263,20 @@ def summarize(env_id: str, runs: dict[int, dict], schedule: Schedule) -> dict:
 def table(result: dict) -> str:
     """Markdown: mean return over seeds at each evaluation point, both systems, and the two ratios."""
     points = result["config"]["points"]
-    head = "| env | system | " + " | ".join(f"{p / 1000:g}k" for p in points) + " | final ratio | AUC ratio |"
-    lines = [head, "|" + "---|" * (len(points) + 4)]
+    head = ("| env | system | " + " | ".join(f"{p / 1000:g}k" for p in points)
+            + f" | {points[-1] / 1000:g}k by seed | final ratio | AUC ratio |")
+    lines = [head, "|" + "---|" * (len(points) + 5)]
     for env_id, env in result["envs"].items():
         for system, name in (("ours", "user-rl SAC"), ("sb3", "SB3 SAC")):
             cells = " | ".join(f"{value:.0f}" for value in env["mean"][system])
+            by_seed = " / ".join(f"{value:.0f}" for value in env["final"]["by_seed"][system])
             ratios = " | ".join("-" if r is None else f"{r:.2f}x" for r in
                                 (env["final"]["ratio"], env["auc"]["ratio"])) if system == "ours" else " | "
-            lines.append(f"| {env_id} | {name} | {cells} | {ratios} |")
+            lines.append(f"| {env_id} | {name} | {cells} | {by_seed} | {ratios} |")
     seeds = len(result["config"]["seeds"])
     lines.append(f"\nmean return of {result['config']['eval_episodes']} deterministic episodes, mean over {seeds} "
                  f"seed{'s' if seeds > 1 else ''}; ratio = ours / SB3 (final: at {points[-1]:,} env steps; AUC: "
-                 "area under the mean curve)")
+                 "area under the mean curve); by seed: the final return of each seed, in seed order")
     return "\n".join(lines)
 
 

@@ -220,6 +220,15 @@ def test_sample_efficiency_evaluates_sb3_where_ours_holds(tmp_path: Path) -> Non
     assert table[2].split("|")[-3:-1] == [" 1.00x ", " 1.00x "]
     rows = load_bench("run_all.py").sample_efficiency_rows(result)
     assert [row[3] for row in rows] == ["1.00x", "1.00x"]  # final return and area under the curve
+    # over seeds: the mean curve makes the ratios, and each seed's final return shows their spread
+    final = run["points"][-1]["mean_return"]
+    halved = {**run, "points": [{**p, "mean_return": p["mean_return"] / 2} for p in run["points"]]}
+    two = bench.summarize("InvertedPendulum-v5", {0: {"ours": run, "sb3": run}, 1: {"ours": halved, "sb3": run}},
+                          schedule)
+    assert two["final"]["by_seed"] == {"ours": [round(final, 2), round(final / 2, 2)], "sb3": [round(final, 2)] * 2}
+    assert two["final"]["ratio"] == two["auc"]["ratio"] == 0.75
+    by_seed = bench.table({**result, "envs": {"InvertedPendulum-v5": two}}).splitlines()[2].split("|")[-4]
+    assert by_seed == f" {final:.0f} / {final / 2:.0f} "
 
     # A comparison stopped part-way resumes from its --runs-dir: finished runs are read back, not rerun
     runs = tmp_path / "runs"
