@@ -285,6 +285,7 @@ def compare(envs: list[str], seeds: list[int], schedule: Schedule, jobs: int, ro
     started = time.monotonic()
     # seed by seed, so that a comparison stopped part-way has whole seeds of every env to report (--seeds 0)
     tasks = [(system, env_id, seed) for seed in seeds for env_id in envs for system in ("ours", "sb3")]
+    read_back = sum(result_file(root, *task).exists() for task in tasks)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {task: pool.submit(run_or_read, *task, schedule, root) for task in tasks}
         done = {}
@@ -300,7 +301,8 @@ def compare(envs: list[str], seeds: list[int], schedule: Schedule, jobs: int, ro
     return {"config": {"envs": envs, "seeds": seeds, **asdict(schedule), "points": schedule.points(), "jobs": jobs,
                        "matched": MATCHED, "ours": our_config("ENV", 0, schedule, Path("RUN_ROOT")),
                        "sb3": {k: v for k, v in sb3_kwargs(schedule, 0).items() if k != "seed"}},
-            "envs": env_results, "wall_s": round(time.monotonic() - started, 1),
+            "envs": env_results, "wall_s": round(time.monotonic() - started, 1),  # of this call: see runs_read_back
+            "runs_read_back": read_back,  # finished by an earlier call (--runs-dir), their time is in run_wall_s
             "run_wall_s": {system: round(seconds, 1) for system, seconds in wall.items()},
             "env_steps_per_s": {system: round(steps / max(seconds, 1e-9), 1) for system, seconds in wall.items()},
             "cpus": os.cpu_count()}
@@ -366,7 +368,8 @@ def main() -> int:
     args.out.write_text(json.dumps(result, indent=2))
     print()
     print(table(result))
-    print(f"\n{result['wall_s']:.0f} s in all; env steps/s per run: ours {result['env_steps_per_s']['ours']}, "
+    earlier = f" ({result['runs_read_back']} runs read back)" if result["runs_read_back"] else ""
+    print(f"\n{result['wall_s']:.0f} s in all{earlier}; env steps/s per run: ours {result['env_steps_per_s']['ours']}, "
           f"SB3 {result['env_steps_per_s']['sb3']}; {args.out}")
     return 0
 

@@ -241,7 +241,9 @@ def test_sample_efficiency_evaluates_sb3_where_ours_holds(tmp_path: Path) -> Non
                               "--out", str(tmp_path / "resumed.json")], capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert not (runs / "ours-InvertedPendulum-v5-s0").exists()  # nothing was trained again
-    assert json.loads((tmp_path / "resumed.json").read_text())["envs"]["InvertedPendulum-v5"]["final"]["ratio"] == 1.0
+    resumed_result = json.loads((tmp_path / "resumed.json").read_text())
+    assert resumed_result["envs"]["InvertedPendulum-v5"]["final"]["ratio"] == 1.0
+    assert resumed_result["runs_read_back"] == 2 and "(2 runs read back)" in resumed.stdout
     other = subprocess.run([sys.executable, str(BENCH / "sample_efficiency.py"), *schedule_args, "--steps", "300"],
                            capture_output=True, text=True, timeout=120)
     assert other.returncode == 2 and "holds runs of another schedule" in other.stderr  # never mixes two schedules
