@@ -104,13 +104,19 @@ def test_slow_inference_never_stalls_a_50_hz_control_loop(tmp_path: Path) -> Non
           f"p99 {1000 * np.percentile(intervals, 99):.1f} ms, max {1000 * intervals.max():.1f} ms; "
           f"edge: {status['inference_ms']} ms inference, jitter p99 {status['loop_jitter_p99_ms']} ms")
     assert len(intervals) > 250
-    assert off.mean() < 0.01, np.sort(intervals)[[0, 1, -2, -1]]  # a stalled chunk would be 60 ms, once per chunk
-    assert intervals.max() < 2 * INFERENCE_S
+    # Inferring in the loop stalls it once per chunk: about 27 of 294 intervals over 50 ms (the sync
+    # run below). Here at most one is (an OS hiccup), and jitter past 10 ms is rare: on a 2-core
+    # machine that also runs the learner, the OS now and then delays a step by 20-30 ms (and the
+    # next one catches up), which once made 4 of 293 intervals (1.4%) miss by more than 10 ms.
+    stalls = intervals > PERIOD_S + INFERENCE_S / 2
+    assert stalls.sum() <= 1 and intervals.max() < 2 * INFERENCE_S, np.sort(intervals)[-5:]
+    assert off.mean() < 0.03, np.sort(intervals)[[0, 1, -2, -1]]
     assert status["starved_steps"] == 0
     assert status["inference_ms"] == pytest.approx(1000 * INFERENCE_S, abs=30)
     # The learner hears it all in the heartbeats.
     assert seen["inference"]["latency_ms"] == pytest.approx(1000 * INFERENCE_S, abs=30)
-    assert seen["inference"]["loop_jitter_p99_ms"] < 10 and seen["inference"]["starved_steps"] == 0
+    # p99 jitter: under half a stall (an edge inferring in the loop shows 60 ms)
+    assert seen["inference"]["loop_jitter_p99_ms"] < 30 and seen["inference"]["starved_steps"] == 0
     assert 0 <= seen["inference"]["chunk_age_steps"] < CHUNK
 
     # The same policy inferred in the loop: the robot waits 60 ms once per chunk.
