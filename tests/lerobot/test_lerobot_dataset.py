@@ -199,3 +199,109 @@ def test_a_dataset_recorded_by_lerobot_itself_imports_as_a_persons_demonstration
     obs_space, action_space = buffer_spaces(tmp_path / "buffer")
     assert set(obs_space.spaces) == {"state", "front"} and obs_space["front"].dtype == np.uint8
     assert (action_space.low <= recorded["action"].min(0)).all() and (action_space.high >= recorded["action"].max(0)).all()
+
+
+# -- episode identity: (robot, epoch, episode) -------------------------------------------------------
+
+def restart_batch(rng: np.random.Generator, episode: int, steps: range, end: str, clock: float) -> dict:
+    """Steps `steps` of one episode as one batch; `end` is how its last step ends it: terminated,
+    or nothing (the episode goes on, or the edge dies and cuts it)."""
+    builder = BatchBuilder(OBS_SPACE, ACTION_SPACE, capacity=len(steps))
+    for step in steps:
+        terminated = end == "terminated" and step == steps[-1]
+        action = rng.uniform(-1, 1, 2).astype(np.float32)
+        builder.add(observation(rng), action, float(rng.normal()), terminated, False, episode=episode, step=step,
+                    policy_version=step, actor=pb.ACTOR_POLICY, label=pb.LABEL_NONE, label_by=pb.LABEL_BY_ENV,
+                    sensor_time=clock + 0.05 * step, policy_action=action,
+                    final_obs=observation(rng) if terminated else None)
+    return builder.take()[1]
+
+
+def write_buffer_with_an_edge_restart(directory: Path) -> None:
+    """arm-0's edge dies in its epoch 1 episode 1 and comes back as epoch 2, numbering episodes from
+    0 again; arm-1 runs on. Episodes span batches, and the robots' batches interleave in segments."""
+    rng = np.random.default_rng(1)
+    store = PersistentReplay(directory, OBS_SPACE, ACTION_SPACE, BufferConfig(segment_mb=0.01), gamma=0.9)
+    try:
+        arm0, arm1 = store.open_stream("arm-0", 1, ROBOTS["arm-0"]), store.open_stream("arm-1", 1, ROBOTS["arm-1"])
+        plan = [(arm0, 0, range(0, 4), "", 100.0), (arm1, 0, range(0, 5), "", 200.0),
+                (arm0, 0, range(4, 8), "terminated", 100.0), (arm1, 0, range(5, 9), "terminated", 200.0),
+                (arm0, 1, range(0, 5), "", 110.0), (arm1, 1, range(0, 3), "", 210.0)]
+        for stream, episode, steps, end, clock in plan:  # then arm-0's edge dies in its episode 1
+            assert store.add(stream, store.last_seq(stream.record.robot, stream.record.epoch) + 1,
+                             restart_batch(rng, episode, steps, end, clock))
+            store.commit()
+        arm0 = store.open_stream("arm-0", 2, ROBOTS["arm-0"])  # the same robot, a new edge life
+        for stream, episode, steps, end, clock in [(arm0, 0, range(0, 6), "", 300.0), (arm1, 1, range(3, 7), "", 210.0),
+                                                    (arm0, 0, range(6, 10), "terminated", 300.0),
+                                                    (arm0, 1, range(0, 3), "", 310.0)]:
+            assert store.add(stream, store.last_seq(stream.record.robot, stream.record.epoch) + 1,
+                             restart_batch(rng, episode, steps, end, clock))
+            store.commit()
+    finally:
+        store.close()
+
+
+def identities(episodes: list) -> list[tuple]:
+    return sorted((e.robot, e.epoch, e.number, len(e), e.status, e.end_reason) for e in episodes)
+
+
+LOAD_AND_IMPORT = """
+import json, shutil, sys
+from pathlib import Path
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+from user_rl.interop.lerobot_dataset import import_lerobot
+root, work = Path(sys.argv[1]), Path(sys.argv[2])
+dataset = LeRobotDataset("local/user-rl", root=root)  # still a dataset LeRobot loads, frame by frame
+bounds = [(int(e["dataset_from_index"]), int(e["dataset_to_index"])) for e in dataset.meta.episodes]
+episode_index = [int(dataset[i]["episode_index"]) for i in range(len(dataset))]
+import_lerobot(root, work / "imported")  # what `user-rl buffer import` runs
+# an export written before epochs were kept: its sidecar names (robot, episode) only
+old = work / "old-export"
+shutil.copytree(root, old)
+sidecar = json.loads((old / "meta/user_rl.json").read_text())
+sidecar["episodes"] = [{"robot": o["robot"], "episode": o["episode"]} for o in sidecar["episodes"]]
+(old / "meta/user_rl.json").write_text(json.dumps(sidecar))
+import_lerobot(old, work / "imported-old")
+# a sidecar that does not describe the dataset is refused, naming why
+sidecar["episodes"] = sidecar["episodes"][:-1]
+(old / "meta/user_rl.json").write_text(json.dumps(sidecar))
+try:
+    import_lerobot(old, work / "imported-bad")
+    refused = ""
+except Exception as exc:
+    refused = f"{type(exc).__name__}: {exc}"
+print(json.dumps({"episodes": dataset.meta.total_episodes, "bounds": bounds, "episode_index": episode_index,
+                  "refused": refused}))
+"""
+
+
+def test_episodes_keep_their_epoch_through_export_and_import(lerobot_python: Path, tmp_path: Path) -> None:
+    """Episode numbers restart at 0 after an edge restart: the export says which epoch each
+    episode is, and the import gives back the same episodes, not two episodes 0 merged into one."""
+    write_buffer_with_an_edge_restart(tmp_path / "buffer")
+    original = list(read_episodes(tmp_path / "buffer"))
+    assert sorted((e.robot, e.epoch, e.number) for e in original) == \
+        [("arm-0", 1, 0), ("arm-0", 1, 1), ("arm-0", 2, 0), ("arm-0", 2, 1), ("arm-1", 1, 0), ("arm-1", 1, 1)]
+
+    run_in_lerobot(lerobot_python, "-m", "user_rl.cli", "buffer", "export", str(tmp_path / "buffer"),
+                   str(tmp_path / "dataset"))
+    loaded = json.loads(run_in_lerobot(lerobot_python, "-c", LOAD_AND_IMPORT, str(tmp_path / "dataset"),
+                                       str(tmp_path)).stdout.strip().splitlines()[-1])
+
+    # LeRobot loads the export: one dataset episode per buffer episode, each frame in its episode.
+    lengths = [stop - start for start, stop in loaded["bounds"]]
+    assert loaded["episodes"] == len(original) and sorted(lengths) == sorted(len(e) for e in original)
+    assert loaded["episode_index"] == [n for n, length in enumerate(lengths) for _ in range(length)]
+    # The round trip gives the same episodes, rows in step order, the cut one still cut.
+    back = list(read_episodes(tmp_path / "imported"))
+    assert identities(back) == identities(original)
+    key = lambda e: (e.robot, e.epoch, e.number)  # noqa: E731
+    assert_same_episodes(sorted(original, key=key), sorted(back, key=key))
+    for episode in back:
+        np.testing.assert_array_equal(episode.steps["step"], np.arange(len(episode)))
+    # An export from before epochs were kept still never merges two episodes (a repeated number is a new epoch).
+    old = list(read_episodes(tmp_path / "imported-old"))
+    assert sorted((e.robot, e.number, len(e)) for e in old) == sorted((e.robot, e.number, len(e)) for e in original)
+    assert "ValueError" in loaded["refused"] and "names 5 episodes but the dataset has 6" in loaded["refused"], \
+        loaded["refused"]

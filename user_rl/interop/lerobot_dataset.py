@@ -7,8 +7,10 @@ parquet, lossless), `action`, `next.reward`, `next.done`, `complementary_info.is
 columns: terminated and truncated apart, who acted, the label and who gave it, the policy's own
 proposal when someone else acted, its version, the robot's timestamp, and each episode's final
 observation (`user_rl.final.<feature>`, set on its last frame, zeros elsewhere). The buffer's exact
-spaces are kept in `meta/user_rl.json`, so an export imports back unchanged; a dataset recorded
-by LeRobot itself imports with spaces read from its features and stats.
+spaces, and which (robot, epoch, episode) each dataset episode is, are kept in `meta/user_rl.json`,
+so an export imports back unchanged: episode numbers restart at 0 in each epoch (each life of an
+edge), so without the epoch two robots' "episode 0"s would merge. A dataset recorded by LeRobot
+itself imports with spaces read from its features and stats.
 
 LeRobot is imported lazily: the rest of user-rl works without it (`pip install user-rl[lerobot]`).
 """
@@ -21,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import gymnasium as gym
 import numpy as np
@@ -29,6 +32,10 @@ from user_rl.cloud.buffer.episodes import Episode, EpisodeFilter, buffer_spaces,
 from user_rl.cloud.checkpoint import spaces_from_text, spaces_to_text
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.transitions import OBS, intervened
+
+if TYPE_CHECKING:
+    from user_rl.cloud.buffer.rows import StreamState
+    from user_rl.cloud.buffer.store import PersistentReplay
 
 OURS = "user_rl."
 FINAL = OURS + "final."
@@ -111,13 +118,14 @@ def export_lerobot(buffer_dir: str | Path, out: str | Path, which: EpisodeFilter
     fps = fps or guess_fps(first)
     dataset = LeRobotDataset.create(repo_id, fps, dataset_features(obs_space, action_space), root=out,
                                     robot_type=robot_type, use_videos=False)
-    origins, frames = [], 0  # which robot's episode each dataset episode is
+    origins, frames = [], 0  # which (robot, epoch, episode) each dataset episode is
     try:
         for episode in itertools.chain([first], episodes):
             for frame in _frames(episode, obs_space):
                 dataset.add_frame(frame)
             dataset.save_episode()
-            origins.append({"robot": episode.robot, "episode": episode.number})
+            origins.append({"robot": episode.robot, "epoch": episode.epoch, "episode": episode.number,
+                            "frames": len(episode), "end_reason": episode.end_reason})
             frames += len(episode)
             if progress:
                 progress(len(origins), total)
@@ -167,33 +175,84 @@ def import_lerobot(root: str | Path, buffer_dir: str | Path, repo_id: str = "loc
         raise FileExistsError(f"{buffer_dir} holds a buffer already; import into a new directory")
     dataset = LeRobotDataset(repo_id, root=root)
     obs_space, action_space = _spaces(root, dataset)
-    sidecar = json.loads((root / SIDECAR).read_text()) if (root / SIDECAR).is_file() else {}
-    origins = sidecar.get("episodes") or [{"robot": "lerobot", "episode": n} for n in range(dataset.meta.total_episodes)]
+    origins = _origins(root, dataset.meta.total_episodes)
     store = PersistentReplay(buffer_dir, obs_space, action_space, BufferConfig(), gamma)
     names = {key: feature_name(key, space) for key, space in obs_space.spaces.items()}
     ours = OURS + "actor" in dataset.features
-    streams: dict[tuple[str, str], object] = {}  # one per (robot, task)
-    seqs: dict[tuple[str, str], int] = {}
+    streams = _Streams(store)
     episodes = dataset.meta.total_episodes
     try:
-        for number in range(episodes):
+        for number, origin in enumerate(origins):
             start, stop = _episode_bounds(dataset, number)
+            if "frames" in origin and origin["frames"] != stop - start:
+                raise ValueError(f"{root}: episode {number} has {stop - start} frames but {SIDECAR} says "
+                                 f"{origin['frames']}: the dataset was changed after the export")
             frames = [dataset[i] for i in range(start, stop)]  # LeRobot's own loader: tensors, images in [0, 1]
-            robot, key = origins[number]["robot"], (origins[number]["robot"], str(frames[0]["task"]))
-            if key not in streams:
-                epoch = 1 + sum(r == robot for r, _ in streams)
-                streams[key] = store.open_stream(robot, epoch, key[1])
+            stream, seq = streams.next_batch(number, origin, str(frames[0]["task"]))
             builder = BatchBuilder(obs_space, action_space, capacity=len(frames))
             for i, frame in enumerate(frames):
-                builder.add(**_step(frame, i == len(frames) - 1, origins[number]["episode"], names, obs_space, ours))
-            seqs[key] = seqs.get(key, 0) + 1
-            store.add(streams[key], seqs[key], builder.take()[1])
+                builder.add(**_step(frame, i == len(frames) - 1, origin["episode"], names, obs_space, ours))
+            cols = builder.take()[1]
+            store.add(stream, seq, cols)
+            if origin.get("end_reason") and not (cols["terminated"][-1] or cols["truncated"][-1]):
+                store.end_open_episodes(stream, reason=origin["end_reason"])  # ended in the index only (a cut)
             store.commit()
             if progress:
                 progress(number + 1, episodes)
     finally:
         store.close()
     return {"episodes": episodes, "frames": dataset.meta.total_frames, "buffer": str(buffer_dir)}
+
+
+def _origins(root: Path, total: int) -> list[dict]:
+    """Which (robot, epoch, episode) each dataset episode is, from our export's sidecar; a dataset
+    LeRobot recorded is one robot, `lerobot`, its episodes numbered as in the dataset."""
+    sidecar = json.loads((root / SIDECAR).read_text()) if (root / SIDECAR).is_file() else {}
+    origins = sidecar.get("episodes") or [{"robot": "lerobot", "episode": n} for n in range(total)]
+    if len(origins) != total:
+        raise ValueError(f"{root}: {SIDECAR} names {len(origins)} episodes but the dataset has {total}: "
+                         "the dataset was changed after the export")
+    return origins
+
+
+class _Streams:
+    """The buffer stream each imported episode goes to: one per (robot, epoch), as exported.
+
+    Where the dataset does not say the epoch (recorded by LeRobot, or exported before epochs were
+    kept), each (robot, task) gets an epoch of its own, and a new one whenever an episode number
+    comes again: numbers restart at 0 after an edge restart, and two episodes never merge."""
+
+    def __init__(self, store: PersistentReplay) -> None:
+        self.store = store
+        # (robot, epoch) -> its stream, its task, the seq of its last batch
+        self.opened: dict[tuple[str, int], tuple[StreamState, str, int]] = {}
+        self.guessed: dict[tuple[str, str], tuple[int, set[int]]] = {}    # (robot, task) -> epoch, its episodes
+        self.named: set[tuple[str, int, int]] = set()                      # (robot, epoch, episode) imported
+
+    def next_batch(self, number: int, origin: dict, task: str) -> tuple[StreamState, int]:
+        """The stream for dataset episode `number` and the seq its batch takes there."""
+        robot, episode = str(origin["robot"]), int(origin["episode"])
+        epoch = int(origin["epoch"]) if "epoch" in origin else self._guess_epoch(robot, task, episode)
+        if (robot, epoch, episode) in self.named:
+            raise ValueError(f"dataset episode {number} is robot {robot}'s epoch {epoch} episode {episode} again: "
+                             f"two episodes would merge into one; {SIDECAR} does not describe this dataset")
+        self.named.add((robot, epoch, episode))
+        stream, stream_task, seq = self.opened.get((robot, epoch)) or (None, task, 0)
+        if stream_task != task:
+            raise ValueError(f"dataset episode {number} (robot {robot}, epoch {epoch}, episode {episode}) has task "
+                             f"{task!r}, but that epoch's earlier episodes have {stream_task!r}: an epoch has one "
+                             f"task; {SIDECAR} does not describe this dataset")
+        stream = stream or self.store.open_stream(robot, epoch, task)
+        self.opened[robot, epoch] = (stream, task, seq + 1)
+        return stream, seq + 1
+
+    def _guess_epoch(self, robot: str, task: str, episode: int) -> int:
+        epoch, seen = self.guessed.get((robot, task), (0, set()))
+        if not epoch or episode in seen:
+            epoch, seen = 1 + max((e for r, e in self.opened if r == robot), default=0), set()
+        seen.add(episode)
+        self.guessed[robot, task] = (epoch, seen)
+        return epoch
 
 
 def _episode_bounds(dataset, number: int) -> tuple[int, int]:

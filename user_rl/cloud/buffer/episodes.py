@@ -31,7 +31,8 @@ STEP_COLUMNS = ("action", "policy_action", "reward", "terminated", "truncated", 
 
 @dataclass
 class Episode:
-    """One episode of one robot: `steps` holds each column in step order (observations under `obs/`)."""
+    """One episode of one robot: `steps` holds each column in step order (observations under `obs/`).
+    (robot, epoch, number) names it: episode numbers restart at 0 in each epoch (edge life)."""
 
     robot: str
     task: str
@@ -40,6 +41,7 @@ class Episode:
     steps: dict[str, np.ndarray]
     final_obs: dict[str, np.ndarray] | None = None  # the observation after the last step, when the episode ended
     end_reason: str = ""
+    epoch: int = 0                            # the edge life it was recorded in
 
     def __len__(self) -> int:
         return len(self.steps["action"])
@@ -106,6 +108,7 @@ def read_episodes(directory: str | Path, which: EpisodeFilter | None = None) -> 
     try:
         obs_space, _ = _spaces(index, directory)
         records = {(r.stream, r.episode): r for r in index.episodes() if which.admits(r)}
+        epochs = {s.id: s.epoch for s in index.streams()}
         segments = index.segments()
     finally:
         index.close()
@@ -120,9 +123,9 @@ def read_episodes(directory: str | Path, which: EpisodeFilter | None = None) -> 
         _collect(cols, records, parts, obs_keys)
         # done once a later segment is read (an episode's final row may sit one segment after its last record)
         for key in [k for k in parts if 0 <= last_segment[k] < seg_record.id]:
-            yield from _episode(records[key], parts.pop(key))
+            yield from _episode(records[key], parts.pop(key), epochs)
     for key in sorted(parts):  # episodes still open, or whose last segment is the newest
-        yield from _episode(records[key], parts.pop(key))
+        yield from _episode(records[key], parts.pop(key), epochs)
 
 
 def _collect(cols: dict[str, np.ndarray], records: dict, parts: dict[tuple[int, int], _Parts],
@@ -139,11 +142,11 @@ def _collect(cols: dict[str, np.ndarray], records: dict, parts: dict[tuple[int, 
             parts.setdefault(key, _Parts()).final = {name[len(OBS):]: cols[name][row].copy() for name in obs_keys}
 
 
-def _episode(record: EpisodeRecord, parts: _Parts) -> Iterator[Episode]:
+def _episode(record: EpisodeRecord, parts: _Parts, epochs: dict[int, int]) -> Iterator[Episode]:
     """The episode, unless none of its steps is left (evicted: only a final row remains)."""
     if not parts.rows:
         return
     ordered = sorted(parts.rows, key=lambda row: int(row["step"]))
     steps = {name: np.stack([row[name] for row in ordered]) for name in ordered[0]}
     yield Episode(robot=record.robot, task=record.task, number=record.episode, status=record.status, steps=steps,
-                   final_obs=parts.final, end_reason=record.end_reason)
+                   final_obs=parts.final, end_reason=record.end_reason, epoch=epochs.get(record.stream, 0))
