@@ -45,7 +45,8 @@ class ServoArm:
 
     def __init__(self) -> None:
         self.motors = ["j1", "j2", "j3"]
-        motor = lambda i: SimpleNamespace(id=i, model="sts3215", norm_mode=SimpleNamespace(value="degrees"))  # noqa: E731
+        degrees = SimpleNamespace(value="degrees")  # lerobot.motors.MotorNormMode.DEGREES
+        motor = lambda i: SimpleNamespace(id=i, model="sts3215", norm_mode=degrees)  # noqa: E731
         self.calibration = {m: SimpleNamespace(range_min=RANGE[0], range_max=RANGE[1]) for m in self.motors}
         self.bus = SimpleNamespace(motors={m: motor(i + 1) for i, m in enumerate(self.motors)},
                                    model_resolution_table={"sts3215": 4096})
