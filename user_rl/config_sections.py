@@ -119,7 +119,8 @@ class TeleopConfig(Section):
                                                 "random one, printed at start")
     frame_hz: float = Field(10.0, gt=0, le=60, description="camera frames per second sent to people watching")
     view_size: int = Field(160, ge=16, le=1024, description="pixels of the rendered view of a sim without cameras")
-    speed: float = Field(0.5, gt=0, le=1, description="the action a held key commands (of the action space's range)")
+    speed: float = Field(0.5, gt=0, le=1, description="a held key's share of a step: of the per-step limit for "
+                                                      "absolute-position robots, of half the action range for others")
     command_timeout_s: float = Field(0.5, gt=0, description="a held key's command not refreshed this long stops the robot")
 
     @field_validator("token")
@@ -354,7 +355,9 @@ class LearnerConfig(Section):
 
 
 class SafetyConfig(Section):
-    max_action_delta: float | None = Field(None, gt=0, description="most an action component may change per step")
+    max_action_delta: float | None = Field(None, gt=0, description="most an action component may change per step "
+                                           "(absolute-position robots: from the current pose, and by default "
+                                           "their action range in 2 s)")
     deadline_s: float = Field(1.0, ge=0, description="no action this long: the robot holds (0: no watchdog)")
 
 

@@ -44,6 +44,9 @@ def run_config(act_dir: Path) -> dict:
                        "lerobot": {"path": str(act_dir), "n_action_steps": ACTION_STEPS}},
             "algo": {"type": "bc", "learning_starts": 32, "batch_size": 32, "actor_lr": 1e-3},
             "reward": {"type": "labels"}, "intervention": {"teleoperator": PAD},
+            # a goal may jump the whole range: the pad's pose is stored as it gave it (by default an
+            # absolute arm's goals move at most its range in 2 s: docs/safety.md, tests/edge/test_teleop_takeover.py)
+            "safety": {"max_action_delta": 200.0},
             "learner": {"data_port": free_port(), "weights_port": free_port(), "torch_threads": 1,
                         "publish_every_updates": 20}}
 

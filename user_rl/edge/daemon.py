@@ -100,7 +100,7 @@ class EdgeDaemon:
         self.weights = WeightReceiver(self.context, weights_address, curve=s.link.curve)
         self.batch = BatchBuilder(robot.observation_space, robot.action_space, s.batch_transitions)
         self.adapter = BacklogAdapter(s.batch_transitions, s.link.compression or {}, s.link.max_in_flight)
-        self.safety = ActionFilter(robot.action_space, s.safety, robot)
+        self.safety = ActionFilter(robot.action_space, s.safety, robot, s.control_hz)
         self._robot_lock = threading.Lock()  # one call to the robot at a time: reset, step, hold
         self._held = False  # the robot was held since its last step: that episode is over
         self._answers = 0   # robot calls that returned
@@ -310,7 +310,7 @@ class EdgeDaemon:
             self._maybe_swap_weights()
             chosen, actor, proposal, chunk_step = self._choose_action(obs)
             sent_at = time.time()
-            result = self._robot_call(self.robot.step, self.safety(chosen), unless_held=True)
+            result = self._robot_call(self.robot.step, self.safety(chosen, obs), unless_held=True)
             if result is None:  # the watchdog held the robot after `obs`: that episode is over
                 self._end_episode("hold")
                 obs = None

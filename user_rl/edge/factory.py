@@ -101,7 +101,7 @@ def intervention_sources(cfg: Config, robot: Robot, requests: OperatorRequests
     if cfg.teleop.enabled:
         from user_rl.edge.teleop import make_source
 
-        teleop = make_source(robot, cfg.teleop)
+        teleop = make_source(robot, cfg.teleop, cfg.safety.max_action_delta, cfg.fleet.control_hz)
         interventions.add(teleop)
     if i.teleoperator is not None:
         from user_rl.interop.lerobot_teleop import LeRobotTeleop

@@ -9,6 +9,13 @@ explicit events, kept (the last `EVENTS_KEPT`), logged and counted for the heart
 A source is anything with a `name`, the `actor` its steps are recorded as (`ACTOR_HUMAN` for a
 person at the teleop page, `ACTOR_SCRIPTED` for the scripted intervener that stands in for one in
 simulation), and `act(view) -> action | None`.
+
+An action a source returns is in the robot's own terms (`Robot.action_mode`): for an arm of
+absolute position goals it is a goal, so a source with nothing to do must return the robot's
+hold-still action for `view.obs` (`Robot.hold_action`), never zero. A person's keys and gamepad go
+through `edge/motion.py`, which does that; a LeRobot teleoperator sends goals in the robot's
+action names; the scripted expert acts in its sim's terms. Whatever a source sends, the safety
+filter then limits it (for an absolute robot, to a per-step distance from the current pose).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ the `user_rl.robots` entry-point group, so adding a robot never touches an if/el
 from __future__ import annotations
 
 import inspect
+import logging
 from importlib.metadata import entry_points
 from typing import Any, Callable
 
@@ -14,6 +15,7 @@ from user_rl.hal.robot import Robot
 
 RobotFactory = Callable[..., Robot]
 ENTRY_POINT_GROUP = "user_rl.robots"
+log = logging.getLogger(__name__)
 
 _factories: dict[str, RobotFactory] = {}
 
@@ -65,6 +67,10 @@ def make_robot(name: str, **options: Any) -> Robot:
         factory.check_holds(name)
     robot = factory(**options)
     type(robot).check_holds(name)
+    declared = any("action_mode" in vars(k) for k in type(robot).__mro__ if k not in (Robot, object))
+    if robot.device_kind == "robot" and not declared:
+        log.warning("robot driver %r does not declare action_mode: its actions are taken as deltas (zero = "
+                    "no motion); a driver of position goals must declare ActionMode.ABSOLUTE_POSITION", name)
     return robot
 
 

@@ -14,7 +14,12 @@ vector, `state` (exported again as `observation.state`); each camera (an (H, W, 
 becomes a uint8 image under its own name. The action is the vector of LeRobot's action features,
 in their order, with bounds (which the actor's scaling, the safety filter and the ingest need)
 from `action_bounds` if given, else from the motors' calibration (degrees over the calibrated
-range, or LeRobot's -100..100 and 0..100 ranges).
+range, or LeRobot's -100..100 and 0..100 ranges). In code, `robot` may also be a LeRobot robot
+object already connected.
+
+Its actions are absolute position goals (`ActionMode.ABSOLUTE_POSITION`): holding still is
+commanding the observed positions (`hold_action`), and the safety filter limits how far a goal
+may be from the current pose in one step (docs/safety.md).
 
 A LeRobot robot has no reward, no episodes and no reset of its own, so each comes from somewhere
 else: the reward from `reward.type: labels` (a person marks success at the teleop page or with a
@@ -32,6 +37,7 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
+from user_rl.hal.action import ActionMode
 from user_rl.hal.descriptor import DeviceDescriptor
 from user_rl.hal.robot import Health, Observation, Robot, StepResult
 from user_rl.interop.lerobot_devices import connect_device, device_config, float_names
@@ -42,11 +48,12 @@ Bounds = dict[str, tuple[float, float]]
 
 class LeRobotRobot(Robot):
     """A connected LeRobot robot behind the HAL contract. A real robot: it holds by commanding the
-    positions it last observed."""
+    positions it last observed. Its actions are `<motor>.pos` goals: absolute positions."""
 
     device_kind = "robot"
+    action_mode = ActionMode.ABSOLUTE_POSITION
 
-    def __init__(self, robot: dict[str, Any], *, robot_id: str = "lerobot-0", seed: int | None = None,
+    def __init__(self, robot: dict[str, Any] | Any, *, robot_id: str = "lerobot-0", seed: int | None = None,
                  control_hz: float = 30.0, episode_steps: int = 300, action_bounds: dict[str, list[float]] | None = None,
                  reset: Literal["current", "pose"] = "current", reset_pose: dict[str, float] | None = None,
                  reset_s: float = 2.0, reset_wait_s: float = 0.0, calibrate: bool = False,
@@ -57,8 +64,11 @@ class LeRobotRobot(Robot):
             raise ValueError(f"episode_steps must be at least 1, got {episode_steps}")
         self.episode_steps, self.reset_mode = episode_steps, reset
         self.reset_s, self.reset_wait_s = reset_s, reset_wait_s
-        self.device = connect_device("robot", robot, calibrate=calibrate)  # checks the config first
-        self.lerobot_type: str = robot["type"]
+        if isinstance(robot, dict):  # LeRobot's config: connected here
+            self.device = connect_device("robot", robot, calibrate=calibrate)  # checks the config first
+            self.lerobot_type: str = robot["type"]
+        else:  # a LeRobot robot object, made and connected by the caller
+            self.device, self.lerobot_type = robot, str(getattr(robot, "name", type(robot).__name__))
         try:
             self.observation_space, self.action_space, self.state_names, self.action_names, self.cameras = \
                 _spaces(self.device, action_bounds)
@@ -70,6 +80,7 @@ class LeRobotRobot(Robot):
                                            instruction, tuple(self.cameras),
                                            {"lerobot_type": self.lerobot_type, "lerobot_id": str(self.device.id)})
         self._last_raw: dict[str, Any] = {}
+        self._state_index = {name: i for i, name in enumerate(self.state_names)}
         self._last_sent: dict[str, float] = {}
         self._steps = 0
 
@@ -109,6 +120,16 @@ class LeRobotRobot(Robot):
                   for name in self.action_names if name in self._last_raw or name in self._last_sent}
         if target:
             self._send(target)
+
+    def hold_action(self, obs: Observation) -> np.ndarray:
+        """The goals that keep every joint where `obs` shows it: each action's own observed feature
+        (`<motor>.pos`), else its last goal sent (else the middle of its range: never sent, never seen)."""
+        state = np.asarray(obs[STATE], np.float64)
+        space = self.action_space
+        goals = [state[self._state_index[name]] if name in self._state_index
+                 else self._last_sent.get(name, (low + high) / 2)
+                 for name, low, high in zip(self.action_names, space.low, space.high)]
+        return np.clip(np.array(goals, np.float64), space.low, space.high).astype(space.dtype)
 
     def health(self) -> Health:
         connected = bool(self.device.is_connected)

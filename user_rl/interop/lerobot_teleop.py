@@ -12,7 +12,10 @@ page, taken once per press: success and failure label the episode (which ends it
 ends it as a failure, and re-record ends it with the discard mark.
 
 The teleoperator's scalar action features must name the robot's actions (a LeRobot robot's
-`action_names`); for any other robot they are taken in order and must be as many.
+`action_names`); for any other robot they are taken in order and must be as many. They are in the
+robot's own terms: a leader arm's `<motor>.pos` are absolute goals for a follower's, so a take-over
+away from the follower's pose is followed at the safety filter's per-step limit from the current
+pose (for an absolute robot, on by default: docs/safety.md), not in one jump.
 """
 
 from __future__ import annotations

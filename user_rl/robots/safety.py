@@ -2,11 +2,14 @@
 watchdog that holds a robot whose actions stop coming.
 
 In order, an action (from the policy or a person) is:
-  1. refused if not finite (NaN / inf): the robot holds instead;
+  1. refused if not finite (NaN / inf): the robot holds still instead (`Robot.hold_action`);
   2. clipped to the action space;
-  3. rate limited: no component moves more than `max_action_delta` from the last action sent;
+  3. rate limited: no component moves more than `max_action_delta` from the last action sent or,
+     for a robot of absolute position goals (`ActionMode.ABSOLUTE_POSITION`), from the current
+     pose; such a robot gets a default limit from its action bounds when none is set
+     (`step_limit`), so no goal, a person's or the policy's, can jump a joint across its range;
   4. shrunk so that the joint targets it implies stay inside the descriptor's joint limits;
-  5. refused (hold) if the end effector it would reach leaves the descriptor's workspace box.
+  5. refused (hold still) if the end effector it would reach leaves the descriptor's workspace box.
 Steps 4 and 5 need the driver to say where an action leads (`Robot.predict`); drivers that
 cannot are filtered by 1-3 only. Every intervention is counted by kind for the heartbeat.
 """
@@ -27,6 +30,12 @@ from user_rl.hal.robot import Robot
 
 log = logging.getLogger(__name__)
 
+# An absolute-position robot's default rate limit: a goal may move each joint across its whole
+# action range in no less than this, at the control rate (30 Hz when neither the loop nor the
+# driver gives one). A LeRobot arm of +-90 degrees at 30 Hz: 3 degrees a step.
+FULL_RANGE_S = 2.0
+FALLBACK_HZ = 30.0
+
 
 @dataclass(frozen=True)
 class SafetySettings:
@@ -35,36 +44,64 @@ class SafetySettings:
     hold_wait_s: float = 0.5               # a hold waits this long for a robot call in progress, then gives up
 
 
+def step_limit(action_space: gym.spaces.Box, max_action_delta: float | None, robot: Robot | None = None,
+               control_hz: float = 0.0) -> np.ndarray | None:
+    """The most each action component may change in one step: `max_action_delta` if set; else, for
+    a robot of absolute position goals, its action range / (`FULL_RANGE_S` x the control rate); else
+    None (no limit). A person's held key moves an absolute robot by this much a step."""
+    low, high = action_space.low.astype(np.float64), action_space.high.astype(np.float64)
+    if max_action_delta is not None:
+        return np.full(low.shape, float(max_action_delta))
+    if robot is None or not robot.action_mode.absolute:
+        return None
+    if not (np.isfinite(low).all() and np.isfinite(high).all()):
+        raise ValueError(f"{robot.descriptor.id}: its actions are absolute positions but its action space has "
+                         f"no finite bounds, so no default rate limit: set safety.max_action_delta")
+    hz = control_hz or robot.descriptor.control_hz or FALLBACK_HZ
+    return (high - low) / (FULL_RANGE_S * hz)
+
+
 class ActionFilter:
     def __init__(self, action_space: gym.spaces.Box, settings: SafetySettings | None = None,
-                 robot: Robot | None = None) -> None:
+                 robot: Robot | None = None, control_hz: float = 0.0) -> None:
+        """`control_hz`: the loop's rate, for an absolute robot's default rate limit (`step_limit`)."""
         self.low = action_space.low.astype(np.float64)
         self.high = action_space.high.astype(np.float64)
-        self.hold = ((self.low + self.high) / 2.0).astype(action_space.dtype)
+        self.hold = ((self.low + self.high) / 2.0).astype(action_space.dtype)  # without a robot to ask
         self.dtype = action_space.dtype
         self.settings = settings or SafetySettings()
         self.robot = robot
+        self.absolute = robot is not None and robot.action_mode.absolute
+        self.max_delta = step_limit(action_space, self.settings.max_action_delta, robot, control_hz)
         self.violations: Counter[str] = Counter()
         self._last: np.ndarray | None = None
 
-    def __call__(self, action: np.ndarray) -> np.ndarray:
+    def __call__(self, action: np.ndarray, obs: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """The action to send, given the observation it was chosen for (`obs`: an absolute robot's
+        current pose, the reference of its rate limit and what it holds still at)."""
         action = np.asarray(action, dtype=np.float64).reshape(self.low.shape)
         if not np.isfinite(action).all():
-            return self._refuse("non_finite")
+            return self._refuse("non_finite", obs)
         if (action < self.low).any() or (action > self.high).any():
             self.violations["clipped"] += 1
             action = np.clip(action, self.low, self.high)
-        delta = self.settings.max_action_delta
-        if delta is not None and self._last is not None and (np.abs(action - self._last) > delta).any():
+        delta = self.max_delta
+        reference = self._pose(obs) if self.absolute and obs is not None else self._last
+        if delta is not None and reference is not None and (np.abs(action - reference) > delta).any():
             self.violations["rate_limited"] += 1
-            action = np.clip(action, self._last - delta, self._last + delta)
-        action = self._within_limits(action)
+            action = np.clip(action, reference - delta, reference + delta)
+        action = self._within_limits(action, obs)
         if action is None:
-            return self._refuse("workspace")
+            return self._refuse("workspace", obs)
         self._last = action
         return action.astype(self.dtype)
 
-    def _within_limits(self, action: np.ndarray) -> np.ndarray | None:
+    def _pose(self, obs: dict[str, np.ndarray]) -> np.ndarray:
+        """An absolute robot's hold-still goal for `obs`: where it is."""
+        assert self.robot is not None
+        return np.asarray(self.robot.hold_action(obs), np.float64).reshape(self.low.shape)
+
+    def _within_limits(self, action: np.ndarray, obs: dict[str, np.ndarray] | None = None) -> np.ndarray | None:
         """Shrink the action until its joint targets are inside the limits; None if it leaves the workspace."""
         if self.robot is None:
             return action
@@ -77,13 +114,14 @@ class ActionFilter:
             low, high = np.array(descriptor.joint_limits, np.float64).T
             if ((joints < low) | (joints > high)).any():
                 self.violations["joint_limit"] += 1
-                now = self.robot.predict(np.zeros_like(action, dtype=self.dtype))[0]
+                still = self._pose(obs) if self.absolute and obs is not None else np.zeros_like(action)
+                now = self.robot.predict(still.astype(self.dtype))[0]
                 # The fraction of each joint's step that stays inside its range (targets move linearly):
                 # per action component for joint-space actions, else one factor for the whole action.
                 step = joints - now
                 room = np.where(step > 0, high - now, np.where(step < 0, low - now, 0.0))
                 scale = np.clip(np.divide(room, step, out=np.ones_like(step), where=step != 0), 0.0, 1.0)
-                action = action * (scale if scale.shape == action.shape else scale.min())
+                action = still + (action - still) * (scale if scale.shape == action.shape else scale.min())
                 joints, effector = self.robot.predict(action.astype(self.dtype))
         if descriptor.workspace and effector is not None:
             low, high = np.array(descriptor.workspace, np.float64).T
@@ -91,10 +129,13 @@ class ActionFilter:
                 return None
         return action
 
-    def _refuse(self, kind: str) -> np.ndarray:
+    def _refuse(self, kind: str, obs: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """Hold still instead: the robot's own still action for `obs`, else the middle of the range."""
         self.violations[kind] += 1
-        self._last = self.hold.astype(np.float64)
-        return self.hold.copy()
+        hold = (np.asarray(self.robot.hold_action(obs), np.float64).reshape(self.low.shape)
+                if self.robot is not None and obs is not None else self.hold.astype(np.float64))
+        self._last = hold
+        return hold.astype(self.dtype)
 
 
 class HoldBlocked(RuntimeError):

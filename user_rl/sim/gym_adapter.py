@@ -17,6 +17,7 @@ from typing import Any  # noqa: E402
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 
+from user_rl.hal.action import ActionMode  # noqa: E402
 from user_rl.hal.descriptor import DeviceDescriptor  # noqa: E402
 from user_rl.hal.robot import Observation, Robot, StepResult  # noqa: E402
 
@@ -70,6 +71,7 @@ class GymRobot(Robot):
     """A gymnasium env as a sim robot: dict observations, float32 Box actions, clipped and echoed."""
 
     device_kind = "sim"
+    action_mode = ActionMode.EFFORT  # Gymnasium's control tasks take forces / torques: zero pushes nothing
 
     def __init__(
         self,

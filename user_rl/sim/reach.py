@@ -23,6 +23,7 @@ import gymnasium as gym  # noqa: E402
 import mujoco  # noqa: E402
 import numpy as np  # noqa: E402
 
+from user_rl.hal.action import ActionMode  # noqa: E402
 from user_rl.hal.descriptor import DeviceDescriptor  # noqa: E402
 from user_rl.hal.instruction import INSTRUCTION, encode_instruction, instruction_space  # noqa: E402
 from user_rl.hal.robot import Observation, Robot, StepResult  # noqa: E402
@@ -105,6 +106,7 @@ class ReachRobot(Robot):
     (in image mode the state holds only the arm: the target is seen, not told)."""
 
     device_kind = "sim"
+    action_mode = ActionMode.DELTA  # a step of the joint targets (0.1 rad x action): zero stays
 
     def __init__(
         self,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from user_rl.hal import DeviceDescriptor, Health, Robot, StepResult
+from user_rl.hal import ActionMode, DeviceDescriptor, Health, Robot, StepResult
 from user_rl_example_arm.client import ArmClient
 
 JOINTS = 2
@@ -21,6 +21,7 @@ MAX_TEMP_C = 70.0      # above this the arm is unhealthy: the fleet table says s
 
 class ExampleArm(Robot):
     device_kind = "robot"  # real hardware: never paced to the learner, and hold() is required
+    action_mode = ActionMode.DELTA  # an action is a joint step: zero keeps the pose (a take-over sends it)
 
     def __init__(self, *, controller: str, robot_id: str = "example_arm-0", seed: int | None = None,
                  episode_steps: int = 100, timeout_s: float = 5.0) -> None:

@@ -39,9 +39,15 @@ def resolve_token(settings: "TeleopConfig") -> str:
     return token or secrets.token_urlsafe(24)
 
 
-def make_source(robot: "Robot", settings: "TeleopConfig") -> WebTeleop:
+def make_source(robot: "Robot", settings: "TeleopConfig", max_action_delta: float | None = None,
+                control_hz: float = 0.0) -> WebTeleop:
+    """The page's source for `robot`: its keys move it in the terms the robot declared, by at most
+    the safety filter's per-step limit (`safety.max_action_delta`, or an absolute robot's default)."""
+    from user_rl.edge.motion import Motion
+
     space = robot.action_space
-    return WebTeleop(space.shape, space.low, space.high, settings.command_timeout_s)
+    return WebTeleop(space.shape, space.low, space.high, settings.command_timeout_s,
+                     Motion.for_robot(robot, max_action_delta, control_hz))
 
 
 def start_server(edge: "EdgeDaemon", source: WebTeleop, settings: "TeleopConfig", index: int = 0) -> "TeleopServer":

@@ -4,7 +4,10 @@ and sent to the page, which both uses it and shows it (so what is shown is what 
 Each action dimension gets a pair of keys (more / less) and, on a standard gamepad, a stick axis
 (the first four dimensions) or a pair of buttons. A robot with a gripper says which dimension
 it is (`gripper_index` on the robot); that dimension gets its own keys and buttons, and the page
-shows open / close buttons for it. A held key commands `speed` of the action's range.
+shows open / close buttons for it. A held key sends a motion command of +-`speed` for its
+dimension (a stick its deflection, in [-1, 1]); the edge turns it into the robot's action from
+where the robot is (`edge/motion.py`): `speed` of the per-step limit for an arm of absolute
+position goals, of half the action range for a relative one. Nothing held holds still.
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """The teleop page as an intervention source: the person who took over drives, with the action
 their held keys (or gamepad) command; nobody else can drive until they hand back.
 
-The page sends a command (a numbered action) whenever the keys held change, and again every
-fraction of `command_timeout_s` while any is held: a command not refreshed for that long (a
-page that froze, a lost link) stops the robot (zero motion) rather than let it run on. A
-driver whose connection closes hands back.
+The page sends a command (a numbered motion command: each action dimension in [-1, 1], a held key
++-`teleop.speed`, a stick its deflection) whenever the keys held change, and again every fraction of
+`command_timeout_s` while any is held. The source turns it into the robot's action each step, in
+the terms the robot declared (`edge/motion.py`): nothing held holds still (an absolute-position arm
+keeps its current pose, never goes to zero), a held key moves from the current pose by a bounded
+step. A command not refreshed for `command_timeout_s` (a page that froze, a lost link) holds still
+rather than let the robot run on. A driver whose connection closes hands back.
 
 Latency: the first step that uses a new command is remembered, and the control loop's step
 watcher reports it with the time the action was handed to the robot (`StepRecord.sent_at`),
@@ -20,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from user_rl.edge.intervention import StepView
+from user_rl.edge.motion import Motion
+from user_rl.hal.action import ActionMode
 from user_rl.edge.operator import StepRecord
 from user_rl.wire import user_rl_pb2 as pb
 
@@ -46,10 +51,13 @@ class WebTeleop:
     actor = pb.ACTOR_HUMAN
 
     def __init__(self, action_shape: tuple[int, ...], low: np.ndarray, high: np.ndarray,
-                 command_timeout_s: float = 0.5) -> None:
+                 command_timeout_s: float = 0.5, motion: Motion | None = None) -> None:
+        """`motion`: how commands become this robot's actions (`Motion.for_robot`); default: a
+        delta robot over [low, high]."""
         self.low, self.high = np.asarray(low, np.float32), np.asarray(high, np.float32)
+        self.motion = motion or Motion(ActionMode.DELTA, self.low, self.high, None)
         self.command_timeout_s = command_timeout_s
-        self._zero = np.zeros(action_shape, np.float32)
+        self._zero = np.zeros(action_shape, np.float32)  # the motion command "nothing held"
         self._lock = threading.Lock()
         self._driver: str | None = None   # the driving client's id
         self._person = ""                 # and the name it gave
@@ -79,6 +87,7 @@ class WebTeleop:
                 raise NotYourTurn(f"{self._person} is driving; wait until they hand back")
             self._driver, self._person = client, person
             self._set(self._zero, -1, time.time())
+            self.motion.release()
             self._last_used, self._pending = -1, None
 
     def hand_back(self, client: str) -> bool:
@@ -88,10 +97,12 @@ class WebTeleop:
                 return False
             self._driver, self._person = None, ""
             self._set(self._zero, -1, time.time())
+            self.motion.release()
             return True
 
     def command(self, client: str, command_id: int, action: list[float]) -> None:
-        """The driver's action from now on (a repeat of the current id only keeps it alive)."""
+        """The driver's motion command from now on, each value in [-1, 1] (clipped); a repeat of the
+        current id only keeps it alive."""
         values = np.asarray(action, np.float32)
         if values.shape != self._zero.shape or not np.isfinite(values).all():
             raise ValueError(f"a command must be {self._zero.shape[0]} finite numbers, got {action!r}")
@@ -101,7 +112,7 @@ class WebTeleop:
             if command_id == self._command_id:
                 self._refreshed = time.monotonic()
                 return
-            self._set(np.clip(values, self.low, self.high), command_id, time.time())
+            self._set(np.clip(values, -1.0, 1.0), command_id, time.time())
 
     def _set(self, action: np.ndarray, command_id: int, received_at: float) -> None:
         self._action, self._command_id, self._received_at = action, command_id, received_at
@@ -115,11 +126,11 @@ class WebTeleop:
             if self._command_id >= 0 and time.monotonic() - self._refreshed > self.command_timeout_s:
                 if self._action is not self._zero:
                     self.stale_commands += 1
-                self._action = self._zero  # stale: stop; the next command moves again
+                self._action = self._zero  # stale: hold still; the next command moves again
             if self._command_id >= 0 and self._command_id != self._last_used:
                 self._last_used = self._command_id
                 self._pending = (self._driver, self._command_id, self._received_at)
-            return self._action.copy()
+            return self.motion.action(self._action, view.obs, view.episode)
 
     def applied(self, record: StepRecord) -> AppliedCommand | None:
         """After a step: the command it used first, if any (None for later steps of the same command)."""
