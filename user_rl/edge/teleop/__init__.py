@@ -41,7 +41,7 @@ def resolve_token(settings: "TeleopConfig") -> str:
 
 def make_source(robot: "Robot", settings: "TeleopConfig") -> WebTeleop:
     space = robot.action_space
-    return WebTeleop(space.shape, space.low, space.high, settings.command_timeout_s)
+    return WebTeleop(space.shape, space.low, space.high, settings.command_timeout_s, settings.hand_back_after_s)
 
 
 def start_server(edge: "EdgeDaemon", source: WebTeleop, settings: "TeleopConfig", index: int = 0) -> "TeleopServer":

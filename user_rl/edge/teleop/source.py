@@ -4,7 +4,9 @@ their held keys (or gamepad) command; nobody else can drive until they hand back
 The page sends a command (a numbered action) whenever the keys held change, and again every
 fraction of `command_timeout_s` while any is held: a command not refreshed for that long (a
 page that froze, a lost link) stops the robot (zero motion) rather than let it run on. A
-driver whose connection closes hands back.
+driver whose connection drops does not hand back: the robot holds still (`_still`) for
+`hand_back_after_s`, so that a person who reconnects (or anyone else) can take over again where
+it stopped; only then does the policy act again.
 
 Latency: the first step that uses a new command is remembered, and the control loop's step
 watcher reports it with the time the action was handed to the robot (`StepRecord.sent_at`),
@@ -46,9 +48,11 @@ class WebTeleop:
     actor = pb.ACTOR_HUMAN
 
     def __init__(self, action_shape: tuple[int, ...], low: np.ndarray, high: np.ndarray,
-                 command_timeout_s: float = 0.5) -> None:
+                 command_timeout_s: float = 0.5, hand_back_after_s: float = 10.0) -> None:
         self.low, self.high = np.asarray(low, np.float32), np.asarray(high, np.float32)
         self.command_timeout_s = command_timeout_s
+        self.hand_back_after_s = hand_back_after_s
+        self._lost_at: float | None = None  # time.monotonic() the driver's connection dropped
         self._zero = np.zeros(action_shape, np.float32)
         self._lock = threading.Lock()
         self._driver: str | None = None   # the driving client's id
@@ -73,11 +77,17 @@ class WebTeleop:
         with self._lock:
             return self._driver, self._person
 
+    @property
+    def holding(self) -> float | None:
+        """Seconds left holding still for a driver whose connection dropped, None when not holding."""
+        lost_at = self._lost_at
+        return None if lost_at is None else max(0.0, self.hand_back_after_s - (time.monotonic() - lost_at))
+
     def take_over(self, client: str, person: str) -> None:
         with self._lock:
-            if self._driver not in (None, client):
+            if self._driver not in (None, client) and self._lost_at is None:  # a held robot is free to take
                 raise NotYourTurn(f"{self._person} is driving; wait until they hand back")
-            self._driver, self._person = client, person
+            self._driver, self._person, self._lost_at = client, person, None
             self._set(self._zero, -1, time.time())
             self._last_used, self._pending = -1, None
 
@@ -86,8 +96,17 @@ class WebTeleop:
         with self._lock:
             if self._driver != client:
                 return False
-            self._driver, self._person = None, ""
+            self._driver, self._person, self._lost_at = None, "", None
             self._set(self._zero, -1, time.time())
+            return True
+
+    def lost(self, client: str) -> bool:
+        """The client's connection dropped: if it drove, the robot holds still for `hand_back_after_s`
+        (False if it was not driving)."""
+        with self._lock:
+            if self._driver != client or self._lost_at is not None:
+                return False
+            self._lost_at = time.monotonic()
             return True
 
     def command(self, client: str, command_id: int, action: list[float]) -> None:
@@ -112,6 +131,11 @@ class WebTeleop:
         with self._lock:
             if self._driver is None:
                 return None
+            if self._lost_at is not None:  # the driver's page lost its connection
+                if time.monotonic() - self._lost_at < self.hand_back_after_s:
+                    return self._still(view)
+                self._driver, self._person, self._lost_at = None, "", None
+                return None  # held long enough: the policy acts again
             if self._command_id >= 0 and time.monotonic() - self._refreshed > self.command_timeout_s:
                 if self._action is not self._zero:
                     self.stale_commands += 1
@@ -120,6 +144,10 @@ class WebTeleop:
                 self._last_used = self._command_id
                 self._pending = (self._driver, self._command_id, self._received_at)
             return self._action.copy()
+
+    def _still(self, view: StepView) -> np.ndarray:
+        """The action that holds the robot still where it is (what "nothing held" commands)."""
+        return self._zero.copy()
 
     def applied(self, record: StepRecord) -> AppliedCommand | None:
         """After a step: the command it used first, if any (None for later steps of the same command)."""
