@@ -383,6 +383,7 @@ class TeleopServer:
             raise NotYourTurn(f"{person} is driving: only they may label or reset this episode")
         episode, step = int(message["episode"]), int(message["step"])
         if episode != self.edge.episodes:  # the loop checks again when it takes the request
+            self.edge.requests.refused += 1
             raise ValueError(f"{kind} refused: episode {episode} " + ("had already ended" if episode < self.edge.episodes
                              else "has not started") + f" (episode {self.edge.episodes} is in progress); nothing done")
         loop = self._loop

@@ -37,9 +37,9 @@ function connect() {
   teleop.lastMessage = Date.now() + 2000;  // give a connection attempt 5 s in all
   ws.onopen = () => {
     teleop.lastMessage = Date.now();
-    if (teleop.estopPending !== null) send({type: "estop"});  // first: pressed while disconnected
     const name = new URLSearchParams(location.search).get("name");
-    if (name) send({type: "hello", name});
+    if (name) send({type: "hello", name});  // first, so that the log and latch name who stopped
+    if (teleop.estopPending !== null) send({type: "estop"});  // pressed while disconnected
     ping();
   };
   ws.onclose = () => disconnected(ws);
