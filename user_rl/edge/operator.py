@@ -102,10 +102,10 @@ class OperatorRequests:
             request, self._label = self._label, None
         if request is None:
             return pb.LABEL_NONE
-        if not self._for(request, episode, "mark", pb.Label.Name(int(request.value)).removeprefix("LABEL_").lower()):
+        what = pb.Label.Name(int(request.value)).removeprefix("LABEL_").lower()
+        if not self._for(request, episode, "mark", what):
             return pb.LABEL_NONE
-        request.answer(True, f"episode {episode} marked {pb.Label.Name(int(request.value)).removeprefix('LABEL_').lower()}"
-                             f" at its step {step}")
+        request.answer(True, f"episode {episode} marked {what} at its step {step}")
         return int(request.value)
 
     def take_reset(self, episode: int | None = None) -> str:

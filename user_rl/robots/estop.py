@@ -54,13 +54,15 @@ class EStopLatch:
         """Re-arm, recording who did; False if it was not tripped."""
         self._checked = -1.0
         stop = self._read()
+        if stop is None:
+            return False
+        # who re-armed is written first, so that whoever sees the latch gone reads who cleared it
+        cleared = {"by": by or "unknown", "time": time.time(), "reason": stop["reason"], "source": stop["source"]}
+        replace_durably(self.rearmed_path, json.dumps(cleared))
         try:
             self.path.unlink()
         except FileNotFoundError:
             return False
-        cleared = {"by": by or "unknown", "time": time.time(), "reason": (stop or {}).get("reason", ""),
-                   "source": (stop or {}).get("source", UNKNOWN_SOURCE)}
-        replace_durably(self.rearmed_path, json.dumps(cleared))
         return True
 
     def stop(self) -> dict | None:
@@ -80,9 +82,10 @@ class EStopLatch:
     def last_rearm(self) -> dict | None:
         """Who re-armed this robot last, when, and what stop they cleared (None: never re-armed here)."""
         try:
-            return json.loads(self.rearmed_path.read_text())
+            record = json.loads(self.rearmed_path.read_text())
         except (OSError, ValueError):
             return None
+        return record if isinstance(record, dict) and "by" in record else None
 
     def _read(self) -> dict | None:
         try:
@@ -93,5 +96,10 @@ class EStopLatch:
             return {"reason": "emergency stop", "source": UNKNOWN_SOURCE, "by": "", "time": 0.0}
         if not isinstance(data, dict):
             data = {}
-        return {"reason": str(data.get("reason") or "emergency stop"), "source": str(data.get("source") or UNKNOWN_SOURCE),
-                "by": str(data.get("by") or ""), "time": float(data.get("time") or 0.0)}
+        try:
+            when = float(data.get("time") or 0.0)
+        except (TypeError, ValueError):
+            when = 0.0
+        return {"reason": str(data.get("reason") or "emergency stop"),
+                "source": str(data.get("source") or UNKNOWN_SOURCE),
+                "by": str(data.get("by") or ""), "time": when}
