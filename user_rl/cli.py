@@ -159,6 +159,7 @@ def _keys(args: argparse.Namespace) -> int:
 
 def _estop(args: argparse.Namespace) -> int:
     """Trip or clear the latched emergency stop of robots whose spool is on this machine."""
+    import getpass
     from pathlib import Path
 
     from user_rl.edge.standalone import default_spool_root
@@ -169,13 +170,18 @@ def _estop(args: argparse.Namespace) -> int:
     if not robots:
         raise ConfigError(f"name the robots, or --all (robots under {root}: "
                           f"{', '.join(sorted(p.name for p in root.glob('*') if p.is_dir())) or 'none'})")
+    user = getpass.getuser()
     for robot_id in robots:
         latch = EStopLatch.for_robot(root, robot_id)
         if args.command == "estop":
-            latch.trip(args.reason)
+            latch.trip(args.reason, source="cli", by=user)
             print(f"{robot_id}: EMERGENCY STOP ({args.reason}); holds until `user-rl rearm {robot_id}`")
+            continue
+        stop = latch.stop()  # the CLI (a user on the robot's controller) may clear any stop: it says which
+        if latch.clear(by=f"cli:{user}"):
+            print(f"{robot_id}: re-armed by cli:{user} (cleared the {stop['source']} stop: {stop['reason']})")
         else:
-            print(f"{robot_id}: {'re-armed' if latch.clear() else 'was not stopped'}")
+            print(f"{robot_id}: was not stopped")
     return 0
 
 

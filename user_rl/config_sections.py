@@ -122,6 +122,10 @@ class TeleopConfig(Section):
     speed: float = Field(0.5, gt=0, le=1, description="a held key's share of a step: of the per-step limit for "
                                                       "absolute-position robots, of half the action range for others")
     command_timeout_s: float = Field(0.5, gt=0, description="a held key's command not refreshed this long stops the robot")
+    hand_back_after_s: float = Field(10.0, ge=0, description="a driver whose page lost its connection leaves the robot "
+                                                            "holding still this long, then the policy acts again")
+    operators_file: str | None = Field(None, description="`NAME TOKEN` lines (owner-only file) of the operators who "
+                                                        "may re-arm an e-stop from the page; none: only `user-rl rearm`")
 
     @field_validator("token")
     @classmethod

@@ -210,8 +210,10 @@ def test_a_person_drives_labels_and_stops_the_robot_from_the_page(running, brows
     steps = edge.steps
     time.sleep(5 * PERIOD)
     assert edge.steps == steps and edge.estop.tripped() == "teleop page: bob"
-    # Re-armed, it moves again.
-    alice.find_element(By.ID, "rearm").click()
+    # Neither of them is an operator (no teleop.operators_file): re-arming from the page is off
+    # (tests/edge/test_teleop_authority.py); re-armed on the controller, it moves again.
+    assert not alice.find_element(By.ID, "rearm").is_enabled()
+    edge.estop.clear(by="cli:test")
     wait_until(lambda: edge.steps > steps + 5, 10, "steps after re-arming")
     wait_until(lambda: not alice.find_element(By.ID, "estop-banner").is_displayed(), 10, "the banner to go")
 

@@ -301,7 +301,7 @@ class EdgeDaemon:
                 self._stay_stopped()
                 obs = None
                 continue
-            reset = self.requests.take_reset()
+            reset = self.requests.take_reset(self.episodes)
             if reset:
                 self._end_episode(reset)
                 obs = None
@@ -359,7 +359,7 @@ class EdgeDaemon:
         success flag at an episode's end; then the run's reward decides the rest. The env's reward
         goes no further than here."""
         terminated, truncated = result.terminated, result.truncated
-        label, label_by = self.requests.take_label(), pb.LABEL_BY_PERSON
+        label, label_by = self.requests.take_label(self.episodes, self._episode_step), pb.LABEL_BY_PERSON
         if label != pb.LABEL_NONE:
             terminated = terminated or label == pb.LABEL_SUCCESS
             truncated = not terminated
@@ -413,6 +413,9 @@ class EdgeDaemon:
             "errors": self.errors(),
             "last_error": self.health.last_error or None,
             "estopped": self.estop.tripped(),
+            "estop": self.estop.stop(),             # its reason, source ("cli", "page", ...) and who set it
+            "rearmed": self.estop.last_rearm(),     # who re-armed this robot last, and what they cleared
+            "refused_requests": self.requests.refused,  # marks / resets for an episode that had ended
             "estops": self.estops,
             "interventions": self.interventions.status(),
             "teleop": self.teleop.address if self.teleop is not None else None,
@@ -449,7 +452,9 @@ class EdgeDaemon:
         self.watchdog.pause()
         held = self.watchdog.hold_now("estop", self._hold_robot)
         self.estops += 1
-        log.warning("%s: EMERGENCY STOP (%s): holding until re-armed", self.robot.descriptor.id, self.estop.tripped())
+        stop = self.estop.stop() or {"reason": "emergency stop", "source": "?", "by": ""}
+        log.warning("%s: EMERGENCY STOP (%s; set by the %s%s): holding until re-armed", self.robot.descriptor.id,
+                    stop["reason"], stop["source"], f" ({stop['by']})" if stop["by"] else "")
         self._end_episode("estop")
         retry_at = time.monotonic() + 1.0
         while self.estop.tripped() and not self._stop.is_set():
@@ -459,7 +464,9 @@ class EdgeDaemon:
             self._service_link(time.monotonic())
             self.link.poll(20)
         if not self._stop.is_set():
-            log.warning("%s: re-armed", self.robot.descriptor.id)
+            rearm = self.estop.last_rearm() or {}
+            by = rearm["by"] if rearm.get("time", 0.0) >= stop.get("time", 0.0) else "nobody named (the latch was removed)"
+            log.warning("%s: re-armed by %s", self.robot.descriptor.id, by)
 
     def _on_hold(self) -> None:
         log.warning("%s: no action for %.2f s (policy stalled?): holding the robot", self.robot.descriptor.id,

@@ -7,17 +7,26 @@ reset ends the episode in progress (stored as truncated, `end_reason` "reset") a
 one. A discard ends it the same way with `end_reason` "discard" (LeRobot's re-record: the
 episode went wrong in a way that is not the policy's doing), which the buffer keeps as a mark.
 The loop takes requests between steps, never during one.
+
+A mark or reset from another thread names the episode (and step) it was made in: the loop
+applies it only to that episode, and refuses one whose episode has already ended (logged, and
+told to whoever asked through `done`), so a mark clicked as an episode ends never labels or cuts
+the next one. Sources on the loop's own thread may leave the episode out (the one in progress).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.transitions import DISCARD
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -37,36 +46,84 @@ class StepRecord:
     sent_at: float              # time.time() when the action was handed to the robot
 
 
+Done = Callable[[bool, str], None]  # (applied, what happened): told on the loop's thread
+
+
+@dataclass(frozen=True)
+class Request:
+    """One mark or reset, with the episode and step it was made in (None: whatever is in progress)."""
+
+    value: int | str   # pb.Label of a mark; the end reason of a reset
+    episode: int | None = None
+    step: int | None = None
+    by: str = ""
+    done: Done | None = None
+
+    def answer(self, applied: bool, message: str) -> None:
+        if not applied:
+            log.warning("%s", message)
+        if self.done is not None:
+            try:
+                self.done(applied, message)
+            except Exception:  # telling a page must never stop the loop
+                log.exception("telling %s about their request failed", self.by or "someone")
+
+
 class OperatorRequests:
     """Requests from people, taken by the control loop between steps (thread-safe)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._label: int = pb.LABEL_NONE
-        self._reset = ""  # the end reason of a reset asked for, "" for none
+        self._label: Request | None = None
+        self._reset: Request | None = None
+        self.refused = 0  # marks and resets refused because their episode had ended
 
-    def mark(self, success: bool) -> None:
-        """Label the episode in progress (its next step is its last)."""
+    def mark(self, success: bool, episode: int | None = None, step: int | None = None, by: str = "",
+             done: Done | None = None) -> None:
+        """Label `episode` (None: the one in progress); its next step is its last."""
         with self._lock:
-            self._label = pb.LABEL_SUCCESS if success else pb.LABEL_FAILURE
+            self._label = Request(pb.LABEL_SUCCESS if success else pb.LABEL_FAILURE, episode, step, by, done)
 
-    def reset(self) -> None:
-        """End the episode in progress and start a new one."""
+    def reset(self, episode: int | None = None, step: int | None = None, by: str = "", done: Done | None = None) -> None:
+        """End `episode` (None: the one in progress) and start a new one."""
         with self._lock:
-            self._reset = self._reset or "reset"
+            if self._reset is None:
+                self._reset = Request("reset", episode, step, by, done)
 
     def discard(self) -> None:
         """End the episode in progress, marked as one to leave out, and start a new one."""
         with self._lock:
-            self._reset = DISCARD
+            self._reset = Request(DISCARD)
 
-    def take_label(self) -> int:
+    def take_label(self, episode: int | None = None, step: int | None = None) -> int:
+        """The label asked for `episode` (the one in progress, now at `step`), else LABEL_NONE; a
+        label asked for an episode that has ended is refused."""
         with self._lock:
-            label, self._label = self._label, pb.LABEL_NONE
-            return label
+            request, self._label = self._label, None
+        if request is None:
+            return pb.LABEL_NONE
+        what = pb.Label.Name(int(request.value)).removeprefix("LABEL_").lower()
+        if not self._for(request, episode, "mark", what):
+            return pb.LABEL_NONE
+        request.answer(True, f"episode {episode} marked {what} at its step {step}")
+        return int(request.value)
 
-    def take_reset(self) -> str:
-        """The end reason of the reset asked for since the last call ("reset" / "discard"), or ""."""
+    def take_reset(self, episode: int | None = None) -> str:
+        """The end reason of the reset asked for `episode` since the last call ("reset" / "discard"), or ""."""
         with self._lock:
-            reset, self._reset = self._reset, ""
-            return reset
+            request, self._reset = self._reset, None
+        if request is None or not self._for(request, episode, "reset", "reset"):
+            return ""
+        request.answer(True, f"episode {episode} ended ({request.value})")
+        return str(request.value)
+
+    def _for(self, request: Request, episode: int | None, kind: str, what: str) -> bool:
+        """Whether `request` is for `episode` (the one in progress); if not, it is refused and told so."""
+        if request.episode is None or episode is None or request.episode == episode:
+            return True
+        self.refused += 1
+        at = f" at its step {request.step}" if request.step is not None else ""
+        request.answer(False, f"{kind} refused: {what} {request.by + ' ' if request.by else ''}asked for episode "
+                              f"{request.episode}{at}, which had already ended (episode {episode} is in progress); "
+                              + ("nothing was labelled" if kind == "mark" else "the episode in progress goes on"))
+        return False

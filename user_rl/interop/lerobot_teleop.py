@@ -65,9 +65,9 @@ class LeRobotTeleop:
         if RERECORD in new:
             self.requests.discard()
         elif SUCCESS in new:
-            self.requests.mark(True)
+            self.requests.mark(True, view.episode, view.step, by=self.name)
         elif FAILURE in new or TERMINATE in new:
-            self.requests.mark(False)
+            self.requests.mark(False, view.episode, view.step, by=self.name)
         if not (self.always or events.get(INTERVENTION)):
             return None
         action = self.device.get_action()

@@ -47,7 +47,8 @@ def make_source(robot: "Robot", settings: "TeleopConfig", max_action_delta: floa
 
     space = robot.action_space
     return WebTeleop(space.shape, space.low, space.high, settings.command_timeout_s,
-                     Motion.for_robot(robot, max_action_delta, control_hz))
+                     Motion.for_robot(robot, max_action_delta, control_hz),
+                     settings.hand_back_after_s)
 
 
 def start_server(edge: "EdgeDaemon", source: WebTeleop, settings: "TeleopConfig", index: int = 0) -> "TeleopServer":

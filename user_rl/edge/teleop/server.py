@@ -6,7 +6,9 @@ thread: the only place the robot may be rendered); the server tells the loop wha
 through the intervention source (`WebTeleop`), `OperatorRequests` and the e-stop latch file.
 
 Every request needs the token (query `token=`, or an `Authorization: Bearer` header): without it
-401, with a wrong one 403.
+401, with a wrong one 403. The token makes a viewer; re-arming an e-stop needs an operator's
+credential and a confirmation on top (`authority.py`). A driver whose page loses its connection
+leaves the robot holding still for `teleop.hand_back_after_s` (`WebTeleop.lost`).
 
     GET /?token=T              the robot's page
     GET /teleop.js|teleop.css  the page's script and style
@@ -34,6 +36,7 @@ import numpy as np
 from aiohttp import WSMsgType, web
 
 from user_rl.edge.operator import StepRecord
+from user_rl.edge.teleop.authority import PAGE_SOURCE, NotAllowed, check_rearm, read_operators
 from user_rl.edge.teleop.controls import control_map, mapping_for_page
 from user_rl.edge.teleop.source import AppliedCommand, NotYourTurn, WebTeleop
 from user_rl.robots.estop import EStopLatch
@@ -55,6 +58,14 @@ def image_keys(obs_space: Any) -> list[str]:
     """Observation keys that are camera images (uint8 HWC)."""
     spaces = getattr(obs_space, "spaces", {})
     return [k for k, s in spaces.items() if s.dtype == np.uint8 and len(s.shape) == 3 and s.shape[-1] in (1, 3)]
+
+
+def episode_limit(robot: Any) -> int | None:
+    """The steps after which the robot's episodes end by themselves, where the robot says (None: it does not)."""
+    limit = getattr(robot, "episode_steps", None)
+    if limit is None:
+        limit = getattr(getattr(getattr(robot, "env", None), "spec", None), "max_episode_steps", None)
+    return int(limit) if isinstance(limit, (int, np.integer)) and limit > 0 else None
 
 
 def jpeg(image: np.ndarray, quality: int = 80) -> bytes:
@@ -83,6 +94,9 @@ class TeleopServer:
         self.mapping = mapping_for_page(control_map(robot.action_space, getattr(robot, "gripper_index", None),
                                                     getattr(robot, "action_names", None)), settings.speed)
         self.camera_keys = image_keys(robot.observation_space)
+        self.episode_limit = episode_limit(robot)
+        if settings.operators_file:  # a wrong operators file fails the start, not the first re-arm
+            read_operators(settings.operators_file)
         self.renders = not self.camera_keys and callable(getattr(robot, "render", None))
         self.cameras = self.camera_keys or (["view"] if self.renders else [])
         self._port = port
@@ -156,6 +170,7 @@ class TeleopServer:
             self.edge.step_watchers.remove(self.on_step)
         if self._loop is not None and self.thread.is_alive():
             for client in list(self._clients.values()):
+                self.source.lost(client.id)  # its handler may not get to run: a driver's robot holds still
                 asyncio.run_coroutine_threadsafe(client.ws.close(), self._loop)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self.thread.join(timeout=5)
@@ -228,9 +243,14 @@ class TeleopServer:
     def state(self) -> dict:
         record, edge = self._latest, self.edge
         _, person = self.source.driver
+        stop = self.latch.stop()
         state = {
             "type": "state", "robot": self.robot_id, "policy_version": edge.policy_version,
             "episode": record.episode if record else edge.episodes, "step": record.step if record else 0,
+            "episode_steps": record.step + 1 if record else 0, "episode_limit": self.episode_limit,
+            "episode_ended": bool(record and record.ended),
+            "estop_source": stop["source"] if stop else None, "estop_by": stop["by"] if stop else None,
+            "rearmed": edge.estop.last_rearm(), "holding_s": self.source.holding,
             "reward": round(record.reward, 4) if record else 0.0, "steps": edge.steps,
             "actor": pb.Actor.Name(record.actor).removeprefix("ACTOR_").lower() if record else "",
             "action": [round(float(a), 3) for a in record.action] if record else [],
@@ -288,15 +308,19 @@ class TeleopServer:
                                   "cameras": self.cameras, "mapping": self.mapping,
                                   "has_gripper": getattr(self.edge.robot, "gripper_index", None) is not None,
                                   "control_hz": self.edge.settings.control_hz,
-                                  "command_timeout_s": self.settings.command_timeout_s})
+                                  "command_timeout_s": self.settings.command_timeout_s,
+                                  "hand_back_after_s": self.settings.hand_back_after_s,
+                                  "operators": bool(self.settings.operators_file)})
         try:
             async for message in ws:
                 if message.type == WSMsgType.TEXT:
                     await self._on_message(client, message.data)
         finally:
             del self._clients[client.id]
-            if self.source.hand_back(client.id):
-                log.warning("%s: %s left while driving: handed back to the policy", self.robot_id, client.name)
+            if self.source.lost(client.id):
+                log.warning("%s: %s's page lost its connection while driving: the robot holds still for %.1f s "
+                            "(anyone may take over), then the policy acts", self.robot_id, client.name,
+                            self.settings.hand_back_after_s)
         return ws
 
     async def _on_message(self, client: Client, text: str) -> None:
@@ -304,7 +328,7 @@ class TeleopServer:
             message = json.loads(text)
             kind = message["type"]
             reply = self._handle(client, kind, message)
-        except (NotYourTurn, ValueError, KeyError, TypeError) as exc:
+        except (NotYourTurn, NotAllowed, ValueError, KeyError, TypeError) as exc:
             self.bad_messages += 1
             reply = {"type": "error", "message": str(exc) if not isinstance(exc, KeyError) else f"missing {exc}"}
         if reply is not None:
@@ -328,17 +352,49 @@ class TeleopServer:
             self.source.hand_back(client.id)
         elif kind == "estop":  # anyone watching may stop the robot
             self.estop_requests.append(time.monotonic())
-            self.latch.trip(f"teleop page: {client.name}")
+            if not self.latch.tripped():  # a second press keeps the first stop's reason (and who may clear it)
+                self.latch.trip(f"teleop page: {client.name}", source=PAGE_SOURCE, by=client.name)
+            log.warning("%s: EMERGENCY STOP pressed on the page by %s", self.robot_id, client.name)
         elif kind == "rearm":
-            self.latch.clear()
+            return self._rearm(client, message)
         elif kind in ("mark", "reset"):
-            driver, person = self.source.driver
-            if driver not in (None, client.id):
-                raise NotYourTurn(f"{person} is driving: only they may label or reset this episode")
-            if kind == "mark":
-                self.edge.requests.mark(bool(message["success"]))
-            else:
-                self.edge.requests.reset()
+            return self._request(client, kind, message)
         else:
             raise ValueError(f"unknown message type {kind!r}")
         return {"type": "ok", "for": kind}
+
+    def _rearm(self, client: Client, message: dict) -> dict:
+        """Clear the e-stop: an operator's credential and the stop's reason as confirmation (authority.py)."""
+        stop = self.latch.stop()
+        if stop is None:
+            return {"type": "ok", "for": "rearm", "message": "the robot was not stopped"}
+        operator = check_rearm(stop, str(message.get("credential") or ""), str(message.get("confirm") or ""),
+                               self.settings.operators_file)
+        by = f"operator {operator} (teleop page, {client.name})"
+        self.latch.clear(by=by)
+        log.warning("%s: re-armed by %s; the %s stop cleared was: %s", self.robot_id, by, stop["source"], stop["reason"])
+        return {"type": "ok", "for": "rearm", "message": f"re-armed by {by}"}
+
+    def _request(self, client: Client, kind: str, message: dict) -> None:
+        """A mark or reset for the episode (and step) the page showed: the loop applies it to that
+        episode only, and tells the page whether it did (a refusal is an error on the page)."""
+        driver, person = self.source.driver
+        if driver not in (None, client.id) and self.source.holding is None:
+            raise NotYourTurn(f"{person} is driving: only they may label or reset this episode")
+        episode, step = int(message["episode"]), int(message["step"])
+        if episode != self.edge.episodes:  # the loop checks again when it takes the request
+            self.edge.requests.refused += 1
+            raise ValueError(f"{kind} refused: episode {episode} " + ("had already ended" if episode < self.edge.episodes
+                             else "has not started") + f" (episode {self.edge.episodes} is in progress); nothing done")
+        loop = self._loop
+
+        def done(applied: bool, text: str) -> None:  # on the control loop's thread
+            reply = {"type": "ok", "for": kind, "message": text} if applied else {"type": "error", "message": text}
+            if loop is not None:
+                asyncio.run_coroutine_threadsafe(self._send(client, reply), loop)
+
+        if kind == "mark":
+            self.edge.requests.mark(bool(message["success"]), episode, step, by=client.name, done=done)
+        else:
+            self.edge.requests.reset(episode, step, by=client.name, done=done)
+        return None

@@ -7,7 +7,9 @@ The page sends a command (a numbered motion command: each action dimension in [-
 the terms the robot declared (`edge/motion.py`): nothing held holds still (an absolute-position arm
 keeps its current pose, never goes to zero), a held key moves from the current pose by a bounded
 step. A command not refreshed for `command_timeout_s` (a page that froze, a lost link) holds still
-rather than let the robot run on. A driver whose connection closes hands back.
+rather than let the robot run on. A driver whose connection drops does not hand back: the robot
+holds still (`_still`) for `hand_back_after_s`, so that a person who reconnects (or anyone else)
+can take over again where it stopped; only then does the policy act again.
 
 Latency: the first step that uses a new command is remembered, and the control loop's step
 watcher reports it with the time the action was handed to the robot (`StepRecord.sent_at`),
@@ -51,12 +53,15 @@ class WebTeleop:
     actor = pb.ACTOR_HUMAN
 
     def __init__(self, action_shape: tuple[int, ...], low: np.ndarray, high: np.ndarray,
-                 command_timeout_s: float = 0.5, motion: Motion | None = None) -> None:
+                 command_timeout_s: float = 0.5, motion: Motion | None = None,
+                 hand_back_after_s: float = 10.0) -> None:
         """`motion`: how commands become this robot's actions (`Motion.for_robot`); default: a
         delta robot over [low, high]."""
         self.low, self.high = np.asarray(low, np.float32), np.asarray(high, np.float32)
         self.motion = motion or Motion(ActionMode.DELTA, self.low, self.high, None)
         self.command_timeout_s = command_timeout_s
+        self.hand_back_after_s = hand_back_after_s
+        self._lost_at: float | None = None  # time.monotonic() the driver's connection dropped
         self._zero = np.zeros(action_shape, np.float32)  # the motion command "nothing held"
         self._lock = threading.Lock()
         self._driver: str | None = None   # the driving client's id
@@ -81,11 +86,17 @@ class WebTeleop:
         with self._lock:
             return self._driver, self._person
 
+    @property
+    def holding(self) -> float | None:
+        """Seconds left holding still for a driver whose connection dropped, None when not holding."""
+        lost_at = self._lost_at
+        return None if lost_at is None else max(0.0, self.hand_back_after_s - (time.monotonic() - lost_at))
+
     def take_over(self, client: str, person: str) -> None:
         with self._lock:
-            if self._driver not in (None, client):
+            if self._driver not in (None, client) and self._lost_at is None:  # a held robot is free to take
                 raise NotYourTurn(f"{self._person} is driving; wait until they hand back")
-            self._driver, self._person = client, person
+            self._driver, self._person, self._lost_at = client, person, None
             self._set(self._zero, -1, time.time())
             self.motion.release()
             self._last_used, self._pending = -1, None
@@ -95,9 +106,18 @@ class WebTeleop:
         with self._lock:
             if self._driver != client:
                 return False
-            self._driver, self._person = None, ""
+            self._driver, self._person, self._lost_at = None, "", None
             self._set(self._zero, -1, time.time())
             self.motion.release()
+            return True
+
+    def lost(self, client: str) -> bool:
+        """The client's connection dropped: if it drove, the robot holds still for `hand_back_after_s`
+        (False if it was not driving)."""
+        with self._lock:
+            if self._driver != client or self._lost_at is not None:
+                return False
+            self._lost_at = time.monotonic()
             return True
 
     def command(self, client: str, command_id: int, action: list[float]) -> None:
@@ -123,6 +143,12 @@ class WebTeleop:
         with self._lock:
             if self._driver is None:
                 return None
+            if self._lost_at is not None:  # the driver's page lost its connection
+                if time.monotonic() - self._lost_at < self.hand_back_after_s:
+                    return self._still(view)
+                self._driver, self._person, self._lost_at = None, "", None
+                self.motion.release()
+                return None  # held long enough: the policy acts again
             if self._command_id >= 0 and time.monotonic() - self._refreshed > self.command_timeout_s:
                 if self._action is not self._zero:
                     self.stale_commands += 1
@@ -131,6 +157,10 @@ class WebTeleop:
                 self._last_used = self._command_id
                 self._pending = (self._driver, self._command_id, self._received_at)
             return self.motion.action(self._action, view.obs, view.episode)
+
+    def _still(self, view: StepView) -> np.ndarray:
+        """The action that holds the robot still where it is (what "nothing held" commands)."""
+        return self.motion.action(self._zero, view.obs, view.episode)
 
     def applied(self, record: StepRecord) -> AppliedCommand | None:
         """After a step: the command it used first, if any (None for later steps of the same command)."""

@@ -1,5 +1,8 @@
 // One robot's teleop page: state and camera frames come over a websocket; so do people's
 // commands. The key/gamepad mapping comes from the server (the same one it shows here).
+// A lost connection is said over the whole view, the controls that cannot work are off, and the
+// page reconnects with backoff; an e-stop pressed meanwhile is sent on reconnect (and shown as not
+// delivered until the robot acknowledges it).
 "use strict";
 
 const token = new URLSearchParams(location.search).get("token") || "";
@@ -13,7 +16,11 @@ const teleop = {
   clockOffset: 0, bestRtt: Infinity,                     // robot clock - page clock (ms)
   latencies: [],                                         // {id, total_ms, server_ms}
   frames: {},                                            // camera -> frames received
+  connected: false, attempts: 0, lastMessage: 0,         // reconnection with backoff
+  estopPending: null,                                    // when an e-stop not yet acknowledged was pressed
 };
+const STALE_MS = 3000;                                   // no message this long: the connection is gone
+const BACKOFF_MS = [250, 500, 1000, 2000, 4000, 8000];
 window.teleop = teleop;
 
 function send(message) {
@@ -27,14 +34,18 @@ function connect() {
   const ws = new WebSocket(`${scheme}://${location.host}/ws?token=${encodeURIComponent(token)}`);
   ws.binaryType = "arraybuffer";
   teleop.ws = ws;
+  teleop.lastMessage = Date.now() + 2000;  // give a connection attempt 5 s in all
   ws.onopen = () => {
-    $("connection").textContent = "connected";
+    teleop.lastMessage = Date.now();
     const name = new URLSearchParams(location.search).get("name");
-    if (name) send({type: "hello", name});
+    if (name) send({type: "hello", name});  // first, so that the log and latch name who stopped
+    if (teleop.estopPending !== null) send({type: "estop"});  // pressed while disconnected
     ping();
   };
-  ws.onclose = () => { $("connection").textContent = "disconnected: reload the page"; teleop.driving = false; };
+  ws.onclose = () => disconnected(ws);
   ws.onmessage = (event) => {
+    if (ws !== teleop.ws) return;
+    teleop.lastMessage = Date.now();
     if (typeof event.data !== "string") return showFrame(event.data);
     const message = JSON.parse(event.data);
     const handler = handlers[message.type];
@@ -42,9 +53,63 @@ function connect() {
   };
 }
 
+// The connection is gone (closed, or silent for STALE_MS): say so, turn controls off, retry with backoff.
+function disconnected(ws) {
+  if (ws !== teleop.ws) return;  // an abandoned socket closing late
+  ws.onclose = ws.onmessage = null;
+  try { ws.close(); } catch (e) { /* already closed */ }
+  teleop.ws = null;
+  teleop.connected = false;
+  teleop.driving = false;
+  teleop.held.clear();
+  teleop.lastAction = null;
+  const delay = BACKOFF_MS[Math.min(teleop.attempts, BACKOFF_MS.length - 1)] * (0.8 + 0.4 * Math.random());
+  teleop.attempts += 1;
+  $("connection").textContent = "disconnected";
+  $("offline-status").textContent = `reconnecting: attempt ${teleop.attempts} in ${(delay / 1000).toFixed(1)} s`;
+  showConnection();
+  setTimeout(connect, delay);
+}
+
+setInterval(() => {  // a socket that went silent (or never opened) is as good as closed
+  const ws = teleop.ws;
+  if (ws && ws.readyState <= WebSocket.OPEN && Date.now() - teleop.lastMessage > STALE_MS) disconnected(ws);
+}, 500);
+
+// While disconnected the whole view says so and every control but the e-stop is off.
+function showConnection() {
+  const up = teleop.connected;
+  $("offline").hidden = up;
+  if (teleop.welcome) $("offline-hold").textContent = `${teleop.welcome.hand_back_after_s} s`;
+  const byState = new Set(["take-over", "hand-back", "mark-success", "mark-failure", "reset", "rearm"]);
+  for (const button of document.querySelectorAll("#panel button")) {
+    if (button.id === "estop") continue;
+    if (!up) button.disabled = true;
+    else if (!byState.has(button.id)) button.disabled = false;  // the state message sets the others
+  }
+  const pending = teleop.estopPending;
+  const text = pending === null ? "" : `E-STOP NOT DELIVERED (pressed ${new Date(pending).toLocaleTimeString()}): ` +
+    (up ? "sending…" : "it is sent when the page reconnects; stop the robot another way now " +
+      "(user-rl estop on its controller, or its hardware stop)");
+  for (const id of ["estop-status", "offline-estop-status"]) {
+    $(id).textContent = text;
+    $(id).className = pending === null ? "" : "undelivered";
+  }
+}
+
+function pressEstop() {
+  if (teleop.estopPending === null) teleop.estopPending = Date.now();
+  send({type: "estop"});
+  showConnection();
+}
+
 const handlers = {
   welcome(m) {
     teleop.welcome = m;
+    teleop.connected = true;
+    teleop.attempts = 0;
+    $("connection").textContent = "connected";
+    showConnection();
     $("you").textContent = m.name;
     buildViews(m.cameras);
     buildMapping(m.mapping);
@@ -56,20 +121,30 @@ const handlers = {
     $("policy-version").textContent = m.policy_version < 0 ? "none yet (warm-up)" : m.policy_version;
     $("episode").textContent = m.episode;
     $("step").textContent = m.step;
+    $("episode-steps").textContent = (m.episode_limit ? `${m.episode_steps} of ${m.episode_limit}` :
+      `${m.episode_steps} (no step limit)`) + (m.episode_ended ? ": ended" : "");
     $("reward").textContent = m.reward.toFixed(3);
     $("actor").textContent = m.actor;
-    $("driver").textContent = m.driver + (m.you_drive ? " (you)" : "");
+    $("driver").textContent = m.driver + (m.you_drive ? " (you)" : "") + (m.holding_s === null ? "" :
+      ` (connection lost: holding still, policy in ${m.holding_s.toFixed(0)} s)`);
     $("driver").className = m.you_drive ? "driving" : "";
     $("you").textContent = m.you;
     $("viewers").textContent = m.viewers;
     $("last-label").textContent = m.last_label ? `${m.last_label.label.replace("LABEL_", "").toLowerCase()} ` +
       `(episode ${m.last_label.episode}, step ${m.last_label.step})` : "-";
-    const someoneElse = m.teleop_driver !== null && !m.you_drive;
+    $("rearmed").textContent = m.rearmed ? `by ${m.rearmed.by} at ${new Date(m.rearmed.time * 1000).toLocaleTimeString()}` +
+      ` (cleared: ${m.rearmed.reason})` : "-";
+    const someoneElse = m.teleop_driver !== null && !m.you_drive && m.holding_s === null;
     $("take-over").disabled = m.you_drive || someoneElse;
     $("hand-back").disabled = !m.you_drive;
-    for (const id of ["mark-success", "mark-failure", "reset"]) $(id).disabled = someoneElse;
+    for (const id of ["mark-success", "mark-failure", "reset"]) $(id).disabled = someoneElse || m.episode_ended;
     $("estop-banner").hidden = !m.estop;
-    $("estop-banner").textContent = m.estop ? `EMERGENCY STOP: ${m.estop}` : "";
+    $("estop-banner").textContent = m.estop ? `EMERGENCY STOP: ${m.estop} (set by the ${m.estop_source}` +
+      `${m.estop_by ? ": " + m.estop_by : ""})` : "";
+    $("rearm").disabled = !m.estop || !teleop.welcome.operators;
+    $("rearm").title = teleop.welcome.operators ? "needs an operator credential" :
+      "no operators for this robot: re-arm with user-rl rearm on its controller";
+    if (!m.estop) $("rearm-dialog").hidden = true;
     if (m.observation) {
       $("observation").hidden = false;
       $("observation").textContent = JSON.stringify(m.observation, null, 1);
@@ -88,7 +163,11 @@ const handlers = {
     if (rtt <= teleop.bestRtt) { teleop.bestRtt = rtt; teleop.clockOffset = m.server - (m.t + rtt / 2); }
   },
   error(m) { say(m.message); },
-  ok(m) { say(""); },
+  ok(m) {
+    if (m.for === "estop") { teleop.estopPending = null; showConnection(); }
+    if (m.for === "rearm") $("rearm-dialog").hidden = true;
+    say(m.message || "");
+  },
 };
 
 function ping() { send({type: "ping", t: now()}); }
@@ -177,7 +256,7 @@ function mappedKey(code) {
 }
 
 window.addEventListener("keydown", (event) => {
-  if (!mappedKey(event.code)) return;
+  if (!mappedKey(event.code) || event.target instanceof HTMLInputElement) return;  // typing is not driving
   event.preventDefault();
   if (event.repeat || teleop.held.has(event.code)) return;
   teleop.held.add(event.code);
@@ -215,11 +294,41 @@ requestAnimationFrame(pollGamepad);
 
 $("take-over").onclick = () => { teleop.lastAction = null; send({type: "take_over"}); };
 $("hand-back").onclick = () => { teleop.held.clear(); send({type: "hand_back"}); };
-$("mark-success").onclick = () => send({type: "mark", success: true});
-$("mark-failure").onclick = () => send({type: "mark", success: false});
-$("reset").onclick = () => send({type: "reset"});
-$("estop").onclick = () => send({type: "estop"});
-$("rearm").onclick = () => send({type: "rearm"});
+// A mark or reset names the episode and step shown: it never lands on the next episode.
+function request(message) {
+  const s = teleop.state;
+  if (!s) return;
+  say(`${message.type} sent for episode ${s.episode} (step ${s.step})…`);
+  send({...message, episode: s.episode, step: s.step});
+}
+$("mark-success").onclick = () => request({type: "mark", success: true});
+$("mark-failure").onclick = () => request({type: "mark", success: false});
+$("reset").onclick = () => request({type: "reset"});
+$("estop").onclick = pressEstop;
+$("offline-estop").onclick = pressEstop;
+// Re-arming: an operator's credential, and a confirmation of the stop cleared (its reason, typed
+// for a stop set from the robot's controller or its watchdog).
+$("rearm").onclick = () => {
+  const s = teleop.state;
+  if (!s || !s.estop) return;
+  const fromPage = s.estop_source === "page";
+  $("rearm-stop").textContent = `${s.estop} (set by the ${s.estop_source}${s.estop_by ? ": " + s.estop_by : ""})`;
+  $("rearm-safe-row").hidden = !fromPage;
+  $("rearm-reason-row").hidden = fromPage;
+  $("rearm-safe").checked = false;
+  $("rearm-reason").value = "";
+  $("rearm-dialog").hidden = false;
+};
+$("rearm-cancel").onclick = () => { $("rearm-dialog").hidden = true; };
+$("rearm-dialog").onsubmit = (event) => {
+  event.preventDefault();
+  const s = teleop.state;
+  if (!s || !s.estop) return;
+  const fromPage = s.estop_source === "page";
+  if (fromPage && !$("rearm-safe").checked) return say("tick that the robot is safe to move first");
+  send({type: "rearm", credential: $("operator-credential").value,
+        confirm: fromPage ? s.estop : $("rearm-reason").value});
+};
 for (const [id, value] of [["gripper-close", 1], ["gripper-open", -1]]) {
   $(id).onclick = () => { teleop.gripper = value; sendCommand(now()); };
 }
