@@ -224,3 +224,104 @@ def test_a_revoked_key_stays_out_after_its_robot_is_enrolled_with_a_new_key(tmp_
         ingest.close()
         gate.close()
         context.term()
+
+
+def test_re_enrolling_a_robot_takes_effect_in_a_running_learner(tmp_path: Path) -> None:
+    """`keys enroll` over a robot's current key (a new keypair made on the robot): the running
+    learner admits the new key at its first handshake and refuses the old one, with no restart;
+    a key file rewritten in place by hand is noticed too."""
+    from user_rl.cloud.ingest import Ingest
+    from user_rl.edge.batching import BatchBuilder
+    from user_rl.edge.link import DataLink, LinkSettings
+    from user_rl.hal.registry import make_robot
+    from user_rl.wire import user_rl_pb2 as pb
+
+    keys = tmp_path / "keys"
+    generate(keys, ["arm-0"])
+    context = zmq.Context()
+    gate = Gatekeeper(context, keys)
+    ingest = Ingest(context, "tcp://127.0.0.1:0", tmp_path / "buffer", gate=gate)
+    robot = make_robot("mujoco_reach", robot_id="arm-0")
+    obs_space, action_space = robot.observation_space, robot.action_space
+    ingest.open_buffer(obs_space, action_space)
+    links: list[DataLink] = []
+
+    def link(client: ClientKeys, epoch: int) -> DataLink:
+        links.append(DataLink(context, ingest.endpoint, robot.descriptor, obs_space, action_space, epoch=epoch,
+                              settings=LinkSettings(spool_dir=str(tmp_path / f"spool-{epoch}"), curve=client)))
+        links[-1].hello()
+        return links[-1]
+
+    def send_steps(data_link: DataLink, episode: int) -> None:
+        builder = BatchBuilder(obs_space, action_space, capacity=4)
+        obs = robot.reset()
+        for step in range(4):
+            builder.add(obs, np.zeros(action_space.shape, action_space.dtype), 0.0, False, False, episode=episode,
+                        step=step, policy_version=-1, actor=pb.ACTOR_POLICY, label=pb.LABEL_NONE, sensor_time=0.0)
+        data_link.send_batch(*builder.take())
+
+    def serve_until(condition, what: str, *served: DataLink, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            ingest.poll(10)
+            for data_link in served:
+                data_link.poll(0)
+
+    try:
+        old_keys = ClientKeys.for_robot(keys, "arm-0")
+        old = link(old_keys, epoch=1)
+        send_steps(old, episode=0)
+        serve_until(lambda: old.welcomed and old.unacked == 0, "the old key to stream", old)
+
+        # The robot makes itself a new keypair; the operator enrolls its public key over the old one.
+        made = tmp_path / "on-the-robot"
+        made.mkdir()
+        public_file, secret_file = zmq.auth.create_certificates(made, "arm-0")
+        enroll(keys, "arm-0", public_file)
+        new = link(ClientKeys(KeyPair(*zmq.auth.load_certificate(secret_file)), gate.keys.public), epoch=2)
+        send_steps(new, episode=0)  # at once: no wait for the learner's periodic look at enrolled/
+        serve_until(lambda: (new.welcomed and new.unacked == 0) or new.refused is not None, "the new key", new)
+        assert new.refused is None and new.unacked == 0, new.refused
+        assert ingest.robots["arm-0"].epoch == 2 and ingest.robots["arm-0"].transitions == 8
+
+        # The old key: refused on its open connection and at a new handshake.
+        send_steps(old, episode=1)
+        serve_until(lambda: old.refused is not None, "the old key's message to be refused", old)
+        assert "not_enrolled" in old.refused
+        again = link(old_keys, epoch=3)
+        serve_until(lambda: again.refused is not None, "the old key's handshake to be denied", again)
+        assert again.refused.startswith("key_refused")
+        assert ingest.robots["arm-0"].transitions == 8  # nothing of the old key's was stored after the change
+
+        # A key file rewritten in place by hand (same name, same size, same directory entry) is noticed.
+        second_public, third_public = zmq.auth.load_certificate(public_file)[0], zmq.curve_keypair()[0]
+        enrolled = keys / "enrolled" / "arm-0.key"
+        inode = enrolled.stat().st_ino
+        enrolled.write_text(enrolled.read_text().replace(second_public.decode(), third_public.decode()))
+        assert enrolled.stat().st_ino == inode
+        assert gate.robot_for(third_public, recheck=True) == "arm-0"
+        assert gate.robot_for(second_public) is None
+    finally:
+        for data_link in links:
+            data_link.close()
+        robot.close()
+        ingest.close()
+        gate.close()
+        context.term()
+
+
+def test_handshakes_of_unknown_keys_cost_a_bounded_number_of_directory_looks(tmp_path: Path, monkeypatch) -> None:
+    """A stranger trying keys makes the gatekeeper look at enrolled/ again, but only within a budget."""
+    from user_rl.security import keys as keys_module
+
+    generate(tmp_path / "keys", ["arm-0"])
+    looks = []
+    real = keys_module._directory_stamp
+    monkeypatch.setattr(keys_module, "_directory_stamp", lambda d: looks.append(d) or real(d))
+    enrolment = keys_module.Enrolment(tmp_path / "keys", recheck_s=3600.0)
+    started = time.monotonic()
+    for _ in range(5000):
+        assert enrolment.robot_for(zmq.curve_keypair()[0], recheck=True) is None
+    elapsed = time.monotonic() - started
+    assert len(looks) <= keys_module.FORCED_RECHECKS_BURST + keys_module.FORCED_RECHECKS_PER_S * elapsed + 1
