@@ -35,8 +35,8 @@ def test_a_sim_that_emits_one_nan_observation_keeps_streaming(tmp_path: Path, ca
         try:
             edge = make_edge(build_config(cfg_dict), 0, f"tcp://127.0.0.1:{data_port}",
                              f"tcp://127.0.0.1:{weights_port}", tmp_path / "spool")
-            robot_id, steps = edge.robot.descriptor.id, []
-            real_step = edge.robot.step
+            robot_id, steps, resets = edge.robot.descriptor.id, [], []
+            real_step, real_reset = edge.robot.step, edge.robot.reset
 
             def glitching_step(action: np.ndarray):
                 result = real_step(action)
@@ -47,14 +47,23 @@ def test_a_sim_that_emits_one_nan_observation_keeps_streaming(tmp_path: Path, ca
                     result = dataclasses.replace(result, observation={**result.observation, "state": state})
                 return result
 
-            edge.robot.step = glitching_step
+            def glitching_reset(**kwargs):
+                obs = real_reset(**kwargs)
+                resets.append(len(steps))
+                if resets.count(GLITCH_AT + 1) == 1 and resets[-1] == GLITCH_AT + 1:  # the reset after the glitch
+                    obs = {**obs, "state": np.full_like(obs["state"], np.inf)}
+                return obs
+
+            edge.robot.step, edge.robot.reset = glitching_step, glitching_reset
             try:
                 edge.run(max_steps=STEPS)
                 assert edge.drain(60), edge.status()
             finally:
                 edge.close()
             status = edge.status()
-            assert status["bad_observations"] == 1 and status["refused_batches"] == 1 and status["unacked_batches"] == 0
+            # Two bad observations: the glitch, and the first reset after it (reset again, nothing sent of it).
+            assert status["bad_observations"] == 2 and status["refused_batches"] == 1 and status["unacked_batches"] == 0
+            assert resets.count(GLITCH_AT + 1) == 2
             wait_until(lambda: (learner_status(run_dir)["robots"].get(robot_id) or {}).get("transitions") == STEPS - 1,
                        30, "the learner's status to show every step but the refused one")
             row = learner_status(run_dir)["robots"][robot_id]
