@@ -13,6 +13,7 @@ import yaml
 from tests.e2e.harness import learner_status, start_learner, stored
 from user_rl.cli import main
 from user_rl.cloud.buffer.episodes import read_episodes
+from user_rl.cloud.buffer.inspect import inspect_buffer
 from user_rl.cloud.quarantine import quarantine_file, read_quarantine
 from user_rl.config import build_config
 from user_rl.edge.factory import make_edge
@@ -93,3 +94,4 @@ def test_a_sim_that_emits_one_nan_observation_keeps_streaming(tmp_path: Path, ca
     assert (episodes[1].status, episodes[1].end_reason, len(episodes[1])) == ("truncated", "bad_observation", 20)
     assert [len(episodes[n]) for n in (0, 2, 3)] == [50, 50, 50] and episodes[2].status == "truncated"
     assert sum(len(e) for e in episodes.values()) == STEPS - 1
+    assert inspect_buffer(run_dir / "buffer")["corrupt"] == []
