@@ -35,7 +35,7 @@ from user_rl.edge.inference import AsyncChunkRunner
 from user_rl.edge.intervention import InterventionMux, StepView
 from user_rl.edge.jitter import LoopJitter, prepare_control_loop_process
 from user_rl.edge.link import DataLink, LinkSettings
-from user_rl.edge.obs_check import END_REASON, unusable
+from user_rl.edge.obs_check import END_REASON, ObservationCheck
 from user_rl.edge.operator import OperatorRequests, StepRecord
 from user_rl.edge.weights import WeightReceiver
 from user_rl.hal.robot import Robot, StepResult
@@ -109,12 +109,11 @@ class EdgeDaemon:
                                  name=robot.descriptor.id)
         self.estop = EStopLatch(self.link.spool.directory / LATCH_NAME)  # next to the spool: survives restarts
         self.estops = 0
-        self.bad_observations = 0  # steps not sent for a NaN / inf observation or reward (obs_check.py)
-        self.observation_error: str | None = None
+        self.observations = ObservationCheck(robot.descriptor.id)  # NaN / inf observations end episodes
         self.health = EdgeHealth(robot, self.estop.tripped, lambda: self.link.refused, {
             "learner rejected": lambda: self.link.last_reject, "link": lambda: self.link.handshake_error,
             "hold failed": lambda: self.watchdog.last_failure, "weights": lambda: self.weights.error,
-            "observation": lambda: self.observation_error})
+            "observation": lambda: self.observations.error})
         self.rng = np.random.default_rng(s.seed)
         # an actor built from local weights (`pretrained`) acts with them, as version 0, until the learner's
         # first version arrives; any other acts randomly (warm-up) until then
@@ -311,9 +310,10 @@ class EdgeDaemon:
                 obs = None
             if obs is None:
                 obs, seed = self._start_episode(seed), None
-                if self._check_observation(obs, 0.0) is not None:  # unusable from the start: reset again
+                if (wait := self.observations.reset(obs, self.episodes)) is not None:  # unusable: reset again
                     obs = None
                     self._service_link(time.monotonic())
+                    self._stop.wait(wait)
                     continue
             self._maybe_swap_weights()
             chosen, actor, proposal, chunk_step = self._choose_action(obs)
@@ -328,8 +328,10 @@ class EdgeDaemon:
             step = self._outcome(result)
             reward, terminated, truncated, label, label_by = (step.reward, step.terminated, step.truncated,
                                                               step.label, step.label_by)
-            bad = self._check_observation(result.observation, reward)  # the good rows before it are sent
-            truncated = truncated or bad is not None
+            bad = self.observations.step(result.observation, reward, self.episodes, self._episode_step)
+            if bad is not None:  # its episode ends here; the good rows before it go on their own
+                self._flush()
+                truncated = True
             ended = terminated or truncated
             if self.batch.count == 0:
                 self._batch_started = time.monotonic()
@@ -381,16 +383,6 @@ class EdgeDaemon:
             label_by = pb.LABEL_BY_ENV
         return self.reward(result.observation, RewardedStep(result.reward, terminated, truncated, label, label_by))
 
-    def _check_observation(self, observation: dict[str, np.ndarray], reward: float) -> str | None:
-        """Why a step cannot be sent (obs_check.py), or None; if so the rows before it go on their own."""
-        bad = unusable(observation, reward)
-        if bad is not None:
-            self.bad_observations += 1
-            self.observation_error = f"{bad} (episode {self.episodes}, step {self._episode_step}): episode ended"
-            log.warning("%s: %s, the robot is reset", self.robot.descriptor.id, self.observation_error)
-            self._flush()
-        return bad
-
     def _tell_watchers(self, record: StepRecord) -> None:
         """Watchers run on the loop's thread (they may render the robot): one that raises is dropped."""
         for watcher in list(self.step_watchers):
@@ -429,7 +421,7 @@ class EdgeDaemon:
             "batch_transitions": self.batch.capacity,
             "resends": self.link.resends,
             "lost_batches": self.link.lost_batches,  # unreadable spool files, sent as explicit gaps
-            "bad_observations": self.bad_observations,  # steps with a NaN / inf observation: episode ended
+            "bad_observations": self.observations.bad,  # NaN / inf observations: episode ended, robot reset
             "refused_batches": self.link.refused_batches,  # batches the learner refused (and quarantined)
             "reconnects": self.link.reconnects,      # connections replaced after ack_timeout_s of silence
             "safety_violations": self._violations(),
