@@ -3,8 +3,8 @@
 A run directory holds the status its launch (`fleet_status.json`, every second) or its standalone
 learner (`learner_status.json`) writes; an address (`tcp://host:port`, the learner's data port) is
 asked over the wire, with a `StatusRequest` any learner answers. Both give one table: each robot's
-health, the policy version it acts with, steps/s, what its spool holds, its unacknowledged batches
-and the last error its edge reported.
+health, the policy version it acts with, steps/s, what its spool holds, its unacknowledged batches,
+the batches the learner refused and quarantined, and the last error its edge reported.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def ask_learner(address: str, keys: ClientKeys | None = None, robot_id: str = ""
     return status_from_reply(msg.body)
 
 
-COLUMNS = ("robot", "health", "policy", "lag", "steps/s", "spool", "backlog", "stored", "last error")
+COLUMNS = ("robot", "health", "policy", "lag", "steps/s", "spool", "backlog", "stored", "quarantined", "last error")
 
 
 def fleet_table(status: dict[str, Any]) -> str:
@@ -101,7 +101,8 @@ def fleet_table(status: dict[str, Any]) -> str:
         rows.append((robot_id, robot.get("health") or "unknown", "-" if acting is None or acting < 0 else f"v{acting}",
                      "-" if lag is None else str(lag), f"{robot.get('steps_per_second') or 0.0:.1f}",
                      format_bytes(robot.get("backlog_bytes") or 0), str(robot.get("backlog_batches") or 0),
-                     f"{robot.get('transitions') or 0:,}", robot.get("last_error") or "-"))
+                     f"{robot.get('transitions') or 0:,}", str(robot.get("quarantined_batches") or 0),
+                     robot.get("last_error") or "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS) - 1)]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1] for row in rows]
     if len(rows) == 1:

@@ -104,6 +104,14 @@ class RawPeer:
         assert self.socket.poll(int(TIMEOUT * 1000)), "no reply from the ingest"
         return decode(self.socket.recv_multipart())
 
+    def ack_where(self, condition: Callable[[pb.Ack], bool]) -> pb.Ack:
+        """The first ack that meets `condition` (the group commit's cumulative acks come in between)."""
+        while True:
+            msg = self.reply()
+            assert msg.kind == "ack", (msg.kind, msg.envelope)
+            if condition(msg.body):
+                return msg.body
+
     def expect_reject(self, reason: str) -> str:
         msg = self.reply()
         assert msg.kind == "reject", msg.kind
@@ -151,30 +159,38 @@ def test_bad_input_is_rejected_and_ingest_keeps_serving(context: zmq.Context, in
         welcome = peer.reply()
         assert welcome.kind == "ack" and welcome.body.seq == 0 and welcome.body.stream_epoch == 1
 
+        def refused_once(seq: int, reason: str) -> None:
+            # A batch next in its stream whose content cannot be used: quarantined, its seq taken.
+            ack = peer.ack_where(lambda a: a.refused_seq != 0)
+            assert ack.refused_seq == seq and ack.refused_reason.split(":")[0] == reason, ack
+            assert ingest.rejected[reason] == 1, dict(ingest.rejected)
+
         bad = dict(cols)
         bad["obs/state"] = np.zeros((count, 4), np.float32)
         peer.send(encode(envelope("raw-0", batch=pb.TransitionBatch(stream_epoch=1, seq=1, count=count)), bad))
-        rejected_once("bad_shape")
+        refused_once(1, "bad_shape")
 
         nan = {k: v.copy() for k, v in cols.items()}
         nan["action"][3, 0] = np.nan
-        peer.send(encode(envelope("raw-0", batch=pb.TransitionBatch(stream_epoch=1, seq=1, count=count)), nan))
-        rejected_once("non_finite")
+        peer.send(encode(envelope("raw-0", batch=pb.TransitionBatch(stream_epoch=1, seq=2, count=count)), nan))
+        refused_once(2, "non_finite")
 
+        peer.ack_where(lambda a: a.seq == 2 and not a.refused_seq)  # the refusals are durable, and acked
         peer.send(encode(envelope("raw-0", batch=pb.TransitionBatch(stream_epoch=2, seq=1, count=count)), cols))
         rejected_once("unknown_stream")
 
         peer.send(encode(envelope("raw-0", weights_request=pb.WeightsRequest(have_version=-1))))
         rejected_once("unexpected")
 
-        # None of it was stored, and no robot's stream advanced.
+        # None of it was stored; the stream moved past the two refused batches.
         assert len(ingest.buffer) == 0
-        assert ingest.robots["raw-0"].stream.record.last_seq == 0 and ingest.robots["raw-0"].transitions == 0
+        assert ingest.robots["raw-0"].stream.record.last_seq == 2 and ingest.robots["raw-0"].transitions == 0
+        assert ingest.robots["raw-0"].quarantined_batches == 2
 
         # The same peer's valid batch after all that is accepted.
-        peer.send(frames)
-        ack = peer.reply()
-        assert ack.kind == "ack" and ack.body.seq == 1
+        batch = encode(envelope("raw-0", batch=pb.TransitionBatch(stream_epoch=1, seq=3, count=count)), cols)
+        peer.send(batch)
+        assert peer.ack_where(lambda a: a.seq == 3).refused_seq == 0
         assert len(ingest.buffer) == 7  # 8 rows, the last waits for its successor
 
         # Then a real edge client talks to the same ingest.
@@ -356,10 +372,9 @@ def test_ids_too_big_for_the_index_are_rejected_and_commits_go_on(context: zmq.C
         huge = {k: v.copy() for k, v in cols.items()}
         huge["episode"][:] = 2**63
         peer.send(encode(envelope("big-0", batch=pb.TransitionBatch(stream_epoch=5, seq=1, count=count)), huge))
-        peer.expect_reject("bad_episode")
-        peer.send(encode(envelope("big-0", batch=pb.TransitionBatch(stream_epoch=5, seq=1, count=count)), cols))
-        ack = peer.reply()
-        assert ack.kind == "ack" and ack.body.seq == 1  # committed: the index took everything it was given
+        assert peer.ack_where(lambda a: a.refused_seq == 1).refused_reason.startswith("bad_episode")
+        peer.send(encode(envelope("big-0", batch=pb.TransitionBatch(stream_epoch=5, seq=2, count=count)), cols))
+        peer.ack_where(lambda a: a.seq == 2)  # committed: the index took everything it was given
     finally:
         peer.close()
 

@@ -146,7 +146,7 @@ def test_the_guides_deployment_runs_a_learner_and_an_encrypted_edge(tmp_path: Pa
             capsys.readouterr()
             assert main(gpu_box.command([w.replace("~/user-rl-keys", str(laptop)) for w in status_cmd])[3:]) == 0
             table = capsys.readouterr().out
-            # robot, health, policy, lag, steps/s, spool (e.g. "927 B"), backlog, stored, last error
+            # robot, health, policy, lag, steps/s, spool (e.g. "927 B"), backlog, stored, quarantined, last error
             row = re.search(r"^arm-0 +(\S+) +\S+ +\S+ +[\d.]+ +\S+ \S+ +\d+ +([\d,]+) ", table, re.M)
             assert row and row[1] == "ok" and int(row[2].replace(",", "")) >= 64, table
             with pytest.raises(NoStatus, match="no learner answered"):

@@ -35,8 +35,8 @@ def table_rows(stdout: str) -> dict[str, list[str]]:
 def assert_live_rows(stdout: str) -> None:
     rows = table_rows(stdout)
     assert set(rows) == set(ROBOTS), stdout
-    for robot, health, policy, lag, steps, spool, backlog, stored, last_error in rows.values():
-        assert health == "ok" and policy.startswith("v") and int(policy[1:]) >= 1, stdout
+    for robot, health, policy, lag, steps, spool, backlog, stored, quarantined, last_error in rows.values():
+        assert health == "ok" and policy.startswith("v") and int(policy[1:]) >= 1 and quarantined == "0", stdout
         assert int(lag) >= 0 and float(steps) >= 0 and int(backlog) >= 0, stdout  # a paced sim may wait (0/s)
         assert spool.endswith("B") and int(stored.replace(",", "")) > 0 and last_error == "-", stdout
 

@@ -224,3 +224,132 @@ def test_a_revoked_key_stays_out_after_its_robot_is_enrolled_with_a_new_key(tmp_
         ingest.close()
         gate.close()
         context.term()
+
+
+def test_re_enrolling_a_robot_takes_effect_in_a_running_learner(tmp_path: Path) -> None:
+    """`user-rl keys enroll` over a robot's current key (a new keypair made on the robot): the running
+    `user-rl learner` admits the new key at its first handshake and refuses the old one, on its open
+    connection and at a new handshake, with no restart; a key file rewritten in place by hand
+    (same name, size and inode) is noticed too."""
+    import signal
+
+    import yaml
+
+    from tests.e2e.harness import learner_status, run_cli, start_learner
+    from user_rl.edge.batching import BatchBuilder
+    from user_rl.edge.link import DataLink, LinkSettings
+    from user_rl.hal.registry import make_robot
+    from user_rl.testing.wait import free_port, wait_until
+    from user_rl.wire import user_rl_pb2 as pb
+
+    keys, data_port = tmp_path / "keys", free_port()
+    generate(keys, ["arm-0"])
+    config = tmp_path / "learner.yaml"
+    config.write_text(yaml.safe_dump({
+        "robot": {"type": "mujoco_reach", "options": {"obs_mode": "state"}}, "algo": {"learning_starts": 10**6},
+        "security": {"curve": "on", "keys_dir": str(keys)},
+        "learner": {"data_port": data_port, "weights_port": free_port(), "torch_threads": 1}}))
+    robot = make_robot("mujoco_reach", robot_id="arm-0", obs_mode="state")
+    obs_space, action_space = robot.observation_space, robot.action_space
+    context, links = zmq.Context(), []
+
+    def link(client: ClientKeys, epoch: int) -> DataLink:
+        links.append(DataLink(context, f"tcp://127.0.0.1:{data_port}", robot.descriptor, obs_space, action_space,
+                              epoch=epoch, settings=LinkSettings(spool_dir=str(tmp_path / f"spool-{epoch}"),
+                                                                 curve=client)))
+        links[-1].hello()
+        return links[-1]
+
+    def send_steps(data_link: DataLink) -> None:
+        builder = BatchBuilder(obs_space, action_space, capacity=4)
+        obs = robot.reset()
+        for step in range(4):
+            builder.add(obs, np.zeros(action_space.shape, action_space.dtype), 0.0, False, False, episode=0,
+                        step=step, policy_version=-1, actor=pb.ACTOR_POLICY, label=pb.LABEL_NONE, sensor_time=0.0)
+        data_link.send_batch(*builder.take())
+
+    def streamed(data_link: DataLink, what: str, timeout: float = 30.0) -> None:
+        """Until every batch of the link is acked, or the learner refused it (which fails)."""
+        deadline = time.monotonic() + timeout
+        while not (data_link.welcomed and data_link.unacked == 0):
+            assert data_link.refused is None, f"{what}: {data_link.refused}"
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            data_link.poll(20)
+
+    def refused(data_link: DataLink, what: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while data_link.refused is None:
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            data_link.poll(20)
+        return data_link.refused
+
+    def keypair(public_file: Path, secret_file: Path) -> ClientKeys:
+        public, secret = zmq.auth.load_certificate(secret_file)
+        return ClientKeys(KeyPair(public, secret), zmq.auth.load_certificate(keys / "learner.key")[0])
+
+    with open(tmp_path / "learner.log", "ab") as log:
+        learner = start_learner(config, tmp_path / "run", log)
+        try:
+            old_keys = ClientKeys.for_robot(keys, "arm-0")
+            old = link(old_keys, epoch=1)
+            send_steps(old)
+            streamed(old, "the first key to stream")
+
+            # The robot makes itself a new keypair; the operator enrolls its public key over the old one.
+            made = tmp_path / "on-the-robot"
+            made.mkdir()
+            public_file, secret_file = map(Path, zmq.auth.create_certificates(made, "arm-0"))
+            enrolled = run_cli("keys", "enroll", str(keys), "arm-0", str(public_file), timeout=60)
+            assert enrolled.returncode == 0, enrolled.stderr
+            new = link(keypair(public_file, secret_file), epoch=2)  # at once: no wait for the learner's next look
+            send_steps(new)
+            streamed(new, "the re-enrolled key to be admitted and stream")
+
+            # The old key: refused on its open connection and at a new handshake.
+            send_steps(old)
+            assert "not_enrolled" in refused(old, "the old key's message to be refused")
+            assert refused(link(old_keys, epoch=3), "the old key's handshake").startswith("key_refused")
+
+            # A key file rewritten in place by hand: same name, same size, same inode.
+            by_hand = tmp_path / "by-hand"
+            by_hand.mkdir()
+            third_public, third_secret = map(Path, zmq.auth.create_certificates(by_hand, "arm-0"))
+            target = keys / "enrolled" / "arm-0.key"
+            inode, new_public = target.stat().st_ino, zmq.auth.load_certificate(public_file)[0].decode()
+            target.write_text(target.read_text().replace(new_public, zmq.auth.load_certificate(third_public)[0].decode()))
+            assert target.stat().st_ino == inode
+            third = link(keypair(third_public, third_secret), epoch=4)
+            send_steps(third)
+            streamed(third, "the key rewritten in place to be admitted")
+
+            # The learner's status: every admitted key's steps stored, the old key's handshake refused.
+            def status() -> dict:
+                return learner_status(tmp_path / "run")
+
+            wait_until(lambda: (status()["robots"].get("arm-0") or {}).get("transitions") == 12, 30,
+                       "the status to show the three admitted keys' steps")
+            assert status()["keys_refused_total"] >= 1 and status()["rejected"] == {"not_enrolled": 1}
+        finally:
+            for data_link in links:
+                data_link.close()
+            robot.close()
+            context.term()
+            learner.send_signal(signal.SIGTERM)
+            learner.wait(120)
+    assert learner.returncode == 0, (tmp_path / "learner.log").read_text()[-2000:]
+
+
+def test_handshakes_of_unknown_keys_cost_a_bounded_number_of_directory_looks(tmp_path: Path, monkeypatch) -> None:
+    """A stranger trying keys makes the gatekeeper look at enrolled/ again, but only within a budget."""
+    from user_rl.security import keys as keys_module
+
+    generate(tmp_path / "keys", ["arm-0"])
+    looks = []
+    real = keys_module._directory_stamp
+    monkeypatch.setattr(keys_module, "_directory_stamp", lambda d: looks.append(d) or real(d))
+    enrolment = keys_module.Enrolment(tmp_path / "keys", recheck_s=3600.0)
+    started = time.monotonic()
+    for _ in range(5000):
+        assert enrolment.robot_for(zmq.curve_keypair()[0], recheck=True) is None
+    elapsed = time.monotonic() - started
+    assert len(looks) <= keys_module.FORCED_RECHECKS_BURST + keys_module.FORCED_RECHECKS_PER_S * elapsed + 1

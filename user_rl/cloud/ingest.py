@@ -19,7 +19,10 @@ longest-idle) leave memory and the status, and come back with a new hello. A buf
 error stops the ingest taking data: nothing after it is acked, and `report()["failure"]` says why.
 
 Every message that fails to decode or validate is dropped with a counted, logged reason, and
-the peer is told why; the socket keeps serving.
+the peer is told why; the socket keeps serving. A batch next in its stream whose content is
+refused (a NaN, a wrong shape: the same every time it is sent) is kept in the quarantine
+(quarantine.py) and takes its seq like a lost batch: its ack says it was refused and why, and
+the stream goes on; the robot's status counts it (`quarantined_batches`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from user_rl.cloud.buffer.store import PersistentReplay
 from user_rl.cloud.credit import StepCredit
 from user_rl.cloud.fleet_status import status_reply
 from user_rl.cloud.peer_guard import PeerGuard
+from user_rl.cloud.quarantine import MAX_BYTES as QUARANTINE_MAX_BYTES, Quarantine
 from user_rl.cloud.sessions import RobotSession
 from user_rl.cloud.staleness import LagCounts, PublishedVersions, row_lags, stale_rows
 from user_rl.config import BufferConfig
@@ -67,7 +71,7 @@ class Ingest:
     def __init__(self, context: zmq.Context, endpoint: str, buffer_dir: Path, buffer: BufferConfig | None = None,
                  gamma: float = 0.99, max_rejects_logged: int = 20, gate: Gatekeeper | None = None,
                  max_messages_per_s: float = 2000.0, max_message_bytes: int = 64 << 20, max_robots: int = 1024,
-                 forget_idle_s: float = 600.0) -> None:
+                 forget_idle_s: float = 600.0, max_quarantine_bytes: int = QUARANTINE_MAX_BYTES) -> None:
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         # A bigger frame: ZeroMQ drops the peer. A bigger message of many frames: dropped in `_receive`.
@@ -101,6 +105,7 @@ class Ingest:
         self.credit = StepCredit()  # paced fleets: the learner sets its increment and the step budget
         self.lost_batches = 0
         self.episode_ends = 0  # count-0 batches that ended an episode (e-stop, hold)
+        self.quarantine = Quarantine.of_buffer(self.buffer_dir, max_quarantine_bytes)  # batches refused for content
         self.published = PublishedVersions()
         self.stale_transitions = 0  # stored rows whose policy lagged more than buffer.max_policy_lag
         self.lag_counts = LagCounts()  # stored rows the policy acted, by their lag
@@ -261,6 +266,7 @@ class Ingest:
                 session.transitions, session.episodes, session.versions = old.transitions, old.episodes, old.versions
                 session.streams = old.streams + 1
                 session.stale_transitions = old.stale_transitions
+                session.quarantined_batches = old.quarantined_batches
             self.robots[robot_id] = session
             log.info("robot %s joined (epoch %d, %d batches already stored)", robot_id, hello.stream_epoch,
                      stream.durable_seq)
@@ -329,14 +335,30 @@ class Ingest:
         if body.lost or (body.end_reason and body.count == 0):
             self._marker(session, stream, msg)
             return
-        arrays = decode_columns(msg.arrays, self.obs_space, body.count, DECODED_PER_MESSAGE * self.max_message_bytes)
-        validate_batch(arrays, body.count, self.obs_space, self.action_space)
+        try:
+            arrays = decode_columns(msg.arrays, self.obs_space, body.count,
+                                    DECODED_PER_MESSAGE * self.max_message_bytes)
+            validate_batch(arrays, body.count, self.obs_space, self.action_space)
+        except WireError as exc:  # its content: sent again it would be refused again
+            self._quarantine(session, stream, msg, exc, identity)
+            return
         arrays["policy_lag"] = row_lags(arrays, self.published)
         self.buffer.add(stream, body.seq, arrays)
         self.lag_counts.add(arrays["policy_lag"], arrays)
         stale = int(np.count_nonzero(stale_rows(arrays["policy_lag"], self.buffer_settings.max_policy_lag)))
         self.stale_transitions += stale
         session.account(arrays, stale)
+
+    def _quarantine(self, session: RobotSession, stream: StreamState, msg: Message, exc: WireError,
+                    identity: bytes) -> None:
+        """Refuse a batch for its content without stopping its stream: keep it in the quarantine, take
+        its seq like a lost batch (the row before it gets no successor; its episode goes on or is
+        ended by the edge), count it, and tell the sender in an ack why."""
+        self.buffer.record_lost(stream, msg.body.seq, counted=False)
+        self.quarantine.keep(msg, str(exc))
+        self.rejected[exc.reason] += 1
+        session.quarantined_batches += 1
+        self._ack(session, stream, to=identity, refused=(msg.body.seq, str(exc)))
 
     def _stream(self, session: RobotSession, epoch: int) -> StreamState:
         """The stream a batch belongs to: the session's, or an older epoch its hello announced."""
@@ -386,13 +408,16 @@ class Ingest:
             "credit_outstanding": self.credit.outstanding(),
             "lost_batches": self.lost_batches,
             "episode_ends": self.episode_ends,
+            "quarantine": self.quarantine.report(),  # batches refused for their content (per robot in "robots")
             "stale_transitions": self.stale_transitions,
             "policy_lag_counts": self.lag_counts.counts.tolist(),  # stored rows the policy acted, by lag (last: more)
         }
 
     # -- replying --------------------------------------------------------------------------
-    def _ack(self, session: RobotSession, stream: StreamState, gap: bool = False, to: bytes | None = None) -> None:
-        """Cumulative ack of the stream's durable batches; after a gap, also where to resume.
+    def _ack(self, session: RobotSession, stream: StreamState, gap: bool = False, to: bytes | None = None,
+             refused: tuple[int, str] | None = None) -> None:
+        """Cumulative ack of the stream's durable batches; after a gap, also where to resume; with
+        `refused` (seq, reason), that this batch was refused and quarantined.
 
         Sent to `to` (the connection that asked), or to every connection of the session."""
         if self.failure is not None:  # after a buffer write error no ack may cover what was not committed
@@ -400,6 +425,8 @@ class Ingest:
         ack = pb.Ack(stream_epoch=stream.record.epoch, seq=stream.durable_seq,
                      next_seq=stream.record.last_seq + 1 if gap else 0,
                      step_credit=self._step_credit(session, stream), policy_version=self.policy_version)
+        if refused is not None:
+            ack.refused_seq, ack.refused_reason = refused[0], refused[1][:500]
         frames = encode(envelope(session.robot_id, ack=ack))
         for identity in [to] if to is not None else list(session.connections):
             self.socket.send_multipart([identity, *frames])

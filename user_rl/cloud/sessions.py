@@ -43,6 +43,7 @@ class RobotSession:
     detached: bool = False  # the robot said it is leaving (a clean detach, not a failure)
     stale_transitions: int = 0  # stored rows whose policy lagged more than buffer.max_policy_lag
     lost_batches: int = 0  # batches the edge could not read back from its spool (explicit gaps)
+    quarantined_batches: int = 0  # batches refused for their content (a NaN, a wrong shape), kept in the quarantine
     connections: dict[bytes, None] = field(default_factory=dict)  # said hello for it; least recently heard first
     recent_interventions: deque = field(default_factory=deque)  # (rows, intervened rows) per recent batch
 
@@ -89,6 +90,7 @@ class RobotSession:
             "edge_restarts": self.streams - 1,
             "detached": self.detached,
             "lost_batches": self.lost_batches,
+            "quarantined_batches": self.quarantined_batches,
         }
 
     def intervention_rate(self) -> float:

@@ -35,6 +35,7 @@ from user_rl.edge.inference import AsyncChunkRunner
 from user_rl.edge.intervention import InterventionMux, StepView
 from user_rl.edge.jitter import LoopJitter, prepare_control_loop_process
 from user_rl.edge.link import DataLink, LinkSettings
+from user_rl.edge.obs_check import END_REASON, ObservationCheck
 from user_rl.edge.operator import OperatorRequests, StepRecord
 from user_rl.edge.weights import WeightReceiver
 from user_rl.hal.robot import Robot, StepResult
@@ -108,9 +109,11 @@ class EdgeDaemon:
                                  name=robot.descriptor.id)
         self.estop = EStopLatch(self.link.spool.directory / LATCH_NAME)  # next to the spool: survives restarts
         self.estops = 0
+        self.observations = ObservationCheck(robot.descriptor.id)  # NaN / inf observations end episodes
         self.health = EdgeHealth(robot, self.estop.tripped, lambda: self.link.refused, {
             "learner rejected": lambda: self.link.last_reject, "link": lambda: self.link.handshake_error,
-            "hold failed": lambda: self.watchdog.last_failure, "weights": lambda: self.weights.error})
+            "hold failed": lambda: self.watchdog.last_failure, "weights": lambda: self.weights.error,
+            "observation": lambda: self.observations.error})
         self.rng = np.random.default_rng(s.seed)
         # an actor built from local weights (`pretrained`) acts with them, as version 0, until the learner's
         # first version arrives; any other acts randomly (warm-up) until then
@@ -307,6 +310,11 @@ class EdgeDaemon:
                 obs = None
             if obs is None:
                 obs, seed = self._start_episode(seed), None
+                if (wait := self.observations.reset(obs, self.episodes)) is not None:  # unusable: reset again
+                    obs = None
+                    self._service_link(time.monotonic())
+                    self._stop.wait(wait)
+                    continue
             self._maybe_swap_weights()
             chosen, actor, proposal, chunk_step = self._choose_action(obs)
             sent_at = time.time()
@@ -320,6 +328,10 @@ class EdgeDaemon:
             step = self._outcome(result)
             reward, terminated, truncated, label, label_by = (step.reward, step.terminated, step.truncated,
                                                               step.label, step.label_by)
+            bad = self.observations.step(result.observation, reward, self.episodes, self._episode_step)
+            if bad is not None:  # its episode ends here; the good rows before it go on their own
+                self._flush()
+                truncated = True
             ended = terminated or truncated
             if self.batch.count == 0:
                 self._batch_started = time.monotonic()
@@ -334,6 +346,9 @@ class EdgeDaemon:
             self._tell_watchers(StepRecord(result.observation, result.action_applied, proposal, actor, reward,
                                            self.episodes, self._episode_step, self.acting_version, ended, label,
                                            sent_at))
+            if bad is not None:  # this step alone in its batch (the learner quarantines it); the episode ends
+                self._flush()
+                self.link.send_episode_end(END_REASON)
             self.steps += 1
             self._episode_step += 1
             obs = result.observation
@@ -406,6 +421,8 @@ class EdgeDaemon:
             "batch_transitions": self.batch.capacity,
             "resends": self.link.resends,
             "lost_batches": self.link.lost_batches,  # unreadable spool files, sent as explicit gaps
+            "bad_observations": self.observations.bad,  # NaN / inf observations: episode ended, robot reset
+            "refused_batches": self.link.refused_batches,  # batches the learner refused (and quarantined)
             "reconnects": self.link.reconnects,      # connections replaced after ack_timeout_s of silence
             "safety_violations": self._violations(),
             "watchdog_holds": self.watchdog.holds,

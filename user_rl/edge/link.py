@@ -11,7 +11,10 @@ heard of a life that started and died while it was down still takes them. Unacke
 never deleted because the learner does not know it: the link introduces itself again.
 
 A batch the spool cannot read back is sent as an explicit gap (`lost`, no frames): the
-learner records it, acks it, and the stream moves past it; both sides count it.
+learner records it, acks it, and the stream moves past it; both sides count it. A batch the
+learner refuses for its content (a NaN, a wrong shape) comes back in an ack as refused, with
+the reason: the learner keeps it in its quarantine and takes its seq, so it is never sent again
+and the stream goes on (the cumulative ack drops it from the spool like any other).
 
 When the TCP connection drops (a restarted learner, a broken uplink), the link stops sending
 batches and introduces itself again as soon as it reconnects, so a new learner hears a hello
@@ -125,6 +128,7 @@ class DataLink:
         self.rejects: Counter[str] = Counter()
         self.last_reject: str | None = None  # the newest reason the learner gave for refusing a message
         self.resends = 0
+        self.refused_batches = 0  # batches the learner refused for their content (it quarantines them)
         self._hello_at = 0.0
         self.refused: str | None = None  # the learner will not take this robot (e.g. other spaces)
 
@@ -320,6 +324,8 @@ class DataLink:
             cursor.sent = cursor.acked
 
     def _on_ack(self, ack: pb.Ack) -> None:
+        if ack.refused_seq:
+            self._on_refused_batch(ack)
         cursor = self.cursors.get(ack.stream_epoch)
         if cursor is None:
             return
@@ -342,6 +348,14 @@ class DataLink:
             del self.cursors[ack.stream_epoch]  # an earlier run's spool has fully arrived
             if len(self.cursors) > len(self._hello.spooled_epochs):  # more older epochs wait: name them
                 self.hello(self._hello.policy_version)
+
+    def _on_refused_batch(self, ack: pb.Ack) -> None:
+        """The learner refused a batch for its content: sending it again cannot help, and need not (it
+        took the seq): count it and say why; the stream goes on."""
+        self.refused_batches += 1
+        self.last_reject = f"batch {ack.refused_seq} of epoch {ack.stream_epoch} refused and quarantined: " \
+                           f"{ack.refused_reason}"
+        log.warning("%s: %s", self.robot_id, self.last_reject)
 
     def _on_reject(self, reason: str) -> None:
         key = reason.split(":")[0]

@@ -120,13 +120,14 @@ class Gatekeeper:
         robot_id = self.robot_for(key)
         return peer_user_id(robot_id, key) if robot_id else ""
 
-    def robot_for(self, public_key_z85: bytes) -> str | None:
-        """The robot this key speaks for now: None for unknown and revoked keys."""
+    def robot_for(self, public_key_z85: bytes, recheck: bool = False) -> str | None:
+        """The robot this key speaks for now: None for unknown and revoked keys. `recheck`: read
+        the key directories now if they changed (bounded: see `Enrolment`)."""
         if public_key_z85 == self.keys.public:
             return LEARNER
-        if self.revoked.robot_for(public_key_z85) is not None:  # even if copied back into enrolled/
+        if self.revoked.robot_for(public_key_z85, recheck) is not None:  # even if copied back into enrolled/
             return None
-        return self.enrolment.robot_for(public_key_z85)
+        return self.enrolment.robot_for(public_key_z85, recheck)
 
     def is_enrolled(self, user_id: str | None) -> bool:
         """Whether the key behind a message's `User-Id` is enrolled now, for the robot it names
@@ -135,8 +136,10 @@ class Gatekeeper:
         return robot_id is not None and key is not None and self.robot_for(key) == robot_id
 
     def callback(self, domain: str, public_key_z85: bytes) -> bool:
-        """Asked by the ZAP thread at every handshake."""
-        if self.robot_for(public_key_z85) is not None:
+        """Asked by the ZAP thread at every handshake. A key not known yet is looked up again in the
+        directories as they are now: a robot enrolled (or re-enrolled) a moment ago is let in, since
+        a refused handshake is final for its edge."""
+        if self.robot_for(public_key_z85) is not None or self.robot_for(public_key_z85, recheck=True) is not None:
             return True
         revoked = self.revoked.robot_for(public_key_z85)
         shown = f"{revoked} (revoked)" if revoked else public_key_z85.decode(errors="replace")

@@ -7,10 +7,12 @@
       revoked/<id>.key, revoked/<id>.key.2 ...   keys taken back, every one kept
 
 `user-rl keys generate DIR ROBOT_ID ...` makes what is missing and never overwrites a key;
-`user-rl keys revoke DIR ID` moves a key from enrolled/ to revoked/, which a running learner
-notices within a fraction of a second (no restart). Revocation is of the key, not the name: a
-revoked key stays out for good, also when its robot is enrolled again with a new keypair, and
-`enroll` refuses to take a revoked key back.
+`user-rl keys revoke DIR ID` moves a key from enrolled/ to revoked/, and `user-rl keys enroll`
+(also over a robot's current key) replaces `enrolled/<id>.key` atomically; a running learner
+notices either within a fraction of a second, and at once at the handshake of a key it does not
+know yet (no restart). Revocation is of the key, not the name: a revoked key stays out for good,
+also when its robot is enrolled again with a new keypair, and `enroll` refuses to take a revoked
+key back.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +31,10 @@ import zmq.auth
 from user_rl.config import ConfigError
 
 LEARNER = "learner"
+# Looks at enrolled/ asked for by handshakes of unknown keys: up to a burst of this many, then this many a
+# second (a stranger trying keys costs a bounded number of directory listings, not one per try).
+FORCED_RECHECKS_BURST = 20
+FORCED_RECHECKS_PER_S = 20.0
 _KEY_FILE = re.compile(r"^(?P<robot>.+)\.key(\.\d+)?$")  # <id>.key, or <id>.key.<n> for a robot's n-th revoked key
 
 
@@ -101,7 +108,11 @@ def enroll(keys_dir: str | Path, robot_id: str, public_key_file: str | Path) -> 
                               "for good: make the robot a new keypair")
     target = keys_dir / "enrolled" / f"{robot_id}.key"
     target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(public_key_file, target)
+    # Written aside, then renamed over the old key: a learner never reads half a key, and the rename
+    # is a new file (inode, directory entry) that it notices even within one mtime tick.
+    staged = target.with_name(f".{target.name}.tmp")
+    shutil.copy(public_key_file, staged)
+    os.replace(staged, target)
     return target
 
 
@@ -159,8 +170,10 @@ class Enrolment:
         self.recheck_s = recheck_s
         self._by_key: dict[bytes, str] = {}
         self._robots: set[str] = set()
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple | None = None
         self._checked = 0.0
+        self._lock = threading.Lock()  # the ZAP thread and the ingest thread both refresh
+        self._tokens, self._tokens_at = float(FORCED_RECHECKS_BURST), time.monotonic()
         self.reload()
 
     def reload(self) -> None:
@@ -172,9 +185,10 @@ class Enrolment:
         self._by_key = by_key
         self._robots = set(by_key.values())
 
-    def robot_for(self, public_key_z85: bytes) -> str | None:
-        """The enrolled robot with this key, or None (unknown or revoked)."""
-        self._refresh()
+    def robot_for(self, public_key_z85: bytes, recheck: bool = False) -> str | None:
+        """The enrolled robot with this key, or None (unknown or revoked). `recheck`: look at the
+        directory now, not only every `recheck_s` (a handshake of a key just enrolled)."""
+        self._refresh(force=recheck)
         return self._by_key.get(public_key_z85)
 
     def robots(self) -> set[str]:
@@ -182,15 +196,46 @@ class Enrolment:
         self._refresh()
         return self._robots
 
-    def _refresh(self) -> None:
+    def _refresh(self, force: bool = False) -> None:
+        """Re-read the keys when any file changed: by (name, mtime, size, inode) of every entry, so a
+        key rewritten in place (same name, same count, same size) is noticed too. Looked at every
+        `recheck_s`, and when forced (a handshake of a key not known yet) as far as the forced
+        looks' budget allows: a stranger's handshakes cost a bounded number of listings."""
         now = time.monotonic()
-        if now - self._checked >= self.recheck_s:
+        if now - self._checked < self.recheck_s and not (force and self._spend_forced(now)):
+            return
+        with self._lock:
             self._checked = now
-            if not self.directory.is_dir():
+            stamp = _directory_stamp(self.directory)
+            if stamp is None:
                 self._by_key, self._robots, self._stamp = {}, set(), None
-                return
-            stat = self.directory.stat()
-            stamp = (stat.st_mtime_ns, len(os.listdir(self.directory)))
-            if stamp != self._stamp:
+            elif stamp != self._stamp:
                 self._stamp = stamp
                 self.reload()
+
+    def _spend_forced(self, now: float) -> bool:
+        """Take one forced look from a token bucket (`FORCED_RECHECKS_BURST`, `FORCED_RECHECKS_PER_S`)."""
+        with self._lock:
+            self._tokens = min(FORCED_RECHECKS_BURST, self._tokens + (now - self._tokens_at) * FORCED_RECHECKS_PER_S)
+            self._tokens_at = now
+            if self._tokens < 1:
+                return False
+            self._tokens -= 1
+            return True
+
+
+def _directory_stamp(directory: Path) -> tuple | None:
+    """What changes whenever a key file in `directory` is added, removed, replaced or rewritten
+    (None: no such directory)."""
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    stamp = []
+    for entry in entries:
+        try:
+            st = entry.stat()
+        except FileNotFoundError:  # removed while we looked: the next look sees what replaced it
+            continue
+        stamp.append((entry.name, st.st_mtime_ns, st.st_size, st.st_ino))
+    return tuple(sorted(stamp))
