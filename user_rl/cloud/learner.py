@@ -348,8 +348,7 @@ class Learner:
             if self.ingest.socket in ready:
                 self.ingest.poll(0, max_messages=INGEST_MESSAGES_PER_TURN)
             self.ingest.maybe_commit()
-            if self.weights.socket in ready:
-                self.weights.poll(0)
+            self.weights.poll(0)  # also when no request came: hands back buffers whose frames left
             self._publish_pending()
             self._update_ingest_credit()
             pushed_updates, pushed_robots = self._credit_pushed_at
