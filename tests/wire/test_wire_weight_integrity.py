@@ -112,7 +112,7 @@ def test_hung_edges_lose_their_claim_so_publishing_goes_on_and_they_catch_up(con
                 published.append((time.monotonic() - stopped_at, version))
             else:
                 skipped += 1
-            most_held = max(most_held, server.server.held_buffers)
+            most_held = max(most_held, len(buffers.busy) - buffers.free, server.server.held_buffers)
             time.sleep(PUBLISH_EVERY_S)
         resumed_at = time.monotonic()
         hung_a.resume()
@@ -131,7 +131,7 @@ def test_hung_edges_lose_their_claim_so_publishing_goes_on_and_they_catch_up(con
             assert any(start <= t < start + 3 for t, _ in got), f"the live edge got nothing in [{start}, {start + 3}) s: {got}"
         assert skipped <= (CLAIM_S + 2.0) / PUBLISH_EVERY_S  # only until the hung edges' claims were dropped
         assert server.server.dropped_claims >= 2
-        assert most_held <= 3  # the newest and at most the two claimed: bounded however long they hang
+        assert most_held <= 3  # the trainer's three buffers, never more, however long the edges hang
         for edge in edges:
             assert edge.torn() == [], f"versions made of two: {edge.torn()}"
         assert failures[2] == 0  # the live edge never got overwritten bytes
