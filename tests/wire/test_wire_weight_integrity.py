@@ -49,12 +49,13 @@ def publish(server: ServerThread, buffers: ActorBuffers, model: Filled, version:
 
 
 def test_a_slow_edge_never_applies_a_version_made_of_two(context) -> None:
-    # 24 MiB + 10 KiB: the last chunk of each version is under 64 KiB, so pyzmq copies it and reports it
-    # sent at once, while the 1 MiB chunks before it still view the buffer.
-    model = Filled(24 * MIB, 10 * KIB)
+    # 48 MiB + 10 KiB: the last chunk of each version is under 64 KiB, so pyzmq copies it and reports it
+    # sent at once, while the 1 MiB chunks before it still view the buffer (more of them than the
+    # socket buffers on the way take: loopback receive buffers grow to 32 MiB here).
+    model = Filled(48 * MIB, 10 * KIB)
     buffers = ActorBuffers(model)
     server = ServerThread(context)
-    with FaultProxy(server.endpoint, bandwidth_bps=64e6) as link:  # 8 MB/s: ~3 s for a version
+    with FaultProxy(server.endpoint, bandwidth_bps=64e6) as link:  # 8 MB/s: a slow edge
         edge = WeightEdge(link.address)
         try:
             assert edge.ready.wait(60), "the edge process did not start"
@@ -63,6 +64,7 @@ def test_a_slow_edge_never_applies_a_version_made_of_two(context) -> None:
             time.sleep(0.5)
             assert publish(server, buffers, model, 2)  # ... v1 is replaced while the edge still receives it ...
             assert publish(server, buffers, model, 3)  # ... and the trainer writes into whatever came back
+            link.set(bandwidth_bps=None)  # the rest at loopback speed, to keep the test short
             wait_until(lambda: edge.version == 3, 40, "the slow edge on version 3")
             print(f"the edge applied {[r['version'] for r in edge.reports]}; "
                   f"checksum failures {edge.reports[-1]['checksum_failures']}")
@@ -80,9 +82,10 @@ PUBLISH_EVERY_S = 0.25
 
 
 def test_hung_edges_lose_their_claim_so_publishing_goes_on_and_they_catch_up(context) -> None:
-    # 24 MiB exactly: every chunk is 1 MiB and views the buffer; a stopped edge's kernel buffers take
-    # a few MiB of it, the rest waits in ZeroMQ, reading the buffer when the edge resumes.
-    model = Filled(24 * MIB)
+    # 64 MiB in 1 MiB chunks, each a view of the buffer: more than a stopped edge's socket buffers take
+    # (loopback receive buffers grow to 32 MiB here), so the rest waits in ZeroMQ and reads the buffer
+    # when the edge resumes.
+    model = Filled(64 * MIB)
     buffers = ActorBuffers(model)  # three, as the trainer has
     server = ServerThread(context, claim_timeout_s=CLAIM_S)
     edges = [WeightEdge(server.endpoint) for _ in range(3)]
