@@ -77,7 +77,7 @@ def test_a_slow_edge_never_applies_a_version_made_of_two(context) -> None:
 
 
 CLAIM_S = 2.0  # the claim timeout this test runs the server with
-HUNG_S = 12.0  # how long two edges stay stopped: six claim timeouts
+HUNG_S = 10.0  # how long two edges stay stopped: five claim timeouts
 PUBLISH_EVERY_S = 0.25
 
 

@@ -89,6 +89,22 @@ def test_assembly_refuses_wrong_chunks() -> None:
     assert asm.missing == set(range(len(packed.chunks)))  # nothing was stored
 
 
+def test_each_part_carries_a_checksum_that_catches_bytes_not_as_published() -> None:
+    packed = pack(4, actor_state(), chunk_bytes=32, frozen=["encoder.weight"])
+    announce = packed.announce
+    assert announce.HasField("crc32") and announce.base.HasField("crc32")
+    asm = WeightsAssembly(announce)
+    for i, chunk in enumerate(packed.chunks):
+        asm.add(i, bytes(chunk) if i else b"\x01" + bytes(chunk)[1:])  # one byte differs from what was published
+    assert asm.complete and not asm.intact()
+    asm.add(0, packed.chunks[0])
+    assert asm.intact()
+    announce.ClearField("crc32")  # a version without one is refused, never applied unchecked
+    with pytest.raises(WireError, match="no checksum") as info:
+        WeightsAssembly(announce)
+    assert info.value.reason == "bad_announce"
+
+
 def test_inconsistent_announce_is_refused() -> None:
     announce = pb.WeightsAnnounce(version=1, total_bytes=100, num_chunks=2, chunk_bytes=10)
     with pytest.raises(WireError) as info:

@@ -100,7 +100,7 @@ class Learner:
                              max_message_bytes=int(lc.max_message_mb * 2**20), max_robots=lc.max_robots,
                              forget_idle_s=lc.forget_idle_s)
         self.weights = WeightServer(self.context, f"tcp://{host}:{lc.weights_port}", CASTS[lc.weight_dtype],
-                                    gate=self.gate)
+                                    gate=self.gate, claim_timeout_s=lc.weight_claim_timeout_s)
         self.rng = np.random.default_rng(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.trainer: Trainer | None = None  # started once the fleet's spaces are known
