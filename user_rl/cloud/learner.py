@@ -288,7 +288,7 @@ class Learner:
         if reply.kind == "actor":
             if reply.metrics:
                 self.last_metrics = reply.metrics
-            self._publish(reply.state, wait=reply.tag == "pause")
+            self._publish(self.weights.checksummed(reply.state), wait=reply.tag == "pause")  # not on the ingest thread
             if reply.tag == "pause":
                 self._paused.set()
         elif reply.kind == "state":

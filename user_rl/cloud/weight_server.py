@@ -83,7 +83,7 @@ class WeightServer:
 
         `weights`: a state dict (packed here) or bytes packed already (the trainer's shared buffer)."""
         if isinstance(weights, PackedWeights):
-            packed = self._checksummed(weights.numbered(version))
+            packed = self.checksummed(weights.numbered(version))
         else:
             packed = pack(version, weights, self.cast_floats_to)
         if self.latest is not None:
@@ -94,8 +94,11 @@ class WeightServer:
         for identity, request in waiting.items():
             self._maybe_send(identity, request)
 
-    def _checksummed(self, packed: PackedWeights) -> PackedWeights:
-        """The version with each part's checksum, taken now (before any edge can get its bytes)."""
+    def checksummed(self, packed: PackedWeights) -> PackedWeights:
+        """The version with each part's checksum, taken now (before any edge can get its bytes).
+
+        Safe from another thread (it touches no socket): the learner takes a large actor's checksum on
+        the thread that reads the trainer's replies, where zlib runs beside the ingest thread."""
         base = packed.base
         if base is not None and base.crc32 is None:
             if self._base_crc is None or self._base_crc[0] != base.id:  # the base never changes: once
