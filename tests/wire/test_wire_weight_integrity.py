@@ -125,10 +125,11 @@ def test_hung_edges_lose_their_claim_so_publishing_goes_on_and_they_catch_up(con
 
         got = [(r["at"] - stopped_at, r["version"]) for r in live.reports if r["at"] <= resumed_at]
         failures = [max(r["checksum_failures"] for r in e.reports) for e in edges]
+        duplicates = [e.reports[-1]["duplicate_chunks"] for e in edges]
         print(f"while two edges hung {HUNG_S:.0f} s: {len(published)} published, {skipped} skipped; the live edge "
               f"got {len([t for t, _ in got if t > 0])} versions; claims dropped {server.server.dropped_claims}; "
               f"buffers held at most {most_held}; caught up {caught_up_s:.1f} s after resuming; "
-              f"checksum failures {failures}")
+              f"checksum failures {failures}; chunks received twice {duplicates}")
         # The live edge receives new versions throughout, after the claim timeout too.
         for start in range(int(CLAIM_S) + 2, int(HUNG_S), 3):
             assert any(start <= t < start + 3 for t, _ in got), f"the live edge got nothing in [{start}, {start + 3}) s: {got}"

@@ -40,6 +40,8 @@ from user_rl.wire.weights import PartAssembly, WeightsAssembly, base_assembly
 log = logging.getLogger(__name__)
 
 KEEP_BUFFERS = 2  # used buffers kept for reuse (the newest's may still be loading)
+REFETCH_AFTER_S = 0.5  # a part failed its checksum: ask again this soon, unless messages keep coming (an
+# answer to an earlier request, e.g. the one a resumed edge sends at once, is on its way then)
 
 
 class WeightReceiver:
@@ -62,7 +64,7 @@ class WeightReceiver:
         self.resumed = 0  # times a broken-off transfer was asked for again with what it already held
         self.completed = 0  # versions received whole
         self.checksum_failures = 0  # parts that arrived whole but not as published: dropped and fetched again
-        self._failed_in_row = 0  # of the version being collected: the first is asked for again at once
+        self._failed_in_row = 0  # of the version being collected: the first is asked for again soon
         self._own: WeightsAssembly | None = None  # the version being collected
         self._base: PartAssembly | None = None  # the frozen base: complete once held, kept across versions
         self._used: list[np.ndarray] = []  # buffers of versions handed over, to reuse once free
@@ -130,8 +132,11 @@ class WeightReceiver:
                     self.errors += 1
                     collecting, completed = self._own is not None, False
                     log.warning("weights: dropped a message: %s", exc)
-                if completed or self._failed_in_row == 1 > failed_before:
-                    request_due = 0.0  # ask for the next version (or the part that failed its checksum) at once
+                if completed:
+                    request_due = 0.0  # ask for the next version at once
+                elif self._failed_in_row > failed_before:  # the first time soon, then as often as any request
+                    request_due = time.monotonic() + (min(REFETCH_AFTER_S, self.resend_s) if self._failed_in_row == 1
+                                                      else self.resend_s)
                 elif collecting:
                     request_due = time.monotonic() + self.resend_s  # chunks are still coming
         finally:

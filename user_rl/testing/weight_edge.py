@@ -80,7 +80,8 @@ def main(argv: list[str]) -> None:
         ranges = {name: (float(t.min()), float(t.max())) for name, t in state.items() if t.numel()}
         del state  # the policy "loaded" it: its buffer may take the next version
         print(json.dumps({"version": version, "range": ranges, "checksum_failures": receiver.checksum_failures,
-                          "errors": receiver.errors, "failures": receiver.failures}), flush=True)
+                          "duplicate_chunks": receiver.duplicate_chunks, "errors": receiver.errors,
+                          "failures": receiver.failures}), flush=True)
 
 
 if __name__ == "__main__":
