@@ -132,7 +132,8 @@ def test_hung_edges_lose_their_claim_so_publishing_goes_on_and_they_catch_up(con
               f"checksum failures {failures}; chunks received twice {duplicates}")
         # The live edge receives new versions throughout, after the claim timeout too.
         for start in range(int(CLAIM_S) + 2, int(HUNG_S), 3):
-            assert any(start <= t < start + 3 for t, _ in got), f"the live edge got nothing in [{start}, {start + 3}) s: {got}"
+            assert any(start <= t < start + 3 for t, _ in got), \
+                f"the live edge got nothing in [{start}, {start + 3}) s: {got}"
         assert skipped <= (CLAIM_S + 2.0) / PUBLISH_EVERY_S  # only until the hung edges' claims were dropped
         assert server.server.dropped_claims >= 2
         assert most_held <= 3  # the trainer's three buffers, never more, however long the edges hang

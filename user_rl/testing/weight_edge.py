@@ -48,7 +48,8 @@ class WeightEdge:
 
     def torn(self) -> list[dict]:
         """Versions handed over whose tensors are not all the version's number."""
-        return [r for r in self.reports if any(lo != r["version"] or hi != r["version"] for lo, hi in r["range"].values())]
+        return [r for r in self.reports
+                if any(lo != r["version"] or hi != r["version"] for lo, hi in r["range"].values())]
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGSTOP)

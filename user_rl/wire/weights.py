@@ -208,7 +208,8 @@ def pack(
     (own_layout, own_data), (base_layout, base_data) = parts
     base = (Part(base_part_id(base_data), base_layout, base_data, chunk_bytes, checksum(base_data))
             if base_layout.slots else None)
-    return PackedWeights(version, Part(own_part_id(version), own_layout, own_data, chunk_bytes, checksum(own_data)), base)
+    own = Part(own_part_id(version), own_layout, own_data, chunk_bytes, checksum(own_data))
+    return PackedWeights(version, own, base)
 
 
 # -- assembly on the edge ---------------------------------------------------------------------------
