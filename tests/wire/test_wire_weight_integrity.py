@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import torch
+import zmq
 from torch import nn
 
 from user_rl.cloud.actor_buffers import ActorBuffers
@@ -18,6 +19,8 @@ from user_rl.testing.fault_proxy import FaultProxy
 from user_rl.testing.wait import wait_until
 from user_rl.testing.weight_edge import WeightEdge
 from user_rl.testing.weight_server import ServerThread
+from user_rl.wire import user_rl_pb2 as pb
+from user_rl.wire.codec import encode, envelope
 
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -144,4 +147,30 @@ def test_hung_edges_lose_their_claim_so_publishing_goes_on_and_they_catch_up(con
     finally:
         for edge in edges:
             edge.close()
+        server.close()
+
+
+def test_a_peer_that_asks_again_and_again_but_never_reads_gets_one_copy_queued(context) -> None:
+    model = Filled(64 * MIB)  # more than the socket buffers on the way take: the rest stays queued
+    buffers = ActorBuffers(model)
+    server = ServerThread(context, claim_timeout_s=CLAIM_S)
+    peer = context.socket(zmq.DEALER)
+    peer.setsockopt(zmq.LINGER, 0)
+    peer.setsockopt(zmq.RCVHWM, 1)  # its ZeroMQ takes one message off the wire and then no more
+    peer.connect(server.endpoint)
+    try:
+        assert publish(server, buffers, model, 1)
+        request = encode(envelope(weights_request=pb.WeightsRequest(have_version=-1)))
+        for _ in range(20):
+            peer.send_multipart(request)
+            time.sleep(0.02)
+        wait_until(lambda: server.server.deferred_requests >= 19, 10, "the requests to arrive")
+        print(f"20 requests, never read: sent {server.server.sent_versions} versions "
+              f"({server.server.sent_bytes / MIB:.0f} MiB), {server.server.deferred_requests} requests deferred")
+        assert server.server.sent_versions == 1 and server.server.sent_bytes == 64 * MIB  # one copy, not 20
+        assert publish(server, buffers, model, 2)  # v1 replaced: the peer's claim on it goes after CLAIM_S
+        wait_until(lambda: server.server.dropped_claims == 1, CLAIM_S + 10, "the stalled peer's claim dropped")
+        assert buffers.free == 2  # only the newest is held
+    finally:
+        peer.close(0)
         server.close()

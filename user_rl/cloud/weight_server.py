@@ -16,6 +16,9 @@ A peer that stops reading (a hung process, a paused VM) loses its claim on a rep
 once `claim_timeout_s` passes without one of its frames leaving, so hung edges cannot pin every
 buffer and stop publishing. What such an edge later receives of that buffer may be newer bytes:
 the part's checksum (taken at publish) fails on the edge, which asks again and gets the newest.
+A peer gets nothing new while frames of an earlier send to it are still queued (its newest request
+waits until they left), so one that asks and never reads costs one version's frames, not one per
+request.
 """
 
 from __future__ import annotations
@@ -48,6 +51,16 @@ class _Claim:
     packed: PackedWeights
     progress_at: float  # when the last of its frames left (or it was sent)
     trackers: deque[zmq.MessageTracker] = field(default_factory=deque)
+    holds_buffer: bool = True  # False once the peer stopped reading: its frames may carry newer bytes
+
+    def settle(self, now: float) -> bool:
+        """Forget the frames that left (one peer's leave in order); True while some are still queued."""
+        before = len(self.trackers)
+        while self.trackers and self.trackers[0].done:
+            self.trackers.popleft()
+        if len(self.trackers) < before:
+            self.progress_at = now
+        return bool(self.trackers)
 
 
 class WeightServer:
@@ -65,10 +78,12 @@ class WeightServer:
         self.latest: PackedWeights | None = None
         self._announce = None  # the latest's announcement, built once
         self.claim_timeout_s = claim_timeout_s
-        self._claims: dict[tuple[bytes, int], _Claim] = {}  # (peer, version): frames still in ZeroMQ's hands
+        self._claims: dict[bytes, _Claim] = {}  # by peer: its last send, while frames of it are in ZeroMQ's hands
         self._retiring: list[PackedWeights] = []  # replaced versions whose buffers are not handed back yet
         self._base_crc: tuple[str, int] | None = None  # the frozen base's checksum, by its id: taken once
         self.dropped_claims = 0  # claims of peers that stopped reading, dropped to free their buffer
+        self._deferred: dict[bytes, pb.WeightsRequest] = {}  # by peer: its newest request, served once its frames left
+        self.deferred_requests = 0  # requests that waited for a peer's queued frames to leave
         self.waiting: dict[bytes, pb.WeightsRequest] = {}
         self.rejected: Counter[str] = Counter()
         self.sent_versions = 0
@@ -109,21 +124,20 @@ class WeightServer:
     def _release_sent(self) -> None:
         """Settle the claims, then hand back the buffers of replaced versions no claim holds."""
         now = time.monotonic()
-        for key, claim in list(self._claims.items()):
-            before = len(claim.trackers)
-            while claim.trackers and claim.trackers[0].done:  # one peer's frames leave in order
-                claim.trackers.popleft()
-            if len(claim.trackers) < before:
-                claim.progress_at = now
-            if not claim.trackers:
-                del self._claims[key]
-            elif claim.packed is not self.latest and now - claim.progress_at > self.claim_timeout_s:
-                del self._claims[key]
+        drained = []
+        for peer, claim in list(self._claims.items()):
+            if not claim.settle(now):
+                del self._claims[peer]
+                if peer in self._deferred:
+                    drained.append((peer, self._deferred.pop(peer)))
+            elif (claim.holds_buffer and claim.packed is not self.latest
+                  and now - claim.progress_at > self.claim_timeout_s):
+                claim.holds_buffer = False  # its frames stay queued (ZeroMQ cannot take them back): watched still
                 self.dropped_claims += 1
                 log.warning("weights: an edge took none of version %d for %.0f s; its claim on the buffer is "
                             "dropped (what it gets later fails its checksum and it asks again)",
                             claim.packed.version, now - claim.progress_at)
-        claimed = {id(claim.packed) for claim in self._claims.values()}
+        claimed = {id(claim.packed) for claim in self._claims.values() if claim.holds_buffer}
         still = []
         for packed in self._retiring:
             if id(packed) in claimed:
@@ -131,6 +145,8 @@ class WeightServer:
             elif packed.release is not None:
                 packed.release()
         self._retiring = still
+        for peer, request in drained:
+            self._maybe_send(peer, request)
 
     @property
     def held_buffers(self) -> int:
@@ -167,16 +183,22 @@ class WeightServer:
         if latest is None or latest.version <= request.have_version:
             self.waiting[identity] = request
             return
+        now = time.monotonic()
+        earlier = self._claims.get(identity)
+        if earlier is not None and earlier.settle(now):
+            self._deferred[identity] = request  # what it was sent is still queued: more would only pile up
+            self.deferred_requests += 1
+            return
         held = {part.id: part for part in request.held}
         self.socket.send_multipart([identity, *encode(envelope(weights_announce=self._announce))])
-        claim = self._claims.get((identity, latest.version))
-        if claim is None:
-            claim = _Claim(latest, time.monotonic())
+        claim = _Claim(latest, now)
         for part, is_base in ((latest.own, False), (latest.base, True)):
             if part is not None:
                 self._send_part(identity, latest.version, part, is_base, held.get(part.id), claim)
         if claim.trackers:
-            self._claims[(identity, latest.version)] = claim
+            self._claims[identity] = claim
+        elif earlier is not None:
+            del self._claims[identity]
         self.sent_versions += 1
 
     def _send_part(self, identity: bytes, version: int, part: Part, is_base: bool, held: pb.PartHeld | None,
