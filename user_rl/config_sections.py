@@ -347,6 +347,9 @@ class LearnerConfig(Section):
     host: str = "127.0.0.1"
     data_port: int = Field(0, ge=0, le=65535, description="0 picks a free port; fix it so edges survive a learner restart")
     weights_port: int = Field(0, ge=0, le=65535)
+    weight_claim_timeout_s: float = Field(
+        15.0, gt=0, description="an edge that takes none of a replaced version's bytes this long stops holding its "
+                                "buffer (it re-fetches later): hung edges cannot stop publishing")
     checkpoint_every_s: float = Field(60.0, gt=0, description="background checkpoints, written without pausing")
     tensorboard_every_s: float = Field(10.0, ge=0, description="TensorBoard points in <run>/tensorboard; 0: none")
     max_messages_per_s: float = Field(2000.0, gt=0, description="per robot connection; more are dropped unread")

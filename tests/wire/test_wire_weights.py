@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 import torch
 import zmq
@@ -87,6 +88,22 @@ def test_assembly_refuses_wrong_chunks() -> None:
         asm.add(len(packed.chunks), packed.chunks[0])  # no such chunk
     assert info.value.reason == "bad_chunk"
     assert asm.missing == set(range(len(packed.chunks)))  # nothing was stored
+
+
+def test_each_part_carries_a_checksum_that_catches_bytes_not_as_published() -> None:
+    packed = pack(4, actor_state(), chunk_bytes=32, frozen=["encoder.weight"])
+    announce = packed.announce
+    assert announce.HasField("crc32") and announce.base.HasField("crc32")
+    asm = WeightsAssembly(announce)
+    for i, chunk in enumerate(packed.chunks):
+        asm.add(i, bytes(chunk) if i else b"\x01" + bytes(chunk)[1:])  # one byte differs from what was published
+    assert asm.complete and not asm.intact()
+    asm.add(0, packed.chunks[0])
+    assert asm.intact()
+    announce.ClearField("crc32")  # a version without one is refused, never applied unchecked
+    with pytest.raises(WireError, match="no checksum") as info:
+        WeightsAssembly(announce)
+    assert info.value.reason == "bad_announce"
 
 
 def test_inconsistent_announce_is_refused() -> None:
@@ -195,3 +212,38 @@ def test_server_rejects_other_messages_and_keeps_serving(context: zmq.Context) -
     finally:
         dealer.close(0)
         server.close()
+
+
+def test_a_part_that_fails_its_checksum_is_counted_and_fetched_again(context: zmq.Context) -> None:
+    """A server (by hand) whose first copy of v1 has one bit flipped: the edge applies nothing of
+    it, counts it, asks again soon (not after `resend_s`) holding none of it, and applies the good copy."""
+    packed = pack(1, actor_state(), chunk_bytes=64)
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind("tcp://127.0.0.1:0")
+    receiver = WeightReceiver(context, router.getsockopt_string(zmq.LAST_ENDPOINT), resend_s=10.0)
+
+    def serve(flip: bool) -> pb.WeightsRequest:
+        assert router.poll(8000), "no request from the edge"
+        identity, *frames = router.recv_multipart()
+        router.send_multipart([identity, *encode(envelope(weights_announce=packed.announce))])
+        for index, chunk in enumerate(packed.chunks):
+            data = np.frombuffer(bytes(chunk), np.uint8).copy()
+            if flip and index == 1:
+                data[3] ^= 1
+            head = envelope(weights_chunk=pb.WeightsChunk(version=1, index=index))
+            router.send_multipart([identity, *encode(head, {"bytes": data})])
+        return decode(frames).body
+
+    try:
+        assert serve(flip=True).have_version == -1
+        start = time.monotonic()
+        again = serve(flip=False)
+        assert time.monotonic() - start < 5.0  # asked again at once, not after resend_s
+        assert again.have_version == -1 and len(again.held) == 0  # nothing of the bad copy kept
+        version, state = receiver.wait_for(1, timeout=5.0)
+        assert version == 1 and all(torch.equal(state[n], t) for n, t in actor_state().items())
+        assert receiver.checksum_failures == 1 and receiver.completed == 1
+    finally:
+        receiver.close()
+        router.close(0)

@@ -100,7 +100,7 @@ class Learner:
                              max_message_bytes=int(lc.max_message_mb * 2**20), max_robots=lc.max_robots,
                              forget_idle_s=lc.forget_idle_s)
         self.weights = WeightServer(self.context, f"tcp://{host}:{lc.weights_port}", CASTS[lc.weight_dtype],
-                                    gate=self.gate)
+                                    gate=self.gate, claim_timeout_s=lc.weight_claim_timeout_s)
         self.rng = np.random.default_rng(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.trainer: Trainer | None = None  # started once the fleet's spaces are known
@@ -288,7 +288,7 @@ class Learner:
         if reply.kind == "actor":
             if reply.metrics:
                 self.last_metrics = reply.metrics
-            self._publish(reply.state, wait=reply.tag == "pause")
+            self._publish(self.weights.checksummed(reply.state), wait=reply.tag == "pause")  # not on the ingest thread
             if reply.tag == "pause":
                 self._paused.set()
         elif reply.kind == "state":
@@ -348,8 +348,7 @@ class Learner:
             if self.ingest.socket in ready:
                 self.ingest.poll(0, max_messages=INGEST_MESSAGES_PER_TURN)
             self.ingest.maybe_commit()
-            if self.weights.socket in ready:
-                self.weights.poll(0)
+            self.weights.poll(0)  # also when no request came: hands back buffers whose frames left
             self._publish_pending()
             self._update_ingest_credit()
             pushed_updates, pushed_robots = self._credit_pushed_at

@@ -414,6 +414,7 @@ class EdgeDaemon:
             "episodes": self.episodes,
             "policy_version": self.acting_version,
             "newest_version": self.policy_version,  # received; takes over at the next chunk or episode
+            "weight_checksum_failures": self.weights.checksum_failures,  # parts not as published: fetched again
             "steps_per_second": self.steps_per_second,
             "unacked_batches": self.link.unacked,
             "backlog_bytes": self.link.spool.bytes_used,

@@ -10,6 +10,11 @@ the receiver's buffers (one buffer per version: no copy after the socket's). A v
 is used again for a later one once none of its tensors is alive (the policy has loaded it): its
 memory is touched already, so assembling costs no page faults.
 
+Each part is applied only if its bytes match the checksum the server took at publish. A part
+that does not (the server handed its buffer back while this edge was hung, and the trainer wrote
+a newer version into it) is dropped, counted (`checksum_failures`, in the edge's status) and
+asked for again: the server sends the newest version, or the same part again.
+
 A message that fails to decode is dropped and counted (`errors`). Anything else that goes wrong
 in the thread is logged with its traceback and kept in `error` (the edge's status shows it);
 the receiver then starts over with a fresh socket, so the robot keeps getting new policies.
@@ -35,6 +40,8 @@ from user_rl.wire.weights import PartAssembly, WeightsAssembly, base_assembly
 log = logging.getLogger(__name__)
 
 KEEP_BUFFERS = 2  # used buffers kept for reuse (the newest's may still be loading)
+REFETCH_AFTER_S = 0.5  # a part failed its checksum: ask again this soon, unless messages keep coming (an
+# answer to an earlier request, e.g. the one a resumed edge sends at once, is on its way then)
 
 
 class WeightReceiver:
@@ -56,6 +63,8 @@ class WeightReceiver:
         self.duplicate_chunks = 0  # chunks that arrived when already held (a resumed transfer should have none)
         self.resumed = 0  # times a broken-off transfer was asked for again with what it already held
         self.completed = 0  # versions received whole
+        self.checksum_failures = 0  # parts that arrived whole but not as published: dropped and fetched again
+        self._failed_in_row = 0  # of the version being collected: the first is asked for again soon
         self._own: WeightsAssembly | None = None  # the version being collected
         self._base: PartAssembly | None = None  # the frozen base: complete once held, kept across versions
         self._used: list[np.ndarray] = []  # buffers of versions handed over, to reuse once free
@@ -116,6 +125,7 @@ class WeightReceiver:
                     request_due = now + self.resend_s
                 if not socket.poll(100):
                     continue
+                failed_before = self._failed_in_row
                 try:
                     collecting, completed = self._handle(decode(socket.recv_multipart(copy=False)))
                 except WireError as exc:
@@ -124,6 +134,9 @@ class WeightReceiver:
                     log.warning("weights: dropped a message: %s", exc)
                 if completed:
                     request_due = 0.0  # ask for the next version at once
+                elif self._failed_in_row > failed_before:  # the first time soon, then as often as any request
+                    request_due = time.monotonic() + (min(REFETCH_AFTER_S, self.resend_s) if self._failed_in_row == 1
+                                                      else self.resend_s)
                 elif collecting:
                     request_due = time.monotonic() + self.resend_s  # chunks are still coming
         finally:
@@ -151,9 +164,12 @@ class WeightReceiver:
             if self._own is None or chunk.version != self._own.version or part is None:
                 return self._own is not None, False  # a chunk of a version we are not collecting
             self.received_bytes += msg.arrays["bytes"].nbytes
-            before = part.duplicates
+            before, was_complete = part.duplicates, part.complete
             part.add(chunk.index, msg.arrays["bytes"])
             self.duplicate_chunks += part.duplicates - before
+            if part.complete and not was_complete and not part.intact():
+                self._refetch(part)
+                return True, False
             if not (self._own.complete and (self._base is None or self._base.complete)):
                 return True, False
             state = {**(self._base.state() if self._base is not None else {}), **self._own.state()}
@@ -163,11 +179,23 @@ class WeightReceiver:
                 self._pending = (self.version, state)
                 self._arrived.notify_all()
             self._used = [self._own.buffer, *self._used][:KEEP_BUFFERS]
-            self._own = None
+            self._own, self._failed_in_row = None, 0
             return False, True
         if msg.kind == "reject":
             raise WireError("rejected", msg.body.reason)
         raise WireError("unexpected", msg.kind)
+
+    def _refetch(self, part: PartAssembly) -> None:
+        """Drop a part whose bytes are not the ones published, to collect it again from scratch."""
+        self.checksum_failures += 1
+        self._failed_in_row += 1
+        announce = self._own.announce
+        log.warning("weights: part %s of version %d failed its checksum (%d so far); fetching it again",
+                    part.id, announce.version, self.checksum_failures)
+        if part is self._own:
+            self._own = WeightsAssembly(announce, part.buffer)
+        else:
+            self._base = base_assembly(announce)
 
     def _on_announce(self, announce: pb.WeightsAnnounce) -> None:
         """Collect a newer version; keep what is held of it already (same version, same base)."""
@@ -175,6 +203,7 @@ class WeightReceiver:
             return
         if self._own is None or self._own.version != announce.version:
             self._own = WeightsAssembly(announce, self._free_buffer())
+            self._failed_in_row = 0
         base_id = announce.base.id if announce.HasField("base") else None
         if base_id is None:
             self._base = None

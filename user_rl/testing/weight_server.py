@@ -15,8 +15,9 @@ from user_rl.wire.weights import PackedWeights
 
 
 class ServerThread:
-    def __init__(self, context: zmq.Context) -> None:
-        self.server = WeightServer(context, "tcp://127.0.0.1:0")
+    def __init__(self, context: zmq.Context, **options) -> None:
+        """`options`: for the `WeightServer` (e.g. `claim_timeout_s`)."""
+        self.server = WeightServer(context, "tcp://127.0.0.1:0", **options)
         self.endpoint = self.server.endpoint
         self._jobs: queue.Queue = queue.Queue()
         self._stop = threading.Event()
