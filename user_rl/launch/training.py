@@ -354,7 +354,7 @@ def _record_teleop_pages(run: FleetRun) -> None:
 
     fleet = run.fleet
     pages = {robot_id: fleet.last[robot_id].get("teleop") for robot_id in fleet.active if robot_id in fleet.last}
-    if write_pages(run.run_dir, run.cfg.teleop.token, pages):
+    if write_pages(run.run_dir, run.cfg.teleop.token.get_secret_value(), pages):
         run.out("teleop pages: `user-rl teleop " + str(run.run_dir) + "` lists them")
 
 
