@@ -86,6 +86,8 @@ class FleetConfig(Section):
     labels: dict[str, str] = Field(default_factory=dict, description="Ray node labels every edge's node must have")
     max_restarts: int = Field(3, ge=0, description="restarts of a dead or unhealthy edge before its robot is failed")
     stall_s: float = Field(30.0, gt=0, description="a robot call (reset / step) this long means the robot stopped answering")
+    start_timeout_s: float = Field(300.0, gt=0, description="an edge starting up (placing its process, building its robot) "
+                                   "with no progress this long is hung and restarted; a slower start is waited for")
     robot_id_prefix: str = Field("", description="robot ids are <prefix>-<index>; empty: the robot type")
 
 

@@ -174,7 +174,7 @@ def _place(run: FleetRun) -> None:
             cfg.model_dump(), index, addresses, spool_root)
 
     run.fleet = FleetHealth(spawn, [cfg.robot_options(i)["robot_id"] for i in range(len(demands))],
-                            cfg.fleet.max_restarts, run.out, cfg.fleet.stall_s)
+                            cfg.fleet.max_restarts, run.out, cfg.fleet.stall_s, cfg.fleet.start_timeout_s)
     run.fleet.wait_started()
     _record_teleop_pages(run)
     run.out(f"learner at {addresses['data']} (weights {addresses['weights']}) trains on {device}; "
