@@ -17,7 +17,7 @@ from user_rl.config_plugins import BUILTIN_ALGOS, BUILTIN_POLICIES, BUILTIN_REWA
 from user_rl.config_sections import (TELEOP_TOKEN, AlgoConfig, AttachConfig, BufferConfig,  # noqa: F401
                                      ConfigError, EdgeConfig, EmbodimentConfig, FleetConfig, InterventionConfig,
                                      LearnerConfig, PolicyConfig, RewardConfig, RobotConfig, SafetyConfig, Section,
-                                     SecurityConfig, StopConfig, TeleopConfig)
+                                     SecurityConfig, StopConfig, TeleopConfig, without_secrets)
 
 
 EMBODIMENT_NAME = re.compile(r"[a-z0-9][a-z0-9_]*")
@@ -43,6 +43,11 @@ class Config(Section):
     safety: SafetyConfig = Field(default_factory=SafetyConfig)
     embodiments: dict[str, EmbodimentConfig] = Field(
         default_factory=dict, description="robot models with different spaces in one run, each with its own policy")
+
+    def public_dump(self) -> dict[str, Any]:
+        """The config as plain data without its secrets: for files others can read (config.yaml,
+        checkpoints). The processes that need a secret get `model_dump()`."""
+        return without_secrets(self.model_dump())
 
     @model_validator(mode="after")
     def _policy_suits_the_algorithm(self) -> "Config":
@@ -196,4 +201,5 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
 
 
 def dump_config(cfg: Config) -> str:
-    return yaml.safe_dump(cfg.model_dump(), sort_keys=False)
+    """The config as YAML, without its secrets (config.yaml in a run directory is readable by others)."""
+    return yaml.safe_dump(cfg.public_dump(), sort_keys=False)

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from user_rl import plugins
 from user_rl.config_plugins import (BUILTIN_ALGOS, BUILTIN_POLICIES, BUILTIN_REWARDS, checked_plugin_options,
@@ -21,6 +21,19 @@ class ConfigError(ValueError):
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def without_secrets(data: Any) -> Any:
+    """A config's dump with every secret (a `SecretStr` field, e.g. `teleop.token`) left out (None):
+    what may be written where others can read it (config.yaml, checkpoints). `model_dump()` keeps
+    secrets as `SecretStr`, which print as '**********', so a logged config never shows one."""
+    if isinstance(data, SecretStr):
+        return None
+    if isinstance(data, dict):
+        return {key: without_secrets(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(without_secrets(value) for value in data)
+    return data
 
 
 def settings_of_other_types(section: BaseModel) -> list[tuple[str, tuple[str, ...]]]:
@@ -73,6 +86,8 @@ class FleetConfig(Section):
     labels: dict[str, str] = Field(default_factory=dict, description="Ray node labels every edge's node must have")
     max_restarts: int = Field(3, ge=0, description="restarts of a dead or unhealthy edge before its robot is failed")
     stall_s: float = Field(30.0, gt=0, description="a robot call (reset / step) this long means the robot stopped answering")
+    start_timeout_s: float = Field(300.0, gt=0, description="an edge starting up (placing its process, building its robot) "
+                                   "with no progress this long is hung and restarted; a slower start is waited for")
     robot_id_prefix: str = Field("", description="robot ids are <prefix>-<index>; empty: the robot type")
 
 
@@ -115,8 +130,8 @@ class TeleopConfig(Section):
     enabled: bool = Field(False, description="serve the page (every edge of the fleet serves its own)")
     host: str = Field("127.0.0.1", description="the address to listen on; 0.0.0.0 opens it to the network")
     port: int = Field(0, ge=0, le=65535, description="0 picks a free port; else robot i of the fleet listens on port + i")
-    token: str | None = Field(None, description="needed by every request; default: $USER_RL_TELEOP_TOKEN, else a "
-                                                "random one, printed at start")
+    token: SecretStr | None = Field(None, description="needed by every request; default: $USER_RL_TELEOP_TOKEN, "
+                                    "else a random one, printed at start; never written to config.yaml, checkpoints or logs")
     frame_hz: float = Field(10.0, gt=0, le=60, description="camera frames per second sent to people watching")
     view_size: int = Field(160, ge=16, le=1024, description="pixels of the rendered view of a sim without cameras")
     speed: float = Field(0.5, gt=0, le=1, description="a held key's share of a step: of the per-step limit for "
@@ -129,8 +144,8 @@ class TeleopConfig(Section):
 
     @field_validator("token")
     @classmethod
-    def _strong_token(cls, value: str | None) -> str | None:
-        if value is not None and not TELEOP_TOKEN.fullmatch(value):
+    def _strong_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not TELEOP_TOKEN.fullmatch(value.get_secret_value()):
             raise ValueError("must be at least 16 characters of A-Z a-z 0-9 _ - (it travels in URLs)")
         return value
 

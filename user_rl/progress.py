@@ -12,11 +12,44 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+# What a status written over the old one in place keeps when the whole one does not fit in its blocks.
+BRIEF_KEYS = ("time", "env_steps", "updates", "policy_version", "buffer", "failure", "errors", "pid", "stopped")
+
+
 def write_status_json(path: Path, data: dict) -> None:
-    """Replace a status file atomically, so a reader (a script, a test) never sees half of it."""
+    """Replace a status file atomically, so a reader (a script, a test) never sees half of it.
+
+    On a full disk there is no room for the new file: the status is then written over the old one, in
+    the blocks that file already holds (whole, else its BRIEF_KEYS), with why under
+    `errors["status_file"]`, so `user-rl status` shows the reason instead of a stale file. OSError
+    only when not even that fits; no temporary file is left behind either way."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, default=str))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, default=str))
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        errors = {**(data.get("errors") or {}), "status_file": f"{path.name}: {exc.strerror or exc}; written in place"}
+        marked = {**data, "errors": errors}
+        if not (_overwrite(path, marked) or _overwrite(path, {k: marked[k] for k in BRIEF_KEYS if k in marked})):
+            raise
+
+
+def _overwrite(path: Path, data: dict) -> bool:
+    """Write `data` over the file in place, padded with spaces (JSON ignores them) to its size, if it fits."""
+    text = json.dumps(data, default=str).encode()
+    try:
+        size = path.stat().st_size
+        if len(text) > size:
+            return False
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.pwrite(fd, text.ljust(size), 0)
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    return True
 
 
 def error_lines(status: dict) -> list[str]:
@@ -42,6 +75,7 @@ class ProgressPrinter:
         self.every_s = every_s
         self._last_print = -1e9
         self._last: tuple[float, int, int] | None = None
+        self.write_error: str | None = None  # why the last metrics line could not be written
 
     def progress(self, elapsed: float, status: dict) -> None:
         if self._last is None:  # a resumed learner starts with the earlier run's steps and updates
@@ -56,8 +90,7 @@ class ProgressPrinter:
                   **{k: v for k, v in status.items() if k not in ("robots", "error")},
                   # each robot's stored transitions: the end-of-run plot of who contributed what
                   "robot_transitions": {rid: r.get("transitions", 0) for rid, r in status.get("robots", {}).items()}}
-        self.metrics.write(json.dumps(record) + "\n")
-        self.metrics.flush()
+        self._record(record)
         if elapsed - self._last_print >= self.every_s:
             self._last_print = elapsed
             self.out(
@@ -69,9 +102,20 @@ class ProgressPrinter:
             for line in error_lines(status):
                 self.out(line)
 
+    def _record(self, record: dict) -> None:
+        """One line of metrics.jsonl; a full disk loses lines, never the process that writes them."""
+        try:
+            self.metrics.write(json.dumps(record, default=str) + "\n")
+            self.metrics.flush()
+        except OSError as exc:
+            if not self.write_error:
+                self.out(f"ERROR metrics: {self.metrics.name}: {exc.strerror or exc} (lines are lost until it clears)")
+            self.write_error = f"{exc.strerror or exc}"
+        else:
+            self.write_error = None
+
     def evaluation(self, record: dict) -> None:
-        self.metrics.write(json.dumps({"eval": record}) + "\n")
-        self.metrics.flush()
+        self._record({"eval": record})
         self.out(
             f"[{record['time_s']:6.0f}s] eval of policy v{record['policy_version']}: "
             f"success {_fmt(record['success_rate'])}, return {record['mean_return']:.1f} "

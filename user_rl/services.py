@@ -8,6 +8,7 @@ import abc
 import logging
 import os
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -83,35 +84,48 @@ class LearnerService(_Threaded):
 
 
 class EdgeService(_Threaded):
-    """Builds, runs and closes the edge daemon in one thread (the robot's GL context lives there)."""
+    """Builds, runs and closes the edge daemon in one thread (the robot's GL context lives there).
+
+    The constructor returns at once and the build goes on in that thread, so `status()` answers while
+    the edge starts (a loaded box can take longer than any status timeout to import and build a robot):
+    `starting` with the stage it is at and for how long, which tells a slow start from a hung one."""
 
     def __init__(self, cfg: dict[str, Any], index: int, addresses: dict[str, str], spool_root: str | None = None) -> None:
         _quiet_logging()
         self.cfg, self.index, self.addresses = Config.model_validate(cfg), index, addresses
         self.spool_root = spool_root
         self.daemon = None
-        self._built = threading.Event()
+        self.stage, self._stage_since = "starting", time.monotonic()
+        self._finishing = threading.Event()
         self._start_thread(f"edge-{index}")
-        self._built.wait(timeout=120)
+
+    def _progress(self, stage: str) -> None:
+        """The build reached `stage` (what it is doing now)."""
+        self.stage, self._stage_since = stage, time.monotonic()
 
     def _loop(self) -> None:
         from user_rl.edge.factory import make_edge
 
-        try:
-            self.daemon = make_edge(self.cfg, self.index, self.addresses["data"], self.addresses["weights"],
-                                    self.spool_root)
-        finally:
-            self._built.set()
+        self.daemon = make_edge(self.cfg, self.index, self.addresses["data"], self.addresses["weights"],
+                                self.spool_root, progress=self._progress)
+        if self._finishing.is_set():  # finished while it was starting
+            self.daemon.close()
+            return
         try:
             self.daemon.run()
         finally:
             self.daemon.close()
 
     def status(self) -> dict:
-        base = self.daemon.status() if self.daemon else {"robot_id": f"edge-{self.index}"}
+        if self.daemon is None:
+            base = {"robot_id": self.cfg.robot_options(self.index)["robot_id"], "starting": self.error is None,
+                    "stage": self.stage, "stage_s": round(time.monotonic() - self._stage_since, 1)}
+        else:
+            base = self.daemon.status()
         return {**base, "error": self.error, "pid": os.getpid()}
 
     def finish(self) -> dict:
+        self._finishing.set()
         if self.daemon is not None:
             self.daemon.stop()
         self.thread.join(timeout=30)

@@ -18,6 +18,7 @@ import zmq
 
 from user_rl.cloud.buffer.inspect import format_bytes
 from user_rl.cloud.fleet_status import status_from_reply
+from user_rl.progress import error_lines
 from user_rl.security.curve import ClientKeys
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import WireError, decode, encode, envelope
@@ -44,12 +45,25 @@ def read_run_status(run_dir: Path) -> list[tuple[str, dict[str, Any]]]:
     statuses = []
     for directory, name in found:
         path = directory / name
-        raw = json.loads(path.read_text())
+        raw = _read_json(path)
         status = raw if name == "learner_status.json" else {**(raw.get("learner") or {}), "robots": _merge_edges(raw)}
         status["updated_s_ago"] = round(time.time() - path.stat().st_mtime, 1)
         status["finished"] = bool(raw.get("stopped")) or (run_dir / "summary.json").is_file()
         statuses.append(("" if directory == run_dir else directory.name, status))
     return statuses
+
+
+def _read_json(path: Path, tries: int = 5) -> dict:
+    """A status file; one written in place on a full disk (`write_status_json`) may be read half-written:
+    read again."""
+    for attempt in range(tries):
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.05)
+    raise AssertionError("unreachable")
 
 
 def _merge_edges(fleet: dict) -> dict[str, dict]:
@@ -95,6 +109,7 @@ def fleet_table(status: dict[str, Any]) -> str:
             f"policy v{status.get('policy_version', -1)} | buffer {status.get('buffer') or 0:,}")
     if "updated_s_ago" in status:
         head += " | finished" if status.get("finished") else f" | updated {status['updated_s_ago']:g} s ago"
+    head = "\n".join([head, *error_lines(status)])  # why the learner is failing (e.g. a full disk), before the rows
     rows = [COLUMNS]
     for robot_id, robot in sorted((status.get("robots") or {}).items()):
         acting, lag = robot.get("acting_version"), robot.get("policy_lag")

@@ -1,12 +1,17 @@
 """`user-rl train` with teleop.enabled: every edge, placed by Ray in a process of its own, serves
-its robot's page; the launch records the pages in the run directory and `user-rl teleop` lists them."""
+its robot's page; the launch records the pages in the run directory and `user-rl teleop` lists them.
+The page token stays with the operator: it is in no log (the launch's output, Ray's worker logs), not
+in config.yaml nor the checkpoint; only in the owner-only teleop.json."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import urllib.request
 from pathlib import Path
@@ -17,15 +22,23 @@ from user_rl.testing.wait import wait_for_run_dir, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "MUJOCO_GL": "egl"}
+TOKEN = "operator-only-Tk7Qz9xWc2Lm4Rb8"  # given in the config: the worst case (it used to reach config.yaml)
+
+
+def files_holding(root: Path, secret: bytes) -> list[str]:
+    """Every file under `root` whose bytes contain `secret` (torch checkpoints are stored uncompressed)."""
+    return [str(p) for p in root.rglob("*") if p.is_file() and not p.is_symlink() and secret in p.read_bytes()]
 
 
 @pytest.mark.timeout(600)
 def test_a_launched_fleet_records_each_robots_teleop_page(tmp_path: Path) -> None:
+    ray_tmp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # this launch's own Ray session logs (short: socket paths)
     train = subprocess.Popen(
         [sys.executable, "-m", "user_rl.cli", "train", "configs/reach.yaml", f"run_root={tmp_path}",
-         "fleet.num_robots=2", "teleop.enabled=true", "stop.max_wall_s=300", "stop.max_env_steps=3000",
+         "fleet.num_robots=2", "teleop.enabled=true", f"teleop.token={TOKEN}", "stop.max_wall_s=300",
+         "stop.max_env_steps=1200", "algo.learning_starts=200", "algo.batch_size=32", "stop.eval_episodes=2",
          "policy.hidden=[32]"],
-        cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=REPO, env={**ENV, "RAY_TMPDIR": str(ray_tmp)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(train.stdout.readline, "")), daemon=True)
     reader.start()
@@ -34,8 +47,8 @@ def test_a_launched_fleet_records_each_robots_teleop_page(tmp_path: Path) -> Non
         pages = run_dir / "teleop.json"
         wait_until(lambda: pages.exists() and len(json.loads(pages.read_text())["robots"]) == 2, 180,
                    "both edges' pages recorded")
-        token = json.loads(pages.read_text())["token"]
-        assert token not in (run_dir / "config.yaml").read_text()  # the token is only in the owner-only file
+        assert json.loads(pages.read_text())["token"] == TOKEN
+        assert stat.S_IMODE(pages.stat().st_mode) == 0o600
         listed = subprocess.run([sys.executable, "-m", "user_rl.cli", "teleop", str(run_dir), "--list"], cwd=REPO,
                                 env=ENV, capture_output=True, text=True, timeout=60)
         assert listed.returncode == 0, listed.stderr
@@ -46,9 +59,16 @@ def test_a_launched_fleet_records_each_robots_teleop_page(tmp_path: Path) -> Non
             with urllib.request.urlopen(f"{address}api/state?{query}", timeout=10) as response:
                 assert json.loads(response.read())["robot"] == robot_id
         assert train.wait(400) == 0, "".join(lines[-40:])
+        reader.join(10)
+        output = "".join(lines)
+        assert "teleop page for " in output and "`user-rl teleop " in output
+        # The token is in the owner-only page list and nowhere else: not in the launch's output, not in
+        # config.yaml or checkpoint.pt, not in any of Ray's logs (0644: any local user reads them).
+        assert (run_dir / "checkpoint.pt").is_file() and list(ray_tmp.rglob("worker-*.out"))
+        assert TOKEN not in output
+        assert files_holding(run_dir, TOKEN.encode()) == [str(pages)]
+        assert files_holding(ray_tmp, TOKEN.encode()) == []
     finally:
         if train.poll() is None:
             train.kill()
-    reader.join(10)
-    output = "".join(lines)
-    assert "teleop page for " in output and "`user-rl teleop " in output
+        shutil.rmtree(ray_tmp, ignore_errors=True)

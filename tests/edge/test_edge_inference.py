@@ -185,3 +185,28 @@ def test_a_failing_inference_raises_in_the_control_loop() -> None:
             runner({"step": np.zeros(1, np.float32)})
     finally:
         runner.close()
+
+
+@pytest.mark.parametrize("horizon", [1, 4])
+def test_without_a_clock_each_chunk_runs_from_its_start_one_inference_per_chunk(horizon: int) -> None:
+    """A loop with no clock of its own (a sim stepped as fast as it goes, the edge on a GPU) waits for
+    each chunk: it must plan it from the observation of the step it starts at and run it from index 0,
+    and infer once per H steps (not once more a chunk, thrown away, for H = 1 twice a step)."""
+
+    class StepChunks(nn.Module):
+        chunk_length = horizon
+
+        def act_chunk(self, obs, deterministic=False):
+            return (obs["step"][0, 0] * 100 + torch.arange(horizon, dtype=torch.float32)).view(1, horizon, 1)
+
+    runner = AsyncChunkRunner(StepChunks())  # period_s None: no clock
+    steps = 6 * horizon
+    try:
+        executed = [float(runner({"step": np.array([step], np.float32)})[0][0]) for step in range(steps)]
+    finally:
+        runner.close()
+    planned_at = [int(a) // 100 for a in executed]
+    index = [int(round(a)) % 100 for a in executed]
+    assert index == [t % horizon for t in range(steps)], executed  # every chunk from its first action
+    assert planned_at == [t - t % horizon for t in range(steps)], executed  # from the step it starts at
+    assert runner.inferences == steps // horizon and runner.stale_chunks == 0

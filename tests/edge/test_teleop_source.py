@@ -98,4 +98,4 @@ def test_keys_and_gamepad_cover_the_action_space_and_a_gripper_gets_its_own_cont
 def test_a_weak_teleop_token_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="teleop.token: must be at least 16 characters"):
         build_config({}, ["teleop.token=short"])
-    assert build_config({}, ["teleop.token=abcdefghijklmnop_-"]).teleop.token == "abcdefghijklmnop_-"
+    assert build_config({}, ["teleop.token=abcdefghijklmnop_-"]).teleop.token.get_secret_value() == "abcdefghijklmnop_-"

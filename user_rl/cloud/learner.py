@@ -466,7 +466,7 @@ class Learner:
             rng_state = snapshot(self.rng.bit_generator.state)
         return {
             "format": 2,
-            "config": self.cfg.model_dump(),
+            "config": self.cfg.public_dump(),  # never a secret: checkpoints get copied around
             "spaces": spaces_to_text(self.ingest.obs_space, self.ingest.action_space),
             "policy": {"type": self.cfg.policy.type, "options": self.cfg.policy.options()},
             "policy_version": self.version,

@@ -4,11 +4,17 @@ It binds the configured ports (`learner.data_port`, `learner.weights_port`; fix 
 find a restarted learner at the same address), resumes from the run directory's checkpoint
 and buffer when they exist, writes `addresses.json` and a `learner_status.json` every second,
 and on SIGTERM / SIGINT stops cleanly: final checkpoint, buffer sealed.
+
+A full disk stops the buffer taking data (nothing is acked after a failed write; edges keep their
+spools); the learner keeps serving and says why in its status, and once the disk has room again it
+restarts itself in process on the same addresses, as an operator would: acks resume.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -19,6 +25,9 @@ from user_rl.cloud.learner import Learner
 from user_rl.cloud.threads import GuardedThread
 from user_rl.config import Config, dump_config
 from user_rl.progress import ProgressPrinter, write_status_json
+
+log = logging.getLogger(__name__)
+RESUME_FREE_BYTES = 64 << 20  # after a full disk, this much free (or a tenth of a smaller disk) resumes the learner
 
 
 def _print_now(line: str) -> None:
@@ -44,8 +53,10 @@ def serve_learner(cfg: Config, run_dir: str | Path, out: Callable[[str], None] =
     started = time.monotonic()
     while not stop.is_set() and loop.is_alive():
         status = learner.status()
-        write_status_json(run_dir / "learner_status.json", {"resumed_from": learner.resumed_from, **status, "pid": os.getpid()})
+        _write_status(run_dir, {"resumed_from": learner.resumed_from, **status, "pid": os.getpid()})
         printer.progress(time.monotonic() - started, status)
+        if status.get("failure") and room_again(run_dir / "buffer"):
+            learner, loop = _restart(learner, loop, out)
         stop.wait(1.0)
     learner.stop()
     loop.join(timeout=60)
@@ -55,6 +66,42 @@ def serve_learner(cfg: Config, run_dir: str | Path, out: Callable[[str], None] =
         status["errors"] = {**status.get("errors", {}), "learner": loop.error}
         out(f"ERROR learner: {loop.error}")
     learner.close()
-    write_status_json(run_dir / "learner_status.json", {**status, "pid": os.getpid(), "stopped": True})
+    _write_status(run_dir, {**status, "pid": os.getpid(), "stopped": True})
     out(f"learner stopped; checkpoint {path}")
     return status
+
+
+def _write_status(run_dir: Path, status: dict) -> None:
+    """`learner_status.json`; a disk too full for even the brief status loses this one, never the learner."""
+    try:
+        write_status_json(run_dir / "learner_status.json", status)
+    except OSError as exc:
+        log.error("cannot write %s: %s", run_dir / "learner_status.json", exc)
+
+
+def room_again(directory: Path) -> bool:
+    """Whether a disk that filled up has room again: RESUME_FREE_BYTES free, or a tenth of a smaller disk."""
+    usage = shutil.disk_usage(directory)
+    return usage.free >= min(RESUME_FREE_BYTES, usage.total // 10)
+
+
+def _restart(learner: Learner, loop: GuardedThread, out: Callable[[str], None]) -> tuple[Learner, GuardedThread]:
+    """After a buffer write failure (a full disk) once there is room again: what an operator would do, in
+    process: stop the learner cleanly (final checkpoint, buffer closed), start it again on the same
+    addresses (its buffer recovers what was committed; edges resend the rest from their spools)."""
+    reason = learner.status().get("failure")
+    learner.stop()
+    loop.join(timeout=60)
+    try:
+        learner.save()
+    except OSError as exc:  # the room went again: the restart resumes from the last checkpoint
+        log.error("no final checkpoint before the restart: %s", exc)
+    learner.close()
+    cfg = learner.cfg.model_copy(deep=True)
+    cfg.learner.data_port = int(learner.addresses["data"].rsplit(":", 1)[1])  # the edges' addresses stay valid
+    cfg.learner.weights_port = int(learner.addresses["weights"].rsplit(":", 1)[1])
+    learner = Learner(cfg, learner.run_dir)
+    out(f"the disk has room again: learner restarted on its buffer (was: {reason})")
+    loop = GuardedThread("learner", learner.run)
+    loop.start()
+    return learner, loop

@@ -282,6 +282,8 @@ def serve(spec: TrainerSpec, ring: Ring, slots_channel, outbox, updates, idle_us
         outbox.put(("ready", algo.updates))
         _train(spec, algo, device, ring, slots_channel, outbox, updates, idle_us, parent_pid)
     except BaseException as exc:  # the learner reports it and stops
+        if _parent_gone(parent_pid, grace_s=0.0):
+            return  # no learner to report to: what failed was talking to it
         outbox.put(("error", f"{type(exc).__name__}: {exc}"))
         traceback.print_exc()
         raise
@@ -322,7 +324,9 @@ def _train(spec: TrainerSpec, algo: Algorithm, device: torch.device, ring: Ring,
         kind, tag = ring.kinds[entry], TAGS[ring.tags[entry]]
         if kind == BATCH:
             if slots is None:
-                slots = slots_channel.get(timeout=60)
+                slots = _receive_slots(slots_channel, parent_pid)
+                if slots is None:  # the learner was killed meanwhile: nobody will ever stop us
+                    return
             batch = training_batch({key: tensor[entry] for key, tensor in slots.items()}, device)
             if on_gpu:  # copied to the device: the entry is free while the update runs
                 ring.free.release()
@@ -344,6 +348,41 @@ def _train(spec: TrainerSpec, algo: Algorithm, device: torch.device, ring: Ring,
         elif kind == STOP:
             publisher.close()
             return
+
+
+def _receive_slots(slots_channel, parent_pid: int, timeout_s: float = 60.0) -> dict[str, torch.Tensor] | None:
+    """The slots' shared tensors, which the learner sends once, with its first batch; None if the
+    learner died meanwhile.
+
+    Each tensor's memory arrives as a file descriptor that the learner's process hands over from a
+    helper thread (multiprocessing's resource sharer), one Unix-socket connection per tensor. A
+    learner killed while we fetch them (a kill within milliseconds of its first batch: it happened
+    once in ~25 kills of a kill schedule) resets those connections: ConnectionResetError here, or
+    no slots at all. That is the learner's death, not a trainer failure: exit quietly."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return slots_channel.get(timeout=PARENT_CHECK_S)
+        except queue.Empty:
+            if _parent_gone(parent_pid, grace_s=0.0):
+                return None
+            if time.monotonic() > deadline:
+                raise
+        except (OSError, EOFError):
+            if _parent_gone(parent_pid):
+                return None
+            raise
+
+
+def _parent_gone(parent_pid: int, grace_s: float = 2.0) -> bool:
+    """Whether the learner has died. A killed process's connections are reset before its children are
+    handed to a new parent, so a reset may come first: wait up to `grace_s` for the reparenting."""
+    deadline = time.monotonic() + grace_s
+    while os.getppid() == parent_pid:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 class ActorPublisher:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -29,16 +29,22 @@ log = logging.getLogger(__name__)
 
 
 def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
-              spool_root: str | Path | None = None, robot_id: str | None = None) -> EdgeDaemon:
+              spool_root: str | Path | None = None, robot_id: str | None = None,
+              progress: Callable[[str], None] | None = None) -> EdgeDaemon:
     """`spool_root/<robot id>` keeps unacked batches across restarts of this edge (None: a temp dir).
 
     The robot is the fleet's `index`-th (id `<type>-<index>`) unless `robot_id` names it. Pacing to the
-    learner is for simulators: a real robot (driver `device_kind = "robot"`) never waits for the learner."""
+    learner is for simulators: a real robot (driver `device_kind = "robot"`) never waits for the learner.
+    `progress(stage)` is told each stage of the build as it begins (a launch tells a slow start from a
+    hung one by it)."""
+    step = progress or (lambda stage: None)
     torch.set_num_threads(1)  # an edge runs a small policy; more threads only fight the learner
     options = cfg.robot_options(index)
     if robot_id is not None:
         options["robot_id"] = robot_id
+    step(f"building the robot ({cfg.robot.type} driver)")
     robot = make_robot(cfg.robot.type, **options)
+    step(f"building the policy ({cfg.policy.type})")
     real_robot = robot.device_kind == "robot"
     if real_robot and cfg.fleet.pace_to_learner:  # the default (for sims): not a mistake, so not a warning
         log.info("%s: a real robot never waits for the learner: fleet.pace_to_learner is ignored", options["robot_id"])
@@ -60,6 +66,7 @@ def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
         apply_weights=cfg.edge.apply_weights,
     )
     requests, interventions = OperatorRequests(), None
+    step("building interventions and the reward")
     try:  # a part that cannot be built (no expert, no classifier file) must not leave a device open
         interventions, teleop = intervention_sources(cfg, robot, requests)
         r = cfg.reward
@@ -69,11 +76,13 @@ def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
             interventions.close()
         robot.close()
         raise
+    step("opening the links and the spool")
     edge = EdgeDaemon(robot, actor, data_address, weights_address, settings, interventions=interventions,
                       reward=reward, requests=requests)
     if teleop is not None:
         from user_rl.edge.teleop import start_server
 
+        step("starting the teleop page")
         try:
             edge.teleop = start_server(edge, teleop, cfg.teleop, index)
         except BaseException:

@@ -62,6 +62,10 @@ class AsyncChunkRunner:
         self.version = -1            # the version of the weights that planned the chunk in hand
         self._step = 0               # control steps since the last restart
         self.period_s = period_s or 0.0
+        # Infer ahead only with a clock and a chunk to overlap with: without a clock nothing moves
+        # while the loop waits, so a chunk planned one step early would start at its index 1 from a
+        # stale observation; with H = 1 every chunk planned ahead would arrive stale.
+        self._ahead = self.period_s > 0 and self.horizon > 1
         self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
         self.inferences = 0
         self.starved_steps = 0       # steps that waited for an inference
@@ -131,7 +135,7 @@ class AsyncChunkRunner:
         index = self._step - self._chunk_step
         action = self._chunk[index]
         self.chunk_age = index
-        if self._pending is None and len(self._chunk) - index - 1 <= self.lead_steps():
+        if self._ahead and self._pending is None and len(self._chunk) - index - 1 <= self.lead_steps():
             self._submit(obs)  # planned from this step's observation, so its index 0 is this step
         self._step += 1
         return action, index

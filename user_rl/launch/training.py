@@ -29,6 +29,7 @@ from user_rl.progress import ProgressPrinter, write_status_json
 from user_rl.tensorboard_log import TensorBoardLog, open_log
 
 Printer = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
 class FleetFailed(RuntimeError):
@@ -173,7 +174,7 @@ def _place(run: FleetRun) -> None:
             cfg.model_dump(), index, addresses, spool_root)
 
     run.fleet = FleetHealth(spawn, [cfg.robot_options(i)["robot_id"] for i in range(len(demands))],
-                            cfg.fleet.max_restarts, run.out, cfg.fleet.stall_s)
+                            cfg.fleet.max_restarts, run.out, cfg.fleet.stall_s, cfg.fleet.start_timeout_s)
     run.fleet.wait_started()
     _record_teleop_pages(run)
     run.out(f"learner at {addresses['data']} (weights {addresses['weights']}) trains on {device}; "
@@ -341,9 +342,13 @@ def updates_caught_up(cfg: Config, status: dict, env_steps: int) -> bool:
 def _write_fleet_status(run_dir: Path, learner_status: dict, fleet: FleetHealth) -> None:
     """`fleet_status.json`: each robot's edge (pid, steps, restarts, failure), what the learner has of
     it, and the learner's counters (`user-rl status RUN_DIR` reads it)."""
-    counters = {key: learner_status.get(key) for key in ("time", "env_steps", "updates", "policy_version", "buffer")}
-    write_status_json(run_dir / "fleet_status.json",
-                      {"edges": fleet.report(), "learner_robots": learner_status.get("robots", {}), "learner": counters})
+    counters = {key: learner_status.get(key)
+                for key in ("time", "env_steps", "updates", "policy_version", "buffer", "failure", "errors")}
+    try:  # a full disk: written in place if it fits, else this one is lost, never the launch
+        write_status_json(run_dir / "fleet_status.json",
+                          {"edges": fleet.report(), "learner_robots": learner_status.get("robots", {}), "learner": counters})
+    except OSError as exc:
+        log.error("cannot write %s: %s", run_dir / "fleet_status.json", exc)
 
 
 def _record_teleop_pages(run: FleetRun) -> None:
@@ -354,7 +359,7 @@ def _record_teleop_pages(run: FleetRun) -> None:
 
     fleet = run.fleet
     pages = {robot_id: fleet.last[robot_id].get("teleop") for robot_id in fleet.active if robot_id in fleet.last}
-    if write_pages(run.run_dir, run.cfg.teleop.token, pages):
+    if write_pages(run.run_dir, run.cfg.teleop.token.get_secret_value(), pages):
         run.out("teleop pages: `user-rl teleop " + str(run.run_dir) + "` lists them")
 
 

@@ -29,14 +29,19 @@ log = logging.getLogger(__name__)
 TOKEN_ENV = "USER_RL_TELEOP_TOKEN"
 
 
-def resolve_token(settings: "TeleopConfig") -> str:
-    """The configured token, else $USER_RL_TELEOP_TOKEN, else a new random one."""
+def given_token(settings: "TeleopConfig") -> str | None:
+    """The configured token, else $USER_RL_TELEOP_TOKEN, else None (nobody gave one)."""
     from user_rl.config import TELEOP_TOKEN, ConfigError
 
-    token = settings.token or os.environ.get(TOKEN_ENV)
+    token = settings.token.get_secret_value() if settings.token else os.environ.get(TOKEN_ENV)
     if token and not TELEOP_TOKEN.fullmatch(token):
         raise ConfigError(f"config error: ${TOKEN_ENV} must be at least 16 characters of A-Z a-z 0-9 _ -")
-    return token or secrets.token_urlsafe(24)
+    return token or None
+
+
+def resolve_token(settings: "TeleopConfig") -> str:
+    """The given token, else a new random one."""
+    return given_token(settings) or secrets.token_urlsafe(24)
 
 
 def make_source(robot: "Robot", settings: "TeleopConfig", max_action_delta: float | None = None,
@@ -61,7 +66,12 @@ def start_server(edge: "EdgeDaemon", source: WebTeleop, settings: "TeleopConfig"
         raise RuntimeError("teleop.enabled needs the teleop extra (aiohttp is not installed here): "
                            "pip install -e '.[teleop]' in the user-rl checkout") from exc
     port = settings.port + index if settings.port else 0
-    server = TeleopServer(edge, source, settings, port, resolve_token(settings)).start()
-    print(f"teleop page for {server.robot_id}: {server.url}", flush=True)
+    given = given_token(settings)
+    server = TeleopServer(edge, source, settings, port, given or secrets.token_urlsafe(24)).start()
+    # The token is printed only when this edge made it up (a standalone edge: its operator's terminal
+    # is the only place it exists). A given one is never printed: a launch's edges write their output
+    # into Ray's worker logs, which any local user can read; its pages are in RUN_DIR/teleop.json.
+    where = server.address + " (token: teleop.token or $" + TOKEN_ENV + ")" if given else server.url
+    print(f"teleop page for {server.robot_id}: {where}", flush=True)
     log.info("teleop page for %s at %s", server.robot_id, server.address)
     return server
