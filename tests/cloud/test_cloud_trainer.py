@@ -232,6 +232,7 @@ def test_the_trainer_never_outlives_a_killed_learner(tmp_path: Path) -> None:
 
 KILLED_AT_FIRST_BATCH = textwrap.dedent("""
     import os, signal, sys, time
+    sys.path.insert(0, os.getcwd())                  # the repository root (cwd): `tests` is imported from it
     from tests.cloud.test_cloud_trainer import batches, post_all, spec
     from user_rl.cloud.trainer import Trainer
 
