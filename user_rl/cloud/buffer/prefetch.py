@@ -50,10 +50,19 @@ class Prefetcher:
         """Called after each batch: every few batches, ask for one more cold segment."""
         self._samples += 1
         if self._samples % self.samples_per_swap == 0 and self._ready is None and self.cold():
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="buffer-prefetch", daemon=True)
-                self._thread.start()
+            self._start()
             self._want.set()
+
+    def wanted(self) -> None:
+        """Ask for a cold segment now (nothing in RAM can be drawn: waiting for batches would wait forever)."""
+        if self._ready is None and self.cold():
+            self._start()
+            self._want.set()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="buffer-prefetch", daemon=True)
+            self._thread.start()
 
     def install_ready(self) -> None:
         """Swap a prefetched segment in (sampling thread only, between batches, under the store's lock).
