@@ -39,6 +39,15 @@ class SlotInfo:
     row_filter: np.ndarray | None = None  # attached history: rows allowed by the filter
 
 
+@dataclass
+class PreparedBlock:
+    """A slot's catalog block, computed before it is installed (`SlotCache.prepare`)."""
+    rows: np.ndarray          # the slot's rows that are transitions the sampler may draw
+    tables: list[dict]        # the sampler's tables for them
+    discarded: np.ndarray     # the discarded episodes it was computed with
+    looked_at: int            # rows of the slot it read
+
+
 def episode_key(stream: np.ndarray, episode: np.ndarray) -> np.ndarray:
     """One uint64 per (stream id, episode number): exact below 2**32 episodes in one stream."""
     return (np.asarray(stream).astype(np.uint64) << np.uint64(32)) | np.asarray(episode).astype(np.uint64)
@@ -122,8 +131,6 @@ class SlotCache:
 
     def refresh(self, slot: int) -> None:
         """The slot's rows changed as a whole (a load): recompute its links and its catalog block."""
-        info = self.info[slot]
-        self.next_row[slot] = successors(self.arrays["prev_row"][slot], info.rows)
         self._load(slot)
 
     def release(self, slot: int) -> None:
@@ -159,22 +166,50 @@ class SlotCache:
 
     def _load(self, slot: int) -> None:
         """Build one slot's catalog block from its rows: O(its segment), whatever else is cached."""
-        self._clear(slot)
         info = self.info[slot]
         if info.segment is None:
+            self._clear(slot)
             return
+        self.install(slot, self.prepare(slot, info))
+
+    def prepare(self, slot: int, info: SlotInfo) -> PreparedBlock:
+        """The catalog block of a slot's rows, described by `info`: links, stale flags, sampler
+        tables. O(the segment); the prefetcher runs it on the spare before the swap, off the
+        sampling path (nobody reads the spare meanwhile)."""
+        self.next_row[slot] = successors(self.arrays["prev_row"][slot], info.rows)
         valid = self.next_row[slot, : info.rows] >= 0
         if info.row_filter is not None:
             valid &= info.row_filter[: info.rows]
-        if len(self.discarded) and info.segment >= 0:  # attached history's stream ids are another buffer's
+        discarded = self.discarded
+        if len(discarded) and info.segment >= 0:  # attached history's stream ids are another buffer's
             keys = episode_key(self.arrays["stream"][slot, : info.rows], self.arrays["episode"][slot, : info.rows])
-            valid &= ~np.isin(keys, self.discarded)
+            valid &= ~np.isin(keys, discarded)
+        rows = np.flatnonzero(valid)
+        stale = stale_rows(self.arrays["policy_lag"][slot, rows], self.max_policy_lag)
+        self.stale[slot * self.segment_rows + rows] = stale
+        if self.drop_stale:
+            rows = rows[~stale]
+        order, source, task = self._describe(slot, info, rows)
+        return PreparedBlock(rows, self.plan.prepare(rows, order, source, task), discarded, info.rows)
+
+    def install(self, slot: int, block: PreparedBlock) -> None:
+        """Make a prepared block the slot's catalog (redone if a discard came in between)."""
+        if block.discarded is not self.discarded:
+            block = self.prepare(slot, self.info[slot])
+        self.entries[slot] = Growable(np.int32, block.rows)
+        self.plan.put(slot, block.tables)
         self.slot_loads += 1
-        self.loaded_rows += info.rows
-        self._add(slot, np.flatnonzero(valid))
+        self.loaded_rows += block.looked_at
+
+    def _describe(self, slot: int, info: SlotInfo, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each row's insertion order, source (a person's or the intervener's action makes it an
+        intervention) and task: what the sampler's strategy and mix use."""
+        by_someone = intervened(self.arrays["actor"][slot, rows])
+        source = np.where(by_someone, INTERVENTION, info.source).astype(np.uint8)
+        return info.segment * self.segment_rows + rows, source, self.arrays["task"][slot, rows]
 
     def _add(self, slot: int, rows: np.ndarray) -> None:
-        """Rows of a slot that became transitions join its catalog block."""
+        """Rows of the open slot that became transitions join its catalog block (O(new rows))."""
         info, base = self.info[slot], slot * self.segment_rows
         stale = stale_rows(self.arrays["policy_lag"][slot, rows], self.max_policy_lag)
         self.stale[base + rows] = stale
@@ -182,10 +217,8 @@ class SlotCache:
             rows = rows[~stale]
         if not len(rows):
             return
-        by_someone = intervened(self.arrays["actor"][slot, rows])
-        source = np.where(by_someone, INTERVENTION, info.source).astype(np.uint8)
         self.entries[slot].append(rows)
-        self.plan.extend(slot, rows, info.segment * self.segment_rows + rows, source, self.arrays["task"][slot, rows])
+        self.plan.extend(slot, rows, *self._describe(slot, info, rows))
 
     def catalog_size(self) -> int:
         """Transitions in the catalog (those a sampler without a mix can draw)."""

@@ -146,6 +146,46 @@ class _Group:
                 weights = np.exp2((new_order - self.reference[block]) / self.half_life)
                 self.cumulative[block, start : start + n] = self.cumulative[block, start - 1] + np.cumsum(weights)
 
+    def prepare(self, rows: np.ndarray, order: np.ndarray, task: np.ndarray) -> dict:
+        """A whole block's tables, computed from its entries alone (a block's recency weights are
+        relative to its own newest entry): the prefetcher builds them off the sampling path, and
+        `put` then only copies them in."""
+        prepared: dict = {"rows": rows}
+        if self.strategy == "recency" and len(rows):
+            order = np.asarray(order, np.float64)
+            top = float(order.max())
+            prepared.update(order=order, reference=top,
+                            cumulative=np.cumsum(np.exp2((order - top) / self.half_life)))
+        elif self.strategy == "task_balanced":
+            by_task: dict[int, dict] = {}
+            if len(rows):
+                sorted_by = np.argsort(task, kind="stable")
+                tasks, starts = np.unique(task[sorted_by], return_index=True)
+                for t, part in zip(tasks.tolist(), np.split(rows[sorted_by], starts[1:])):
+                    by_task[t] = {"rows": part}
+            prepared["by_task"] = by_task
+        return prepared
+
+    def put(self, block: int, prepared: dict) -> None:
+        """Make a block hold exactly the prepared entries: O(its entries)."""
+        self.clear(block)
+        rows = prepared["rows"]
+        n = len(rows)
+        if n > self.capacity:
+            self._grow(n)
+        self.rows[block, :n] = rows
+        self.count[block] = n
+        if self.strategy == "recency" and n:
+            self.order[block, :n] = prepared["order"]
+            self.cumulative[block, :n] = prepared["cumulative"]
+            self.reference[block] = prepared["reference"]
+        elif self.strategy == "task_balanced":
+            for t, part in prepared["by_task"].items():
+                group = self.by_task.get(t)
+                if group is None:
+                    group = self.by_task[t] = _Group("uniform", self.half_life, len(self.count), self.capacity)
+                group.put(block, part)
+
     def _grow(self, needed: int) -> None:
         """More room per block (a flat catalog grows; a cache slot's block never outgrows its segment)."""
         capacity = max(2 * self.capacity, needed)
@@ -236,6 +276,19 @@ class _Plan:
             else:
                 mine = source == code
                 group.extend(block, rows[mine], order[mine], task[mine])
+
+    def prepare(self, rows: np.ndarray, order: np.ndarray, source: np.ndarray, task: np.ndarray) -> list[dict]:
+        """A whole block's tables for `put`, computed from its entries alone (any thread)."""
+        prepared = []
+        for code, group, _ in self.members:
+            mine = slice(None) if code is None else source == code
+            prepared.append(group.prepare(rows[mine], order[mine], task[mine]))
+        return prepared
+
+    def put(self, block: int, prepared: list[dict]) -> None:
+        """Replace a block's entries with prepared ones: copies, O(the block)."""
+        for group, part in zip(self.groups, prepared):
+            group.put(block, part)
 
     def draw(self, batch_size: int, rng: np.random.Generator) -> np.ndarray:
         """Positions (int64, length batch_size, with replacement): `block * capacity + row`."""
