@@ -104,6 +104,7 @@ class _Group:
         self.half_life = half_life
         self.capacity = capacity
         self.count = np.zeros(blocks, np.int64)
+        self.total = 0  # count.sum(), kept up to date (read on every draw)
         self.rows = np.zeros((blocks, capacity), np.int32)
         if strategy == "recency":
             self.order = np.zeros((blocks, capacity), np.float64)
@@ -112,9 +113,10 @@ class _Group:
         self.by_task: dict[int, _Group] = {}  # task_balanced: a uniform group per task
 
     def __len__(self) -> int:
-        return int(self.count.sum())
+        return self.total
 
     def clear(self, block: int) -> None:
+        self.total -= int(self.count[block])
         self.count[block] = 0
         for group in self.by_task.values():
             group.clear(block)
@@ -134,6 +136,7 @@ class _Group:
                 group.extend(block, rows[task == t], order, task)
         self.rows[block, start : start + n] = rows
         self.count[block] = start + n
+        self.total += n
         if self.strategy == "recency":
             new_order = np.asarray(order, np.float64)
             self.order[block, start : start + n] = new_order
@@ -175,6 +178,7 @@ class _Group:
             self._grow(n)
         self.rows[block, :n] = rows
         self.count[block] = n
+        self.total += n
         if self.strategy == "recency" and n:
             self.order[block, :n] = prepared["order"]
             self.cumulative[block, :n] = prepared["cumulative"]
@@ -214,7 +218,7 @@ class _Group:
             return self._draw_recency(k, rng)
         # uniform: an entry number over all blocks, then its block and the entry within it
         ends = np.cumsum(self.count)
-        entry = rng.integers(0, ends[-1], size=k)
+        entry = rng.integers(0, self.total, size=k)
         if len(ends) == 1:
             return self.rows[0, entry].astype(np.int64)
         block = np.searchsorted(ends, entry, side="right")
@@ -226,7 +230,8 @@ class _Group:
         filled = count > 0
         last = self.cumulative[np.arange(len(count)), np.maximum(count - 1, 0)]
         top = self.reference[filled].max()
-        weight = np.where(filled, last * np.exp2((self.reference - top) / self.half_life), 0.0)
+        # a block's weight in the common scale (an emptied block keeps a stale reference: capped, then masked)
+        weight = np.where(filled, last * np.exp2(np.minimum(self.reference - top, 0.0) / self.half_life), 0.0)
         if len(count) == 1:
             block = np.zeros(k, np.int64)
         else:

@@ -52,8 +52,7 @@ STALE_REDRAWS = 8  # rounds of rejection that down-weight stale transitions in a
 
 
 class NothingToSample(ValueError):
-    """Nothing in RAM may be drawn now (all of it discarded, stale or outside the mix): data still
-    arriving, or a cold segment the prefetcher rotates in, changes that. The learner waits."""
+    """Nothing in RAM may be drawn now (discarded, stale or outside the mix): the learner waits."""
 
 
 class AllStale(NothingToSample):
@@ -366,16 +365,11 @@ class PersistentReplay(StreamRegistry):
 
     # -- sampling ----------------------------------------------------------------------------------
     def __len__(self) -> int:
-        """Transitions that can be sampled: stored ones, less those of discarded episodes (what
-        `algo.learning_starts` counts)."""
-        return max(0, self.transitions - self._discarded_transitions())
-
-    def _discarded_transitions(self) -> int:
-        """Transitions of discarded episodes (from the index, again only after another discard)."""
-        count = len(self.cache.discarded)
-        if count != self._discarded_at[0]:
-            self._discarded_at = (count, self.index.discarded_transitions())
-        return self._discarded_at[1]
+        """Transitions that can be sampled (what `algo.learning_starts` counts): stored ones, less
+        those of discarded episodes (counted in the index again only after another discard)."""
+        if len(self.cache.discarded) != self._discarded_at[0]:
+            self._discarded_at = (len(self.cache.discarded), self.index.discarded_transitions())
+        return max(0, self.transitions - self._discarded_at[1])
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """A batch: obs/*, next_obs/*, action, reward, terminated, policy_version, robot, who acted
@@ -395,10 +389,9 @@ class PersistentReplay(StreamRegistry):
                                    f"{self.settings.max_policy_lag} versions (stale_data: drop)")
                 raise NothingToSample(f"{EMPTY} (in RAM now: {cache.catalog_size()} transitions, none the "
                                       f"sampler may draw; {len(self)} sampleable in the buffer)")
-            picked = cache.plan.draw(batch_size, rng)  # flat positions
+            position = cache.plan.draw(batch_size, rng)  # flat positions in the slot arrays
             if self.settings.max_policy_lag is not None and self.settings.stale_data == "downweight":
-                self._redraw_stale(picked, rng)
-            position = picked
+                self._redraw_stale(position, rng)
             flat = self.cache.flat
             n, horizon = self.settings.n_step, self.settings.action_horizon
             # one walk serves both: a shorter walk is a prefix of a longer one
