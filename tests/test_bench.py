@@ -54,7 +54,13 @@ def test_growth_bench_reports_every_size(tmp_path: Path) -> None:
         assert row["stored_from"] >= row["size"] and row["stored"] > row["stored_from"]  # ingesting while sampling
         assert row["ours_ms"] > 0 and row["raw_ms"] > 0 and row["samples"] > 0
         assert row["catalog_rebuilds"] == 0, "appends and seals must never rebuild the sample catalog"
+        assert row["ours_max_ms"] >= row["ours_p99_ms"] >= row["ours_ms"] > 0
     assert result["growth_ratio"] > 0 and result["ratio_vs_raw"] > 0
+    (beyond,) = result["beyond_budget"]["cases"]  # data larger than the RAM budget: segments swap
+    assert beyond["stored"] >= result["beyond_budget"]["transitions"] and beyond["cached_segments"] < beyond["segments"]
+    assert beyond["max_ms"] >= beyond["p99_ms"] >= beyond["median_ms"] > 0 and beyond["no_swaps_p99_ms"] > 0
+    assert beyond["swaps"] > 0 and beyond["catalog_rebuilds"] == 0, "a swap must not rebuild the sample catalog"
+    assert beyond["rows_looked_at_per_swap"] <= beyond["segment_rows"]
 
 
 def test_update_bench_reports_a_chunk_policys_rate_and_ratio(tmp_path: Path) -> None:

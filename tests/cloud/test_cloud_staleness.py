@@ -128,3 +128,85 @@ def test_a_lag_counts_published_versions_not_version_numbers() -> None:
     np.testing.assert_array_equal(row_lags({"policy_version": versions, "actor": actor}, published), [2, 2, 1, 0, 0, 0])
     with pytest.raises(ValueError, match="only grow"):
         published.add(102)
+
+
+LAGGING_LEARNER = """
+import sys, threading, yaml
+from pathlib import Path
+from user_rl.cloud.learner import Learner
+from user_rl.config import build_config
+learner = Learner(build_config(yaml.safe_load(open(sys.argv[1]))), Path(sys.argv[2]))
+threading.Thread(target=learner.run, daemon=True).start()
+versions = [learner.pause()]                 # published; the checkpoint holds this one
+learner.checkpoint_now()
+learner.resume()
+for _ in range(3):                           # published after the checkpoint, then the learner is killed
+    versions.append(learner.pause())
+    learner.resume()
+print(" ".join(map(str, versions)), flush=True)
+threading.Event().wait()                     # until SIGKILL
+"""
+
+
+def test_policy_lags_count_the_versions_published_before_a_learner_restart(tmp_path) -> None:
+    """A learner publishes versions v1..v4 and is killed; the resumed one publishes v5. A spooled
+    backlog acted by v1 then lags 4 versions (stale past max_policy_lag 2), one by v4 lags 1: the
+    lag counts what the killed learner published, not only what the new one did."""
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.cloud.test_cloud_learner import REACH, Serving
+    from user_rl.edge.link import DataLink
+    from user_rl.hal.descriptor import DeviceDescriptor
+    from user_rl.hal.registry import robot_spaces
+
+    config = {**REACH, "buffer": {"max_policy_lag": MAX_LAG}}
+    (tmp_path / "reach.yaml").write_text(yaml.safe_dump(config))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", LAGGING_LEARNER, str(tmp_path / "reach.yaml"), str(run_dir)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    before = [int(v) for v in line.split()]
+    assert len(before) == 4, line
+
+    obs_space, action_space = robot_spaces("mujoco_reach", REACH["robot"]["options"])
+    serving = Serving(tmp_path)
+    context = zmq.Context()
+    link = None
+    try:
+        learner = serving(config, run_dir)  # resumes from the checkpoint and publishes a fifth version
+        assert learner.resumed_from["policy_version"] == before[0] and learner.version > before[-1]
+        link = DataLink(context, learner.addresses["data"], DeviceDescriptor("sim", "mujoco_reach", "edge-0"),
+                        obs_space, action_space, epoch=1)
+        link.hello()
+        wait_until(lambda: link.welcomed, 30, pump=lambda: link.poll(20))
+        rows = 20
+        for first_episode, version in ((0, before[0]), (2, before[-1])):
+            builder = BatchBuilder(obs_space, action_space, capacity=rows)
+            for i in range(rows):
+                obs = obs_space.sample()
+                builder.add(obs, action_space.sample(), 0.0, False, i % 10 == 9, episode=first_episode + i // 10,
+                            step=i % 10, policy_version=version, actor=pb.ACTOR_POLICY, label=pb.LABEL_NONE,
+                            sensor_time=time.time(), final_obs=obs if i % 10 == 9 else None)
+            link.send_batch(*builder.take())
+        link.heartbeat(env_steps=2 * rows, policy_version=before[0])
+        wait_until(lambda: not link.unacked, 30, pump=lambda: link.poll(10))
+        robot = lambda: learner.ingest.robots["edge-0"].summary()  # noqa: E731
+        wait_until(lambda: robot()["policy_lag"] is not None, 30)
+        lag_counts = learner.ingest.report()["policy_lag_counts"]
+        print(f"published {before} then {learner.version}; robot {robot()}; lag counts {lag_counts[:6]}")
+        assert robot()["policy_lag"] == 4  # v2, v3, v4 before the restart and v5 after it
+        assert lag_counts[4] == rows and lag_counts[1] == rows
+        assert robot()["stale_transitions"] == rows  # only v1's rows lag more than max_policy_lag
+    finally:
+        if link is not None:
+            link.close()
+        serving.close()
+        context.term()

@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from user_rl.algos import SAC
-from user_rl.cloud.buffer.store import NEXT_OBS, AllStale, PersistentReplay
+from user_rl.cloud.buffer.store import NEXT_OBS, NothingToSample, PersistentReplay
 from user_rl.cloud.trainer import Trainer
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.transitions import OBS, intervened
@@ -80,7 +80,7 @@ class BatchPreparer:
         self.rng_lock = rng_lock
         self.held_back_s = 0.0  # waiting for the paced fleet's data once training runs
         self.prepared = 0
-        self.all_stale_waits = 0  # turns that found only stale data to sample (stale_data: drop)
+        self.empty_waits = 0  # turns that found nothing to draw in RAM (all stale, discarded or outside the mix)
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -96,10 +96,10 @@ class BatchPreparer:
             try:
                 with self.rng_lock:
                     columns = training_columns(buffer.sample(self.batch_size, self.rng), trainer.batch_columns)
-            except AllStale as exc:  # fresh data comes once the edges act with newer versions
-                if not self.all_stale_waits:
+            except NothingToSample as exc:  # fresh data, or a cold segment the prefetcher swaps in, ends it
+                if not self.empty_waits % 600:  # the first time, then once a minute while it lasts
                     log.warning("training waits: %s", exc)
-                self.all_stale_waits += 1
+                self.empty_waits += 1
                 self.stop.wait(0.1)
                 continue
             with trainer.send_lock:  # paused (or paced) while sampling: this batch is not sent

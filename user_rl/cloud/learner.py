@@ -33,6 +33,7 @@ from user_rl.cloud.checkpoint import (BackgroundCheckpointer, load_checkpoint, s
                                       spaces_from_text, spaces_to_text)
 from user_rl.cloud.endpoints import reachable_endpoint
 from user_rl.cloud.ingest import Ingest
+from user_rl.cloud.staleness import PUBLISHED_FILE, PublishedVersions
 from user_rl.cloud.threads import GuardedThread
 from user_rl.cloud.trainer import Reply, Trainer, TrainerFailed, TrainerSpec
 from user_rl.cloud.version_lease import VersionLease
@@ -99,6 +100,8 @@ class Learner:
                              cfg.algo.gamma, gate=self.gate, max_messages_per_s=lc.max_messages_per_s,
                              max_message_bytes=int(lc.max_message_mb * 2**20), max_robots=lc.max_robots,
                              forget_idle_s=lc.forget_idle_s)
+        # Lags count the versions earlier learners of this run published too (staleness.py)
+        self.ingest.published = PublishedVersions(self.run_dir / PUBLISHED_FILE)
         self.weights = WeightServer(self.context, f"tcp://{host}:{lc.weights_port}", CASTS[lc.weight_dtype],
                                     gate=self.gate, claim_timeout_s=lc.weight_claim_timeout_s)
         self.rng = np.random.default_rng(cfg.seed)
@@ -333,8 +336,8 @@ class Learner:
     def _publish_now(self, state: dict | PackedWeights) -> None:
         """Publish under a fresh version, reserved on disk first (ingest thread, or before it starts)."""
         version = self.lease.next()
+        self.ingest.publish(version)  # recorded first: a crash in between counts one version too many, not too few
         self.weights.publish(version, state)
-        self.ingest.publish(version)
         self.version = version
 
     # -- the ingest thread -----------------------------------------------------------------

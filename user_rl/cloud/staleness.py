@@ -6,39 +6,111 @@ many versions behind is further off-policy than the algorithm expects. The inges
 its lag when the row arrives (`policy_lag`, stored in the buffer); the sampler then uses rows within
 `buffer.max_policy_lag` as they are and down-weights or drops the older ones (`cache.py`, `store.py`).
 
-The lag counts versions this learner published, not version numbers: a learner that restarts skips
-up to a block of numbers (`version_lease.py`), and that gap is no policy update.
+The lag counts versions this run's learners published, not version numbers: a learner that restarts
+skips up to a block of numbers (`version_lease.py`), and that gap is no policy update. The versions
+published are kept in the run directory (`PUBLISHED_FILE`), so a restarted learner still counts
+the ones its predecessors published after a row's version.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+from pathlib import Path
+
 import numpy as np
 
-from user_rl.cloud.buffer.sampling import Growable
+from user_rl.files import replace_durably
 from user_rl.wire import user_rl_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+PUBLISHED_FILE = "policy_versions.published"
 
 
 class PublishedVersions:
-    """The versions this learner published, in order (they only grow)."""
+    """The versions this run's learners published, in order (they only grow), as runs of consecutive
+    numbers: a learner publishes consecutive versions, and each restart starts a new run.
 
-    def __init__(self) -> None:
-        self._versions = Growable(np.int64)
+    With a `path` the runs are kept in that file, so a resumed learner counts the versions its
+    predecessors published after a row's version (without it, every older version would lag by
+    one). The file is replaced atomically at each publish, and fsynced when a learner's first
+    version starts a new run; after a power cut the previous learner's last few versions may be
+    missing from it, never a version that was not published.
+    """
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        self._runs: list[list[int]] = self._read() if self.path is not None else []
+        self._last_before = self._runs[-1][1] if self._runs else -1  # published by earlier learners
+        self._refresh()
+
+    def _read(self) -> list[list[int]]:
+        try:
+            runs = json.loads(self.path.read_text())["runs"]
+        except FileNotFoundError:
+            return []
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{self.path} does not hold the published policy versions ({exc}); delete it "
+                             "to count policy lags from this learner's versions only") from None
+        ok = all(isinstance(r, list) and len(r) == 2 and all(isinstance(v, int) for v in r) and r[0] <= r[1]
+                 for r in runs) and all(a[1] < b[0] for a, b in zip(runs, runs[1:]))
+        if not ok:
+            raise ValueError(f"{self.path}: runs of published versions must be increasing [first, last] "
+                             f"pairs, got {str(runs)[:200]}")
+        return [list(r) for r in runs]
+
+    def _refresh(self) -> None:
+        """The arrays `behind` searches: run starts and ends, and how many versions each run and
+        all later ones hold."""
+        runs = np.array(self._runs, np.int64).reshape(-1, 2)
+        self._starts, self._ends = runs[:, 0], runs[:, 1]
+        sizes = self._ends - self._starts + 1
+        self._from = np.concatenate([np.cumsum(sizes[::-1])[::-1], [0]]).astype(np.int64)
 
     @property
     def newest(self) -> int:
-        """The newest version published (-1: none yet)."""
-        return int(self._versions.data[len(self._versions) - 1]) if len(self._versions) else -1
+        """The newest version this learner published (-1: none yet; earlier learners' do not count:
+        their weights are not served)."""
+        last = self._runs[-1][1] if self._runs else -1
+        return last if last > self._last_before else -1
 
     def add(self, version: int) -> None:
-        if version <= self.newest:
-            raise ValueError(f"policy versions only grow: {version} published after {self.newest}")
-        self._versions.append(np.array([version], np.int64))
+        last = self._runs[-1][1] if self._runs else -1
+        if version <= last:
+            raise ValueError(f"policy versions only grow: {version} published after {last}")
+        new_run = version != last + 1 or self.newest < 0
+        if new_run:
+            self._runs.append([version, version])
+        else:
+            self._runs[-1][1] = version
+        self._refresh()
+        self._save(durably=new_run)
+
+    def _save(self, durably: bool) -> None:
+        if self.path is None:
+            return
+        text = json.dumps({"runs": self._runs})
+        try:
+            if durably:
+                replace_durably(self.path, text)
+            else:
+                tmp = self.path.with_name(self.path.name + ".tmp")
+                tmp.write_text(text)
+                os.replace(tmp, self.path)
+        except OSError as error:  # lags of this learner's rows stay right; a restart would count fewer
+            log.warning("could not record the published policy versions in %s: %s", self.path, error)
 
     def behind(self, versions: np.ndarray) -> np.ndarray:
         """For each version, how many published versions are newer (int32; a version older than all
-        of this learner's counts them all)."""
-        published = self._versions.view()
-        return (len(published) - np.searchsorted(published, versions, side="right")).astype(np.int32)
+        of this run's counts them all)."""
+        versions = np.asarray(versions, np.int64)
+        run = np.searchsorted(self._ends, versions, side="right")  # the first run that ends after it
+        start = np.append(self._starts, 0)[run]
+        inside = np.where(run < len(self._starts), np.maximum(versions - start + 1, 0), 0)
+        return (self._from[run] - inside).astype(np.int32)
 
 
 def row_lags(columns: dict[str, np.ndarray], published: PublishedVersions) -> np.ndarray:

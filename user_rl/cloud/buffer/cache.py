@@ -4,10 +4,14 @@ Every column is one array of shape (slots, segment_rows, ...), so gathering a ba
 mix of cached segments is a single numpy fancy index, as fast as gathering from one in-RAM
 array. The byte budget fixes the number of slots; one extra *spare* slot is where the
 prefetcher reads a cold segment from disk, off the sampling path, before it is swapped in.
-The catalog lists the transitions of the active slots for the sampler. It grows as the open
-segment's rows get their successors (O(new rows) per append) and is rebuilt only when a slot's
-contents leave the cache (a release or a prefetch swap), so sampling cost stays flat as the
-buffer grows. `version` counts those rebuilds.
+The catalog lists the transitions of the active slots for the sampler, one block of the
+sampler's tables per slot (`Sampler.blocks`): a draw returns flat positions, `slot * segment_rows
++ row`. The open segment's block grows as its rows get their successors (O(new rows) per append);
+a slot whose contents change (a load, a release, a prefetch swap) has its own block rebuilt, in
+O(that segment), never the others. So neither the buffer's size nor rotating segments through
+RAM beyond the budget makes a batch, or the ingest waiting on the lock, slower. `version` counts
+whole-catalog rebuilds (only a person's discard); `slot_loads` and `loaded_rows` count the
+per-slot ones.
 """
 
 from __future__ import annotations
@@ -18,13 +22,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from user_rl.cloud.buffer.rows import DEFAULTED_COLUMNS, successors
-from user_rl.cloud.buffer.sampling import SOURCES, Growable
+from user_rl.cloud.buffer.sampling import SOURCES, Growable, Sampler, SamplerSettings
 from user_rl.cloud.staleness import stale_rows
 from user_rl.wire.transitions import intervened
 
 INTERVENTION = SOURCES.index("intervention")
-CATALOG = {"position": np.int64, "next": np.int64, "order": np.int64, "source": np.uint8, "task": np.int32,
-           "stale": np.bool_}
 
 
 @dataclass
@@ -37,6 +39,15 @@ class SlotInfo:
     row_filter: np.ndarray | None = None  # attached history: rows allowed by the filter
 
 
+@dataclass
+class PreparedBlock:
+    """A slot's catalog block, computed before it is installed (`SlotCache.prepare`)."""
+    rows: np.ndarray          # the slot's rows that are transitions the sampler may draw
+    tables: list[dict]        # the sampler's tables for them
+    discarded: np.ndarray     # the discarded episodes it was computed with
+    looked_at: int            # rows of the slot it read
+
+
 def episode_key(stream: np.ndarray, episode: np.ndarray) -> np.ndarray:
     """One uint64 per (stream id, episode number): exact below 2**32 episodes in one stream."""
     return (np.asarray(stream).astype(np.uint64) << np.uint64(32)) | np.asarray(episode).astype(np.uint64)
@@ -44,9 +55,10 @@ def episode_key(stream: np.ndarray, episode: np.ndarray) -> np.ndarray:
 
 class SlotCache:
     def __init__(self, schema: dict[str, tuple[np.dtype, tuple]], segment_rows: int, slots: int,
-                 max_policy_lag: int | None = None, drop_stale: bool = False) -> None:
+                 max_policy_lag: int | None = None, drop_stale: bool = False, sampler: Sampler | None = None) -> None:
         """`max_policy_lag`: rows whose policy lagged more (`staleness.py`) are marked stale in the
-        catalog, or left out of it with `drop_stale`."""
+        catalog, or left out of it with `drop_stale`. `sampler`: whose strategy the catalog's
+        tables serve."""
         self.schema = schema
         self.max_policy_lag = max_policy_lag
         self.drop_stale = drop_stale
@@ -58,8 +70,12 @@ class SlotCache:
         self.next_row = np.full((self.slots, segment_rows), -1, np.int32)
         self.info = [SlotInfo() for _ in range(self.slots)]
         self.spare = self.slots - 1
-        self.version = 0
-        self._catalog: dict[str, Growable] | None = None
+        self.version = 0      # whole-catalog rebuilds
+        self.slot_loads = 0   # slots whose catalog block was built from scratch (each O(its segment))
+        self.loaded_rows = 0  # rows those builds looked at
+        self.plan = (sampler or Sampler(SamplerSettings())).blocks(self.slots, segment_rows)
+        self.entries = [Growable(np.int32) for _ in range(self.slots)]  # each slot's catalog rows
+        self.stale = np.zeros(self.slots * segment_rows, np.bool_)     # per flat row: lagged past max_policy_lag
         self.discarded = np.zeros(0, np.uint64)  # episode_key of this buffer's discarded episodes, sorted
 
     # -- slots ---------------------------------------------------------------------------------
@@ -91,6 +107,7 @@ class SlotCache:
         """An empty slot starts holding the open segment (it adds nothing to the catalog yet)."""
         self.info[slot] = SlotInfo(segment, 0, SOURCES.index("online"), time.monotonic(), True)
         self.next_row[slot] = -1
+        self._clear(slot)
 
     def append(self, slot: int, start: int, columns: dict[str, np.ndarray]) -> int:
         """Append rows to the open segment's slot; returns how many transitions became sampleable.
@@ -105,35 +122,34 @@ class SlotCache:
         linked = np.flatnonzero(prev >= 0)
         rows = prev[linked].astype(np.int64)
         self.next_row[slot, rows] = start + linked
-        order = np.argsort(rows, kind="stable")
-        rows, successor = rows[order], start + linked[order]
+        rows = np.sort(rows)
         filt = self.info[slot].row_filter
         if filt is not None:
-            rows, successor = rows[filt[rows]], successor[filt[rows]]
-        if self._catalog is not None:
-            self._catalog_append(slot, rows, successor)
+            rows = rows[filt[rows]]
+        self._add(slot, rows)
         return len(rows)
 
     def refresh(self, slot: int) -> None:
-        info = self.info[slot]
-        self.next_row[slot] = successors(self.arrays["prev_row"][slot], info.rows)
-        self.invalidate()
+        """The slot's rows changed as a whole (a load): recompute its links and its catalog block."""
+        self._load(slot)
 
     def release(self, slot: int) -> None:
         self.info[slot] = SlotInfo()
         self.next_row[slot] = -1
-        self.invalidate()
+        self._clear(slot)
 
     def swap_spare(self, victim: int) -> None:
         """The spare (freshly prefetched) becomes active; the victim's slot becomes the spare."""
         self.info[victim] = SlotInfo()
         self.next_row[victim] = -1
         self.spare = victim
-        self.invalidate()
+        self._clear(victim)
 
     def invalidate(self) -> None:
+        """Rebuild every slot's catalog block (what may be sampled changed everywhere)."""
         self.version += 1
-        self._catalog = None
+        for slot in self.active():
+            self._load(slot)
 
     def discard(self, episodes: list[tuple[int, int]]) -> None:
         """Leave these (stream id, episode) out of sampling from now on (a person's re-record).
@@ -144,40 +160,84 @@ class SlotCache:
             self.invalidate()
 
     # -- catalog and gathering ---------------------------------------------------------------------
-    def catalog(self) -> dict[str, np.ndarray]:
-        """Transitions of the active slots: flat position, flat position of the next observation,
-        insertion order, source, task (parallel arrays; views, valid until the next change)."""
-        return {name: column.view() for name, column in self.catalog_columns().items()}
+    def _clear(self, slot: int) -> None:
+        self.entries[slot] = Growable(np.int32)
+        self.plan.clear(slot)
 
-    def catalog_columns(self) -> dict[str, Growable]:
-        """The catalog's growable columns (the sampling path reads their storage directly)."""
-        if self._catalog is None:
-            self._catalog = {name: Growable(dtype) for name, dtype in CATALOG.items()}
-            for slot in sorted(self.active(), key=lambda i: self.info[i].segment):  # oldest segment first
-                info = self.info[slot]
-                valid = self.next_row[slot, : info.rows] >= 0
-                if info.row_filter is not None:
-                    valid &= info.row_filter[: info.rows]
-                if len(self.discarded) and info.segment >= 0:  # attached history's stream ids are another buffer's
-                    keys = episode_key(self.arrays["stream"][slot, : info.rows], self.arrays["episode"][slot, : info.rows])
-                    valid &= ~np.isin(keys, self.discarded)
-                rows = np.flatnonzero(valid)
-                self._catalog_append(slot, rows, self.next_row[slot, rows])
-        return self._catalog
+    def _load(self, slot: int) -> None:
+        """Build one slot's catalog block from its rows: O(its segment), whatever else is cached."""
+        info = self.info[slot]
+        if info.segment is None:
+            self._clear(slot)
+            return
+        self.install(slot, self.prepare(slot, info))
 
-    def _catalog_append(self, slot: int, rows: np.ndarray, successor: np.ndarray) -> None:
+    def prepare(self, slot: int, info: SlotInfo) -> PreparedBlock:
+        """The catalog block of a slot's rows, described by `info`: links, stale flags, sampler
+        tables. O(the segment); the prefetcher runs it on the spare before the swap, off the
+        sampling path (nobody reads the spare meanwhile)."""
+        self.next_row[slot] = successors(self.arrays["prev_row"][slot], info.rows)
+        valid = self.next_row[slot, : info.rows] >= 0
+        if info.row_filter is not None:
+            valid &= info.row_filter[: info.rows]
+        discarded = self.discarded
+        if len(discarded) and info.segment >= 0:  # attached history's stream ids are another buffer's
+            keys = episode_key(self.arrays["stream"][slot, : info.rows], self.arrays["episode"][slot, : info.rows])
+            valid &= ~np.isin(keys, discarded)
+        rows = np.flatnonzero(valid)
+        stale = stale_rows(self.arrays["policy_lag"][slot, rows], self.max_policy_lag)
+        self.stale[slot * self.segment_rows + rows] = stale
+        if self.drop_stale:
+            rows = rows[~stale]
+        order, source, task = self._describe(slot, info, rows)
+        return PreparedBlock(rows, self.plan.prepare(rows, order, source, task), discarded, info.rows)
+
+    def install(self, slot: int, block: PreparedBlock) -> None:
+        """Make a prepared block the slot's catalog (redone if a discard came in between)."""
+        if block.discarded is not self.discarded:
+            block = self.prepare(slot, self.info[slot])
+        self.entries[slot] = Growable(np.int32, block.rows)
+        self.plan.put(slot, block.tables)
+        self.slot_loads += 1
+        self.loaded_rows += block.looked_at
+
+    def _describe(self, slot: int, info: SlotInfo, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each row's insertion order, source (a person's or the intervener's action makes it an
+        intervention) and task: what the sampler's strategy and mix use."""
+        by_someone = intervened(self.arrays["actor"][slot, rows])
+        source = np.where(by_someone, INTERVENTION, info.source).astype(np.uint8)
+        return info.segment * self.segment_rows + rows, source, self.arrays["task"][slot, rows]
+
+    def _add(self, slot: int, rows: np.ndarray) -> None:
+        """Rows of the open slot that became transitions join its catalog block (O(new rows))."""
         info, base = self.info[slot], slot * self.segment_rows
         stale = stale_rows(self.arrays["policy_lag"][slot, rows], self.max_policy_lag)
+        self.stale[base + rows] = stale
         if self.drop_stale:
-            rows, successor, stale = rows[~stale], successor[~stale], stale[~stale]
-        by_someone = intervened(self.arrays["actor"][slot, rows])
-        cat = self._catalog
-        cat["position"].append(base + rows)
-        cat["next"].append(base + successor)
-        cat["order"].append(info.segment * self.segment_rows + rows)
-        cat["source"].append(np.where(by_someone, INTERVENTION, info.source).astype(np.uint8))
-        cat["task"].append(self.arrays["task"][slot, rows])
-        cat["stale"].append(stale)
+            rows = rows[~stale]
+        if not len(rows):
+            return
+        self.entries[slot].append(rows)
+        self.plan.extend(slot, rows, *self._describe(slot, info, rows))
+
+    def catalog_size(self) -> int:
+        """Transitions in the catalog (those a sampler without a mix can draw)."""
+        return sum(len(entries) for entries in self.entries)
+
+    def catalog(self) -> dict[str, np.ndarray]:
+        """Transitions of the active slots, oldest segment first: flat position, flat position of
+        the next observation, insertion order, source, task, stale (parallel arrays; for
+        inspection and tests: built in O(catalog))."""
+        slots = sorted(self.active(), key=lambda i: self.info[i].segment)
+        rows = [self.entries[i].view().astype(np.int64) for i in slots]
+        position = np.concatenate([np.zeros(0, np.int64), *[i * self.segment_rows + r for i, r in zip(slots, rows)]])
+        order = np.concatenate([np.zeros(0, np.int64),
+                                *[self.info[i].segment * self.segment_rows + r for i, r in zip(slots, rows)]])
+        source = np.concatenate([np.zeros(0, np.uint8), *[
+            np.where(intervened(self.arrays["actor"][i, r]), INTERVENTION, self.info[i].source).astype(np.uint8)
+            for i, r in zip(slots, rows)]])
+        return {"position": position, "next": self.successor(position), "order": order, "source": source,
+                "task": self.flat["task"][position], "stale": self.stale[position]}
 
     def successor(self, position: np.ndarray) -> np.ndarray:
         """Flat position of each transition's next-observation row (same slot)."""

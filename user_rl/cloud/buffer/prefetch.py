@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from user_rl.cloud.buffer.cache import SlotInfo
+from user_rl.cloud.buffer.cache import PreparedBlock, SlotInfo
 from user_rl.cloud.buffer.segment import CorruptSegment, read_segment
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ class Prefetcher:
         self.samples_per_swap = samples_per_swap
         self.rng = np.random.default_rng(seed)
         self._want = threading.Event()
-        self._ready: SlotInfo | None = None   # the segment sitting in the spare slot, ready to swap in
+        self._ready: tuple[SlotInfo, PreparedBlock] | None = None  # the segment in the spare slot, ready to swap in
         self._lock = threading.Lock()
         self._closed = False
         self._samples = 0
@@ -50,10 +50,19 @@ class Prefetcher:
         """Called after each batch: every few batches, ask for one more cold segment."""
         self._samples += 1
         if self._samples % self.samples_per_swap == 0 and self._ready is None and self.cold():
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="buffer-prefetch", daemon=True)
-                self._thread.start()
+            self._start()
             self._want.set()
+
+    def wanted(self) -> None:
+        """Ask for a cold segment now (nothing in RAM can be drawn: waiting for batches would wait forever)."""
+        if self._ready is None and self.cold():
+            self._start()
+            self._want.set()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="buffer-prefetch", daemon=True)
+            self._thread.start()
 
     def install_ready(self) -> None:
         """Swap a prefetched segment in (sampling thread only, between batches, under the store's lock).
@@ -69,15 +78,16 @@ class Prefetcher:
                 return
             store, cache = self.store, self.store.cache
             cached = {cache.info[i].segment for i in cache.active()}
-            if ready.segment not in store.segments or ready.segment in cached:
+            if ready[0].segment not in store.segments or ready[0].segment in cached:
                 return
             free = cache.free_slot()
             unpinned = [i for i in cache.active() if not cache.info[i].pinned]
             if free is None and not unpinned:
                 return
             spare = cache.spare
-            cache.info[spare] = ready
-            cache.refresh(spare)
+            info, block = ready
+            cache.info[spare] = info
+            cache.install(spare, block)  # prepared off the sampling path: O(copies of one segment's entries)
             if free is not None:
                 cache.spare = free  # the free slot becomes the next spare; nothing leaves RAM
             else:
@@ -126,8 +136,9 @@ class Prefetcher:
         for name, array in cache.arrays.items():
             array[spare, : seg.rows] = overrides.get(name, seg.columns[name])[: seg.rows]
         info = SlotInfo(segment, seg.rows, source, time.monotonic(), False, overrides.get("_filter"))
+        block = cache.prepare(spare, info)  # links, stale flags and sampler tables, before the swap
         with self._lock:
-            self._ready = info
+            self._ready = (info, block)
 
     def close(self) -> None:
         self._closed = True

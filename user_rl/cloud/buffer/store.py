@@ -38,7 +38,7 @@ from user_rl.cloud.buffer.index import BufferIndex, SegmentRecord
 from user_rl.cloud.buffer.prefetch import Prefetcher
 from user_rl.cloud.buffer.recovery import attach_history, fill_cache, load_existing, open_meta
 from user_rl.cloud.buffer.rows import KIND_RECORD, StreamState, layout, row_bytes, segment_schema
-from user_rl.cloud.buffer.sampling import SOURCES, Sampler, SamplerSettings
+from user_rl.cloud.buffer.sampling import EMPTY, SOURCES, Sampler, SamplerSettings
 from user_rl.cloud.buffer.scrub import Scrubber
 from user_rl.cloud.buffer.streams import StreamRegistry
 from user_rl.cloud.buffer.segment import CorruptSegment, SegmentWriter
@@ -51,7 +51,11 @@ ONLINE = SOURCES.index("online")
 STALE_REDRAWS = 8  # rounds of rejection that down-weight stale transitions in a batch
 
 
-class AllStale(ValueError):
+class NothingToSample(ValueError):
+    """Nothing in RAM may be drawn now (discarded, stale or outside the mix): the learner waits."""
+
+
+class AllStale(NothingToSample):
     """Nothing to sample but stale transitions, and the buffer drops those (`stale_data: drop`)."""
 
 
@@ -80,9 +84,10 @@ class PersistentReplay(StreamRegistry):
         self.index = BufferIndex(self.dir / "index.sqlite")
         self.segment_rows = open_meta(self.index, obs_space, action_space, self.schema, s.segment_mb)
         slot_bytes = self.segment_rows * row_bytes(self.schema)
-        self.cache = SlotCache(self.schema, self.segment_rows, max(2, int(s.ram_budget_mb * 2**20 // slot_bytes)),
-                               s.max_policy_lag, drop_stale=s.stale_data == "drop")
         self.sampler = Sampler(SamplerSettings(s.strategy, s.recency_half_life, s.mix))
+        self.cache = SlotCache(self.schema, self.segment_rows, max(2, int(s.ram_budget_mb * 2**20 // slot_bytes)),
+                               s.max_policy_lag, drop_stale=s.stale_data == "drop", sampler=self.sampler)
+        self._discarded_at = (0, 0)  # (discarded episodes, their transitions) as last counted
         self._lock = threading.RLock()  # the cache, its catalog and the counters: ingest vs sampler thread
         self.streams: dict[tuple[str, int], StreamState] = {}
         self._by_robot: dict[str, dict[int, StreamState]] = {}  # robot -> epoch -> stream in RAM
@@ -360,7 +365,11 @@ class PersistentReplay(StreamRegistry):
 
     # -- sampling ----------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return self.transitions
+        """Transitions that can be sampled (what `algo.learning_starts` counts): stored ones, less
+        those of discarded episodes (counted in the index again only after another discard)."""
+        if len(self.cache.discarded) != self._discarded_at[0]:
+            self._discarded_at = (len(self.cache.discarded), self.index.discarded_transitions())
+        return max(0, self.transitions - self._discarded_at[1])
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """A batch: obs/*, next_obs/*, action, reward, terminated, policy_version, robot, who acted
@@ -372,14 +381,17 @@ class PersistentReplay(StreamRegistry):
         index in the policy's chunk that proposed it)."""
         with self._lock:
             self.prefetcher.install_ready()
-            catalog = self.cache.catalog_columns()
-            if self.cache.drop_stale and not len(catalog["position"]) and self.transitions:
-                raise AllStale(f"every cached transition lagged more than buffer.max_policy_lag="
-                               f"{self.settings.max_policy_lag} versions (stale_data: drop)")
-            picked = self._draw(catalog, batch_size, rng)
+            cache = self.cache
+            if not len(cache.plan):
+                self.prefetcher.wanted()  # what is in RAM has nothing to draw: rotate a cold segment in
+                if cache.drop_stale and cache.catalog_size() == 0 and self.transitions:
+                    raise AllStale(f"every cached transition lagged more than buffer.max_policy_lag="
+                                   f"{self.settings.max_policy_lag} versions (stale_data: drop)")
+                raise NothingToSample(f"{EMPTY} (in RAM now: {cache.catalog_size()} transitions, none the "
+                                      f"sampler may draw; {len(self)} sampleable in the buffer)")
+            position = cache.plan.draw(batch_size, rng)  # flat positions in the slot arrays
             if self.settings.max_policy_lag is not None and self.settings.stale_data == "downweight":
-                self._redraw_stale(picked, catalog, rng)
-            position = catalog["position"].data[picked]
+                self._redraw_stale(position, rng)
             flat = self.cache.flat
             n, horizon = self.settings.n_step, self.settings.action_horizon
             # one walk serves both: a shorter walk is a prefix of a longer one
@@ -388,7 +400,7 @@ class PersistentReplay(StreamRegistry):
                 reward, discount, terminated, nxt = self.cache.n_step(rows[:, :n], np.minimum(steps, n), self.gamma)
             else:
                 reward, terminated = flat["reward"][position], flat["terminated"][position]
-                nxt = catalog["next"].data[picked]
+                nxt = self.cache.successor(position)
             batch = {OBS + k: flat[OBS + k][position] for k in self.obs_keys}
             batch.update({NEXT_OBS + k: flat[OBS + k][nxt] for k in self.obs_keys})
             batch["action"] = flat["action"][position]
@@ -407,22 +419,18 @@ class PersistentReplay(StreamRegistry):
         self.prefetcher.sampled()
         return batch
 
-    def _draw(self, catalog: dict, batch_size: int, rng: np.random.Generator) -> np.ndarray:
-        return self.sampler.draw_first(len(catalog["position"]), catalog["order"].data, catalog["source"].data,
-                                       catalog["task"].data, batch_size, rng, self.cache.version)
-
-    def _redraw_stale(self, picked: np.ndarray, catalog: dict, rng: np.random.Generator) -> None:
+    def _redraw_stale(self, picked: np.ndarray, rng: np.random.Generator) -> None:
         """Down-weight stale transitions by rejection: each drawn stale one is kept with probability
         `stale_weight`, else its place is drawn again. A draw lays its rows out by source the same way
         every time, so a redrawn place keeps its source. After `STALE_REDRAWS` rounds what is left stays
         (only a buffer of almost nothing but stale data gets there)."""
-        stale, weight = catalog["stale"].data, self.settings.stale_weight
+        stale, weight = self.cache.stale, self.settings.stale_weight
         undecided = np.ones(len(picked), bool)  # places whose draw has not been kept or rejected yet
         for _ in range(STALE_REDRAWS):
             rejected = undecided & stale[picked] & (rng.random(len(picked)) >= weight)
             if not rejected.any():
                 return
-            picked[rejected] = self._draw(catalog, len(picked), rng)[rejected]
+            picked[rejected] = self.cache.plan.draw(len(picked), rng)[rejected]
             undecided = rejected
 
     # -- inspection and shutdown ---------------------------------------------------------------
