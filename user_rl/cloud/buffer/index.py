@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from user_rl.wire.transitions import DISCARD
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -177,13 +176,6 @@ class BufferIndex:
     def lost_keys(self) -> list[tuple[str, int, int]]:
         sql = "SELECT s.robot, s.epoch, l.seq FROM lost l JOIN streams s ON s.id = l.stream"
         return [(r, int(e), int(q)) for r, e, q in self.db.execute(sql)]
-
-    @_locked
-    def discarded_transitions(self) -> int:
-        """Transitions of episodes a person discarded (re-record): an episode of n steps ended by the
-        discard mark has n - 1 (its last step gets no successor)."""
-        sql = "SELECT COALESCE(SUM(MAX(length - 1, 0)), 0) FROM episodes WHERE end_reason = ?"
-        return int(self.db.execute(sql, (DISCARD,)).fetchone()[0])
 
     @_locked
     def batch_count(self) -> int:

@@ -62,6 +62,7 @@ def load_existing(store: PersistentReplay) -> None:
             open_episodes.setdefault(ep.stream, {})[ep.episode] = ep
         elif ep.end_reason == DISCARD:
             discarded.append((ep.stream, ep.episode))
+            store.discarded_rows += max(ep.length - 1, 0)
     store.cache.discard(discarded)
     records = index.stream_records()
     for record in index.streams():

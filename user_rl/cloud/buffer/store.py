@@ -87,7 +87,7 @@ class PersistentReplay(StreamRegistry):
         self.sampler = Sampler(SamplerSettings(s.strategy, s.recency_half_life, s.mix))
         self.cache = SlotCache(self.schema, self.segment_rows, max(2, int(s.ram_budget_mb * 2**20 // slot_bytes)),
                                s.max_policy_lag, drop_stale=s.stale_data == "drop", sampler=self.sampler)
-        self._discarded_at = (0, 0)  # (discarded episodes, their transitions) as last counted
+        self.discarded_rows = 0  # transitions of discarded episodes (an episode of n steps has n - 1)
         self._lock = threading.RLock()  # the cache, its catalog and the counters: ingest vs sampler thread
         self.streams: dict[tuple[str, int], StreamState] = {}
         self._by_robot: dict[str, dict[int, StreamState]] = {}  # robot -> epoch -> stream in RAM
@@ -366,10 +366,8 @@ class PersistentReplay(StreamRegistry):
     # -- sampling ----------------------------------------------------------------------------------
     def __len__(self) -> int:
         """Transitions that can be sampled (what `algo.learning_starts` counts): stored ones, less
-        those of discarded episodes (counted in the index again only after another discard)."""
-        if len(self.cache.discarded) != self._discarded_at[0]:
-            self._discarded_at = (len(self.cache.discarded), self.index.discarded_transitions())
-        return max(0, self.transitions - self._discarded_at[1])
+        those of discarded episodes."""
+        return max(0, self.transitions - self.discarded_rows)
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """A batch: obs/*, next_obs/*, action, reward, terminated, policy_version, robot, who acted

@@ -112,6 +112,7 @@ class StreamRegistry:
             ep.status, ep.end_reason = "truncated", reason
         if reason == DISCARD:  # a person's re-record: kept on disk, never sampled
             with self._lock:
+                self.discarded_rows += sum(max(ep.length - 1, 0) for ep in ended)
                 self.cache.discard([(ep.stream, ep.episode) for ep in ended])
         stream.dropped += int(stream.pending is not None)  # its last record never gets a successor
         stream.pending, stream.pending_at = None, None
