@@ -80,7 +80,7 @@ def test_a_slow_edge_never_applies_a_version_made_of_two(context) -> None:
 
 
 CLAIM_S = 2.0  # the claim timeout this test runs the server with
-HUNG_S = 10.0  # how long two edges stay stopped: five claim timeouts
+HUNG_S = 30.0  # how long two edges stay stopped (the 30 s): fifteen claim timeouts
 PUBLISH_EVERY_S = 0.25
 
 
