@@ -76,7 +76,8 @@ def test_an_earlier_lifes_spool_arrives_by_name_with_its_gaps(context, ingest: I
         assert link.lost_batches == 2 and ingest.lost_batches == 2
         ingest.maybe_commit(force=True)
         keys = ingest.buffer.batch_keys() | ingest.buffer.lost_keys()  # stored and explicit gaps: every seq
-        assert {(e, s) for _, e, s in keys} == {(life.epoch, s) for life in lives for s in range(1, 7)} | {(link.epoch, 1)}
+        # seq 7 of each dead life: the end marker the next life wrote after its data
+        assert {(e, s) for _, e, s in keys} == {(life.epoch, s) for life in lives for s in range(1, 8)} | {(link.epoch, 1)}
         assert {(e, s) for _, e, s in ingest.buffer.lost_keys()} == {(lives[0].epoch, 2), (lives[0].epoch, 6)}
         assert ingest.robots["edge-l"].transitions == 10 * (6 + 4 + 1)
         assert ingest.rejected == {}  # no epoch was unknown: the hello named them

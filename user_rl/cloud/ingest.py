@@ -50,7 +50,7 @@ from user_rl.wire.codec import MAX_ARRAYS_PER_MESSAGE, Message, WireError, decod
 from user_rl.wire.images import decode_columns
 from user_rl.wire.spaces import (MAX_NAME_CHARS, MAX_OBSERVATION_KEYS, MAX_TEXT_CHARS, box_from_proto,
                                  declared_step_bytes, descriptor_from_proto, dict_space_from_proto, spaces_differ)
-from user_rl.wire.transitions import MAX_INDEX_INT, validate_batch
+from user_rl.wire.transitions import EDGE_RESTART, MAX_INDEX_INT, validate_batch
 
 log = logging.getLogger(__name__)
 # What a failing disk raises from the buffer (its BufferWriteError is an OSError; the index is SQLite).
@@ -245,11 +245,13 @@ class Ingest:
         spooled = self._spooled_epochs(robot_id, hello)
         old = self.robots.get(robot_id)
         descriptor = descriptor_from_proto(hello.descriptor)
-        stream = self.buffer.open_stream(robot_id, hello.stream_epoch, descriptor.instruction)
         if old is not None and old.epoch == hello.stream_epoch:
             old.admit(identity)  # another connection of the same stream (a reconnect): keep its place
             session = old
         else:
+            # Nothing is stored for a hello: a stream is made when its first batch arrives (`_stream`).
+            stream = (self.buffer.stream(robot_id, hello.stream_epoch)
+                      or self.buffer.unstored_stream(robot_id, hello.stream_epoch, descriptor.instruction))
             if old is None:
                 self._make_room()
                 self._sessions_made += 1
@@ -264,11 +266,36 @@ class Ingest:
             self.robots[robot_id] = session
             log.info("robot %s joined (epoch %d, %d batches already stored)", robot_id, hello.stream_epoch,
                      stream.durable_seq)
+        session.spooled = frozenset(spooled)
         self._touch(session)
-        for epoch in spooled:  # earlier lives' spools (one may have started and died while we were down)
-            older = self.buffer.open_stream(robot_id, epoch, descriptor.instruction)
-            self._ack(session, older, gap=True, to=identity)  # where to resume each
-        self._ack(session, stream, to=identity)
+        if old is None or hello.stream_epoch >= old.epoch:  # a stale hello (a dead life's, late) ends nothing
+            self._end_finished_lives(robot_id, hello.stream_epoch, session.spooled, hello.more_spooled_epochs)
+        if old is not None and old is not session:
+            self.buffer.release_stream(old.stream)  # drained: a batch of it (named as spooled) reloads it
+        self._ack_positions(session, spooled, to=identity)  # where each earlier life's spool resumes
+        self._ack(session, session.stream, to=identity)
+
+    def _end_finished_lives(self, robot_id: str, epoch: int, spooled: frozenset[int], more_spooled: bool) -> None:
+        """End the open episode of each older epoch of the robot whose edge life is over and whose data
+        has all arrived (not named as spooled), as `edge_restart`. Named ones end with their own
+        marker, after their data. Everything stored before is committed first, so the index never
+        holds an ended episode longer than what a crash leaves of it."""
+        finished = self.buffer.finished_streams(robot_id, epoch, spooled, more_spooled)
+        if not finished:
+            return
+        self.maybe_commit(force=True)
+        for stream in finished:
+            self.credit.forget(stream)
+        self.buffer.end_lives(finished)
+
+    def _ack_positions(self, session: RobotSession, epochs: list[int], to: bytes) -> None:
+        """Where each announced older epoch stands (durable seq, where to resume), loading none of them
+        (one may have started and died while this learner was down: it has no stream yet)."""
+        if self.failure is not None:
+            return
+        for epoch, (durable, last) in self.buffer.stream_positions(session.robot_id, epochs).items():
+            ack = pb.Ack(stream_epoch=epoch, seq=durable, next_seq=last + 1, policy_version=self.policy_version)
+            self.socket.send_multipart([to, *encode(envelope(session.robot_id, ack=ack))])
 
     def _spooled_epochs(self, robot_id: str, hello: pb.Hello) -> list[int]:
         """The older epochs this hello announces, checked before anything is opened."""
@@ -316,7 +343,7 @@ class Ingest:
 
     def _batch(self, session: RobotSession, msg: Message, identity: bytes) -> None:
         body = msg.body
-        stream = self._stream(session, body.stream_epoch)
+        stream = self._stream(session, body.stream_epoch, body.seq)
         expected = stream.record.last_seq + 1
         if body.seq < expected:
             self.duplicates += 1
@@ -338,13 +365,23 @@ class Ingest:
         self.stale_transitions += stale
         session.account(arrays, stale)
 
-    def _stream(self, session: RobotSession, epoch: int) -> StreamState:
-        """The stream a batch belongs to: the session's, or an older epoch its hello announced."""
+    def _stream(self, session: RobotSession, epoch: int, seq: int = 0) -> StreamState:
+        """The stream a batch belongs to: the session's, or an older epoch its hello announced. A
+        stream is made by its first batch (seq 1): before, a stand-in answers (nothing stored)."""
         if epoch == session.epoch:
-            return session.stream
-        stream = self.buffer.stream(session.robot_id, epoch)  # reloaded from the index if released
-        if stream is None:  # the edge says hello again, naming its spooled epochs
-            raise WireError("unknown_stream", f"{session.robot_id}: epoch {epoch} was never announced")
+            stream = session.stream
+        else:
+            stream = self.buffer.stream(session.robot_id, epoch)  # reloaded from the index if released
+            if stream is None and epoch in session.spooled:
+                stream = self.buffer.unstored_stream(session.robot_id, epoch, session.descriptor.instruction)
+            if stream is None:  # the edge says hello again, naming its spooled epochs
+                raise WireError("unknown_stream", f"{session.robot_id}: epoch {epoch} was never announced")
+        if stream.record.id < 0 and seq == stream.record.last_seq + 1:  # its first batch: store from now on
+            made = self.buffer.open_stream(session.robot_id, epoch, stream.record.task)
+            if stream is session.stream:
+                self.credit.forget(stream)
+                session.stream = made
+            stream = made
         return stream
 
     def _marker(self, session: RobotSession, stream: StreamState, msg: Message) -> None:
@@ -362,10 +399,14 @@ class Ingest:
             log.warning("robot %s: batch %d of epoch %d was lost on the edge (unreadable spool file); "
                         "recorded as a gap", session.robot_id, body.seq, stream.record.epoch)
         else:
+            self.maybe_commit(force=True)  # what it ends is durable before the index says it ended
             self.buffer.end_open_episodes(stream, reason=body.end_reason)
             self.buffer.record_lost(stream, body.seq, counted=False)
             self.episode_ends += 1
-            session.episode_return = 0.0
+            if stream is session.stream:
+                session.episode_return = 0.0
+            elif body.end_reason == EDGE_RESTART:  # a dead life's epoch has fully arrived: it leaves RAM
+                self.buffer.release_stream(stream)
 
     # -- reporting -------------------------------------------------------------------------
     def report(self) -> dict:
