@@ -61,6 +61,7 @@ FORGET_CHECK_S = 1.0  # how often idle robots are looked for
 CREDIT_IDLE_S = 10.0  # a paced edge heartbeats while it waits for credit: this silent, it is gone
 
 MAX_SPOOLED_EPOCHS = 256   # older epochs one hello may announce (an edge names at most 64)
+RECEIVE_QUEUE_MESSAGES = 128  # per connection: an edge has at most fleet.max_in_flight (64) batches unacked
 
 
 class Ingest:
@@ -72,6 +73,10 @@ class Ingest:
         self.socket.setsockopt(zmq.LINGER, 0)
         # A bigger frame: ZeroMQ drops the peer. A bigger message of many frames: dropped in `_receive`.
         self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        # Messages one connection may have queued here unread; beyond, ZeroMQ stops reading its TCP
+        # connection (the peer waits, its data stays on its side). libzmq has no frame-count limit and
+        # hands a multipart message over only whole, so this and MAXMSGSIZE are what bound it.
+        self.socket.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE_MESSAGES)
         self.max_message_bytes = max_message_bytes
         self.max_robots = max_robots
         self.forget_idle_s = forget_idle_s
@@ -289,13 +294,16 @@ class Ingest:
         self.buffer.end_lives(finished)
 
     def _ack_positions(self, session: RobotSession, epochs: list[int], to: bytes) -> None:
-        """Where each announced older epoch stands (durable seq, where to resume), loading none of them
-        (one may have started and died while this learner was down: it has no stream yet)."""
+        """Where each announced older epoch this learner holds data of stands (durable seq, where to
+        resume), loading none of them. An epoch it never stored (a life that started and died while
+        it was down, or a name a hostile peer made up) gets no ack: the edge sends from its first
+        spooled batch, and a gap ack answers that if earlier ones are missing."""
         if self.failure is not None:
             return
         for epoch, (durable, last) in self.buffer.stream_positions(session.robot_id, epochs).items():
-            ack = pb.Ack(stream_epoch=epoch, seq=durable, next_seq=last + 1, policy_version=self.policy_version)
-            self.socket.send_multipart([to, *encode(envelope(session.robot_id, ack=ack))])
+            if last:
+                ack = pb.Ack(stream_epoch=epoch, seq=durable, next_seq=last + 1, policy_version=self.policy_version)
+                self.socket.send_multipart([to, *encode(envelope(session.robot_id, ack=ack))])
 
     def _spooled_epochs(self, robot_id: str, hello: pb.Hello) -> list[int]:
         """The older epochs this hello announces, checked before anything is opened."""

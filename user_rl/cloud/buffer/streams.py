@@ -72,7 +72,7 @@ class StreamRegistry:
     def stream_positions(self, robot: str, epochs: list[int]) -> dict[int, tuple[int, int]]:
         """(durable seq, last seq) of each of the robot's `epochs`, without loading any: (0, 0) for
         one never stored. One index query for those not in RAM."""
-        ram = {e: self.streams.get((robot, e)) for e in epochs}
+        ram = {e: self.streams.get((robot, e)) for e in epochs} if self._by_robot.get(robot) else dict.fromkeys(epochs)
         stored = self.index.last_seqs(robot, [e for e, s in ram.items() if s is None])
         return {e: (s.durable_seq, s.record.last_seq) if s is not None else (stored.get(e, 0),) * 2
                 for e, s in ram.items()}
