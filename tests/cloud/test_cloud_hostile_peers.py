@@ -17,7 +17,8 @@ import numpy as np
 from tests.cloud.test_cloud_bounds import rss_mib
 from tests.cloud.test_cloud_ingest import ACTION_SPACE, OBS_SPACE
 from user_rl.cloud.buffer.index import BufferIndex
-from user_rl.cloud.ingest import MAX_SPOOLED_EPOCHS, Ingest
+from user_rl.cloud.ingest import Ingest
+from user_rl.cloud.lives import MAX_SPOOLED_EPOCHS
 
 REPO = Path(__file__).resolve().parents[2]
 HELLOS, IDENTITIES, DATA_EPOCHS = 10_000, 3_000, 20

@@ -40,6 +40,7 @@ from user_rl.cloud.buffer.rows import StreamState
 from user_rl.cloud.buffer.store import PersistentReplay
 from user_rl.cloud.credit import StepCredit
 from user_rl.cloud.fleet_status import status_reply
+from user_rl.cloud.lives import resume_acks, spooled_epochs
 from user_rl.cloud.peer_guard import PeerGuard
 from user_rl.cloud.sessions import RobotSession
 from user_rl.cloud.staleness import LagCounts, PublishedVersions, row_lags, stale_rows
@@ -60,7 +61,6 @@ DECODED_PER_MESSAGE = 4  # compressed images in a message may decode to this man
 FORGET_CHECK_S = 1.0  # how often idle robots are looked for
 CREDIT_IDLE_S = 10.0  # a paced edge heartbeats while it waits for credit: this silent, it is gone
 
-MAX_SPOOLED_EPOCHS = 256   # older epochs one hello may announce (an edge names at most 64)
 RECEIVE_QUEUE_MESSAGES = 128  # per connection: an edge has at most fleet.max_in_flight (64) batches unacked
 
 
@@ -247,7 +247,7 @@ class Ingest:
                 or len(d.cameras) > MAX_OBSERVATION_KEYS:
             raise WireError("bad_hello", f"{robot_id}: descriptor fields too long")
         self._check_spaces(robot_id, hello)
-        spooled = self._spooled_epochs(robot_id, hello)
+        spooled = spooled_epochs(robot_id, hello)
         old = self.robots.get(robot_id)
         descriptor = descriptor_from_proto(hello.descriptor)
         if old is not None and old.epoch == hello.stream_epoch:
@@ -294,26 +294,10 @@ class Ingest:
         self.buffer.end_lives(finished)
 
     def _ack_positions(self, session: RobotSession, epochs: list[int], to: bytes) -> None:
-        """Where each announced older epoch this learner holds data of stands (durable seq, where to
-        resume), loading none of them. An epoch it never stored (a life that started and died while
-        it was down, or a name a hostile peer made up) gets no ack: the edge sends from its first
-        spooled batch, and a gap ack answers that if earlier ones are missing."""
-        if self.failure is not None:
-            return
-        for epoch, (durable, last) in self.buffer.stream_positions(session.robot_id, epochs).items():
-            if last:
-                ack = pb.Ack(stream_epoch=epoch, seq=durable, next_seq=last + 1, policy_version=self.policy_version)
+        """Where each announced older epoch stands (`lives.resume_acks`)."""
+        if self.failure is None:
+            for ack in resume_acks(self.buffer, session.robot_id, epochs, self.policy_version):
                 self.socket.send_multipart([to, *encode(envelope(session.robot_id, ack=ack))])
-
-    def _spooled_epochs(self, robot_id: str, hello: pb.Hello) -> list[int]:
-        """The older epochs this hello announces, checked before anything is opened."""
-        epochs = sorted(set(hello.spooled_epochs))
-        if len(epochs) > MAX_SPOOLED_EPOCHS:
-            raise WireError("bad_hello", f"{robot_id}: {len(epochs)} spooled epochs, at most {MAX_SPOOLED_EPOCHS}")
-        if epochs and epochs[-1] >= hello.stream_epoch:
-            raise WireError("bad_hello", f"{robot_id}: spooled epoch {epochs[-1]} is not older than the "
-                                         f"stream epoch {hello.stream_epoch}")
-        return epochs
 
     def _check_spaces(self, robot_id: str, hello: pb.Hello) -> None:
         """Compare a hello's declared spaces with the fleet's before building anything their size;

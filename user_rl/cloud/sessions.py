@@ -45,7 +45,7 @@ class RobotSession:
     lost_batches: int = 0  # batches the edge could not read back from its spool (explicit gaps)
     connections: dict[bytes, None] = field(default_factory=dict)  # said hello for it; least recently heard first
     recent_interventions: deque = field(default_factory=deque)  # (rows, intervened rows) per recent batch
-    # Older epochs its hello named as spooled (at most ingest.MAX_SPOOLED_EPOCHS): their batches are
+    # Older epochs its hello named as spooled (at most lives.MAX_SPOOLED_EPOCHS): their batches are
     # taken, and their stream is made at the first one (a named epoch that sends nothing costs nothing).
     spooled: frozenset[int] = frozenset()
 

@@ -7,7 +7,9 @@ the control loop never blocks. With no ack progress for `resend_after_s` (a lost
 dropped connection, a restarted learner), the link sends again from the first unacked batch;
 the learner drops duplicates. Batches spooled by an earlier run of this daemon (another
 epoch) are sent too: the hello names those epochs (`spooled_epochs`), so a learner that never
-heard of a life that started and died while it was down still takes them. Unacked data is
+heard of a life that started and died while it was down still takes them, and each ends with an
+`edge_restart` marker this life writes after its last batch (`end_dead_lives`), so the learner
+cuts the episode that life died in only once all of its data arrived. Unacked data is
 never deleted because the learner does not know it: the link introduces itself again.
 
 A batch the spool cannot read back is sent as an explicit gap (`lost`, no frames): the

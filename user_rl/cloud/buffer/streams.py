@@ -1,10 +1,12 @@
 """The buffer's streams: one per (robot, epoch), in RAM while in use, in the index always.
 
 A stream in RAM holds what its next batch needs (last seq, the record waiting for a
-successor, open episodes). Thousands of (robot, epoch) hellos must not grow RAM: the ingest
-releases idle streams (`release_stream`) and `stream()` reloads one from the index, pending
-record included, so an episode continues. A per-robot index keeps a hello from scanning
-every stream. Mixed into `PersistentReplay` (it uses the store's index, pending commits and
+successor, open episodes). Thousands of (robot, epoch) hellos must not grow RAM or the index: a
+stream is made by its first batch (a hello gets a stand-in, `unstored_stream`), the ingest
+releases idle and drained streams (`release_stream`) and `stream()` reloads one from the index,
+pending record included, so an episode continues. Opening a stream ends nothing: which older
+edge lives are over is decided at a hello (`finished_streams`), from the robot's streams in RAM
+and a partial index of open episodes, never by scanning every stream. Mixed into `PersistentReplay` (it uses the store's index, pending commits and
 disk-error handling); ingest thread only.
 """
 
