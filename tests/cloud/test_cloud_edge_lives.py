@@ -6,16 +6,20 @@ spools and buffer files; the learner "restarts" as a new ingest on the same buff
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import zmq
 
-from tests.cloud.test_cloud_ingest import Episodes
+from tests.cloud.test_cloud_ingest import Episodes, RawPeer, hello_envelope
 from tests.edge.test_edge_link import NOWHERE, deliver, make_link
 from user_rl.cloud.buffer.index import BufferIndex
 from user_rl.cloud.buffer.inspect import format_report, inspect_buffer
 from user_rl.cloud.ingest import Ingest
 from user_rl.testing.wait import serving
+from user_rl.wire import user_rl_pb2 as pb
+from user_rl.wire.codec import decode, encode, envelope
+from user_rl.wire.transitions import EDGE_RESTART
 
 LENGTH = 50  # steps per episode: each ends truncated by its time limit (a complete episode)
 
@@ -111,3 +115,62 @@ def test_buffer_inspect_reports_an_index_length_that_differs_from_the_segment_ro
     (mismatch,) = report["episode_length_mismatches"]
     assert (mismatch["episode"], mismatch["index_length"], mismatch["segment_rows"]) == (0, 1, 50)
     assert "EPISODE LENGTH robot edge-l" in format_report(report) and "its segments hold 50" in format_report(report)
+
+
+def test_a_hello_ends_only_older_epochs_it_no_longer_names(context, tmp_path: Path) -> None:
+    """Named epochs stay open until their own marker; unnamed ones end at the hello, unless the edge
+    says it spools more than it named and they are newer than the newest named. The ingest is served
+    from this thread, so its buffer is read between messages."""
+    ingest = serve_ingest(context, tmp_path / "buffer")
+    peer = RawPeer(context, ingest.endpoint)
+    robot = Episodes(LENGTH)
+
+    def ask(frames, epoch: int, seq: int = 0) -> None:
+        peer.send(frames)
+        deadline = time.monotonic() + 10
+        while True:
+            assert time.monotonic() < deadline, "no answer from the ingest"
+            ingest.poll(10)
+            ingest.maybe_commit(force=True)
+            if peer.socket.poll(0):
+                reply = decode(peer.socket.recv_multipart())
+                assert reply.kind == "ack", reply
+                if reply.body.stream_epoch == epoch and reply.body.seq >= seq:
+                    return
+
+    def hello(epoch: int, spooled: tuple[int, ...], more: bool = False) -> None:
+        env = hello_envelope("lives-0", epoch)
+        env.hello.spooled_epochs.extend(spooled)
+        env.hello.more_spooled_epochs = more
+        ask(encode(env), epoch)
+
+    def batch(epoch: int, seq: int, rows: tuple[int, dict] | None = None, end_reason: str = "") -> None:
+        body = pb.TransitionBatch(stream_epoch=epoch, seq=seq, count=rows[0] if rows else 0, end_reason=end_reason)
+        ask(encode(envelope("lives-0", batch=body), rows[1] if rows else None), epoch, seq)
+
+    def open_epochs() -> set[int]:
+        store = ingest.buffer
+        in_ram = {s.record.id for s in store.streams.values()}
+        ram = {s.record.epoch for s in store.streams.values() if any(e.status == "open" for e in s.episodes.values())}
+        epochs = {s.id: s.epoch for s in store.index.streams()}
+        indexed = {epochs[ep.stream] for ep in store.index.episodes() if ep.status == "open"
+                   and ep.stream not in in_ram}
+        return ram | indexed
+
+    try:
+        hello(2, ())
+        batch(2, 1, robot.batch(10))
+        hello(4, (2,))  # epoch 2 is still spooled: it stays open
+        batch(4, 1, robot.batch(10))
+        hello(9, (2,), more=True)  # epoch 4 is not named, but more are spooled than named: it may be
+        assert open_epochs() == {2, 4}
+        hello(9, (2,))  # now the edge named everything it spools: epoch 4 has all arrived
+        assert open_epochs() == {2}
+        batch(2, 2, end_reason=EDGE_RESTART)  # epoch 2's own end, after its data
+        assert open_epochs() == set()
+        ingest.buffer.seal()
+        cut = [ep for ep in ingest.buffer.index.episodes() if ep.end_reason == EDGE_RESTART]
+        assert sorted(ep.length for ep in cut) == [10, 10]
+    finally:
+        peer.close()
+        ingest.close()
