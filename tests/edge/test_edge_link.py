@@ -134,3 +134,18 @@ def test_a_silent_learner_makes_the_link_reconnect_and_nothing_is_deleted(contex
     finally:
         link.close()
         learner.socket.close(0)
+
+
+def test_a_dead_lifes_epoch_gets_one_end_marker_even_in_a_full_spool(context, tmp_path: Path) -> None:
+    robot = Episodes(1000)
+    dead = make_link(context, NOWHERE, tmp_path / "spool", spool_max_bytes=8000)
+    while dead.send_batch(*robot.batch(10)) is not None:  # until the spool refuses
+        pass
+    dead.close()
+    last = dead.spool.last_pending(dead.epoch)
+    for _ in range(2):  # two later lives: the dead one's epoch is ended once
+        later = make_link(context, NOWHERE, tmp_path / "spool", spool_max_bytes=8000)
+        later.close()
+        assert later.spool.last_pending(dead.epoch) == last + 1
+        marker = decode(later.spool.load(dead.epoch, last + 1))
+        assert (marker.body.count, marker.body.end_reason) == (0, "edge_restart")
