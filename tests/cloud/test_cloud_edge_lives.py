@@ -19,8 +19,8 @@ from user_rl.cloud.ingest import Ingest
 from user_rl.testing.wait import serving
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import decode, encode, envelope
-from user_rl.wire.transitions import EDGE_RESTART
 
+EDGE_RESTART = "edge_restart"  # the end_reason of the episode an edge life died in
 LENGTH = 50  # steps per episode: each ends truncated by its time limit (a complete episode)
 
 
