@@ -306,7 +306,7 @@ def test_released_streams_leave_ram_and_come_back_from_the_index(tmp_path: Path)
     # A new epoch of a robot whose old stream was released still cuts the old stream's episode.
     store.seal()
     assert store.release_stream(store.streams[("r1", 1)])
-    store.open_stream("r1", 2)
+    store.end_finished_streams("r1", 2)
     ep = {(e.stream, e.episode): e for e in store.index.episodes()}[(stream.record.id, 0)]
     assert (ep.status, ep.end_reason) == ("truncated", "edge_restart")
     print(f"streams in RAM after 10,000 hellos: {len(store.streams)}")

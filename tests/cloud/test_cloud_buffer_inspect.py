@@ -93,6 +93,7 @@ def write(store: PersistentReplay, plan: list[tuple[str, int, str, Robot, int]],
                 for q in pending:
                     if q[0] == robot and q[1] < epoch:
                         q[3].restart()
+                store.end_finished_streams(robot, epoch)
             stream = store.open_stream(robot, epoch, task)
             seqs[(robot, epoch)] = seqs.get((robot, epoch), 0) + 1
             cols = gen.batch(10)

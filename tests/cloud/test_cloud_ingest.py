@@ -400,11 +400,14 @@ def test_the_status_shows_each_robots_own_step_count_and_what_is_stored(context:
 
 # -- issue 10: markers, per-stream credit, spooled epochs, connections ---------------------------------
 def hello_ack(peer: RawPeer, robot_id: str, epoch: int, spooled: tuple[int, ...] = ()) -> list[Message]:
-    """Say hello (naming spooled epochs); the acks that answer it, one per epoch, the current last."""
+    """Say hello (naming spooled epochs); the acks that answer it: one per named epoch the learner
+    holds data of, then the current epoch's."""
     env = hello_envelope(robot_id, epoch)
     env.hello.spooled_epochs.extend(spooled)
     peer.send(encode(env))
-    replies = [peer.reply() for _ in range(len(spooled) + 1)]
+    replies = [peer.reply()]
+    while replies[-1].kind == "ack" and replies[-1].body.stream_epoch != epoch:
+        replies.append(peer.reply())
     assert all(r.kind == "ack" for r in replies), [r.kind for r in replies]
     return replies
 
@@ -512,10 +515,13 @@ def test_spooled_epochs_named_in_the_hello_are_opened_and_take_batches(context: 
         count, cols = robot.batch(8)
         peer.send(encode(envelope("late-0", batch=pb.TransitionBatch(stream_epoch=3, seq=1, count=count)), cols))
         peer.expect_reject("unknown_stream")  # never named: the edge says hello again, naming it
-        older, current = hello_ack(peer, "late-0", epoch=5, spooled=(3,))
-        assert (older.body.stream_epoch, older.body.seq, older.body.next_seq) == (3, 0, 1)
+        (current,) = hello_ack(peer, "late-0", epoch=5, spooled=(3,))  # epoch 3 holds nothing yet: no ack
         assert (current.body.stream_epoch, current.body.seq) == (5, 1)
+        streams = len(ingest.buffer.index.streams()) + len(ingest.buffer.streams)
         send_batch(peer, "late-0", 3, 1, (count, cols))
+        assert len(ingest.buffer.index.streams()) + len(ingest.buffer.streams) == streams + 1  # made by its data
+        older, current = hello_ack(peer, "late-0", epoch=5, spooled=(3,))  # a reconnect: where epoch 3 resumes
+        assert (older.body.stream_epoch, older.body.seq, older.body.next_seq) == (3, 1, 2)
         send_batch(peer, "late-0", 5, 2, robot.batch(8))
         # Opening the older epoch did not cut the current stream's episode short.
         assert ingest.robots["late-0"].stream.pending is not None

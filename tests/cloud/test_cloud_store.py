@@ -493,11 +493,12 @@ def test_new_epoch_ends_the_open_episode_and_never_pairs_across(tmp_path: Path) 
     assert old.emitted[-1] == (1, 3, False)
 
     new = Robot(1, episode=1, step=4)  # the restarted edge goes on numbering as if nothing happened
+    store.end_finished_streams("r1", 2)  # its hello: epoch 1 is not spooled any more, its life is over
     writer.add(new, 5, epoch=2)
     store.commit()
     status = {(e.stream, e.episode): (e.status, e.end_reason) for e in store.index.episodes()}
     old_id = store.streams[("r1", 1)].record.id
-    store.open_stream("r1", 0)  # a stale epoch seen late ends nothing
+    assert store.end_finished_streams("r1", 0) == []  # a stale epoch seen late ends nothing
     assert store.streams[("r1", 2)].episodes[1].status == "open"
     assert status[(old_id, 1)] == ("truncated", "edge_restart")
     assert status[(old_id, 0)] == ("terminated", "")

@@ -76,7 +76,8 @@ def test_an_earlier_lifes_spool_arrives_by_name_with_its_gaps(context, ingest: I
         assert link.lost_batches == 2 and ingest.lost_batches == 2
         ingest.maybe_commit(force=True)
         keys = ingest.buffer.batch_keys() | ingest.buffer.lost_keys()  # stored and explicit gaps: every seq
-        assert {(e, s) for _, e, s in keys} == {(life.epoch, s) for life in lives for s in range(1, 7)} | {(link.epoch, 1)}
+        # seq 7 of each dead life: the end marker the next life wrote after its data
+        assert {(e, s) for _, e, s in keys} == {(life.epoch, s) for life in lives for s in range(1, 8)} | {(link.epoch, 1)}
         assert {(e, s) for _, e, s in ingest.buffer.lost_keys()} == {(lives[0].epoch, 2), (lives[0].epoch, 6)}
         assert ingest.robots["edge-l"].transitions == 10 * (6 + 4 + 1)
         assert ingest.rejected == {}  # no epoch was unknown: the hello named them
@@ -133,3 +134,18 @@ def test_a_silent_learner_makes_the_link_reconnect_and_nothing_is_deleted(contex
     finally:
         link.close()
         learner.socket.close(0)
+
+
+def test_a_dead_lifes_epoch_gets_one_end_marker_even_in_a_full_spool(context, tmp_path: Path) -> None:
+    robot = Episodes(1000)
+    dead = make_link(context, NOWHERE, tmp_path / "spool", spool_max_bytes=8000)
+    while dead.send_batch(*robot.batch(10)) is not None:  # until the spool refuses
+        pass
+    dead.close()
+    last = dead.spool.last_pending(dead.epoch)
+    for _ in range(2):  # two later lives: the dead one's epoch is ended once
+        later = make_link(context, NOWHERE, tmp_path / "spool", spool_max_bytes=8000)
+        later.close()
+        assert later.spool.last_pending(dead.epoch) == last + 1
+        marker = decode(later.spool.load(dead.epoch, last + 1))
+        assert (marker.body.count, marker.body.end_reason) == (0, "edge_restart")

@@ -43,6 +43,7 @@ from user_rl.cloud.buffer.rows import StreamState
 from user_rl.cloud.buffer.store import PersistentReplay
 from user_rl.cloud.credit import StepCredit
 from user_rl.cloud.fleet_status import status_reply
+from user_rl.cloud.lives import resume_acks, spooled_epochs
 from user_rl.cloud.peer_guard import PeerGuard
 from user_rl.cloud.quarantine import MAX_BYTES as QUARANTINE_MAX_BYTES, Quarantine
 from user_rl.cloud.sessions import RobotSession
@@ -54,7 +55,7 @@ from user_rl.wire.codec import MAX_ARRAYS_PER_MESSAGE, Message, WireError, decod
 from user_rl.wire.images import decode_columns
 from user_rl.wire.spaces import (MAX_NAME_CHARS, MAX_OBSERVATION_KEYS, MAX_TEXT_CHARS, box_from_proto,
                                  declared_step_bytes, descriptor_from_proto, dict_space_from_proto, spaces_differ)
-from user_rl.wire.transitions import MAX_INDEX_INT, validate_batch
+from user_rl.wire.transitions import EDGE_RESTART, MAX_INDEX_INT, validate_batch
 
 log = logging.getLogger(__name__)
 # What a failing disk raises from the buffer (its BufferWriteError is an OSError; the index is SQLite).
@@ -64,7 +65,7 @@ DECODED_PER_MESSAGE = 4  # compressed images in a message may decode to this man
 FORGET_CHECK_S = 1.0  # how often idle robots are looked for
 CREDIT_IDLE_S = 10.0  # a paced edge heartbeats while it waits for credit: this silent, it is gone
 
-MAX_SPOOLED_EPOCHS = 256   # older epochs one hello may announce (an edge names at most 64)
+RECEIVE_QUEUE_MESSAGES = 128  # per connection: an edge has at most fleet.max_in_flight (64) batches unacked
 
 
 class Ingest:
@@ -76,6 +77,10 @@ class Ingest:
         self.socket.setsockopt(zmq.LINGER, 0)
         # A bigger frame: ZeroMQ drops the peer. A bigger message of many frames: dropped in `_receive`.
         self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        # Messages one connection may have queued here unread; beyond, ZeroMQ stops reading its TCP
+        # connection (the peer waits, its data stays on its side). libzmq has no frame-count limit and
+        # hands a multipart message over only whole, so this and MAXMSGSIZE are what bound it.
+        self.socket.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE_MESSAGES)
         self.max_message_bytes = max_message_bytes
         self.max_robots = max_robots
         self.forget_idle_s = forget_idle_s
@@ -247,14 +252,16 @@ class Ingest:
                 or len(d.cameras) > MAX_OBSERVATION_KEYS:
             raise WireError("bad_hello", f"{robot_id}: descriptor fields too long")
         self._check_spaces(robot_id, hello)
-        spooled = self._spooled_epochs(robot_id, hello)
+        spooled = spooled_epochs(robot_id, hello)
         old = self.robots.get(robot_id)
         descriptor = descriptor_from_proto(hello.descriptor)
-        stream = self.buffer.open_stream(robot_id, hello.stream_epoch, descriptor.instruction)
         if old is not None and old.epoch == hello.stream_epoch:
             old.admit(identity)  # another connection of the same stream (a reconnect): keep its place
             session = old
         else:
+            # Nothing is stored for a hello: a stream is made when its first batch arrives (`_stream`).
+            stream = (self.buffer.stream(robot_id, hello.stream_epoch)
+                      or self.buffer.unstored_stream(robot_id, hello.stream_epoch, descriptor.instruction))
             if old is None:
                 self._make_room()
                 self._sessions_made += 1
@@ -270,21 +277,33 @@ class Ingest:
             self.robots[robot_id] = session
             log.info("robot %s joined (epoch %d, %d batches already stored)", robot_id, hello.stream_epoch,
                      stream.durable_seq)
+        session.spooled = frozenset(spooled)
         self._touch(session)
-        for epoch in spooled:  # earlier lives' spools (one may have started and died while we were down)
-            older = self.buffer.open_stream(robot_id, epoch, descriptor.instruction)
-            self._ack(session, older, gap=True, to=identity)  # where to resume each
-        self._ack(session, stream, to=identity)
+        if old is None or hello.stream_epoch >= old.epoch:  # a stale hello (a dead life's, late) ends nothing
+            self._end_finished_lives(robot_id, hello.stream_epoch, session.spooled, hello.more_spooled_epochs)
+        if old is not None and old is not session:
+            self.buffer.release_stream(old.stream)  # drained: a batch of it (named as spooled) reloads it
+        self._ack_positions(session, spooled, to=identity)  # where each earlier life's spool resumes
+        self._ack(session, session.stream, to=identity)
 
-    def _spooled_epochs(self, robot_id: str, hello: pb.Hello) -> list[int]:
-        """The older epochs this hello announces, checked before anything is opened."""
-        epochs = sorted(set(hello.spooled_epochs))
-        if len(epochs) > MAX_SPOOLED_EPOCHS:
-            raise WireError("bad_hello", f"{robot_id}: {len(epochs)} spooled epochs, at most {MAX_SPOOLED_EPOCHS}")
-        if epochs and epochs[-1] >= hello.stream_epoch:
-            raise WireError("bad_hello", f"{robot_id}: spooled epoch {epochs[-1]} is not older than the "
-                                         f"stream epoch {hello.stream_epoch}")
-        return epochs
+    def _end_finished_lives(self, robot_id: str, epoch: int, spooled: frozenset[int], more_spooled: bool) -> None:
+        """End the open episode of each older epoch of the robot whose edge life is over and whose data
+        has all arrived (not named as spooled), as `edge_restart`. Named ones end with their own
+        marker, after their data. Everything stored before is committed first, so the index never
+        holds an ended episode longer than what a crash leaves of it."""
+        finished = self.buffer.finished_streams(robot_id, epoch, spooled, more_spooled)
+        if not finished:
+            return
+        self.maybe_commit(force=True)
+        for stream in finished:
+            self.credit.forget(stream)
+        self.buffer.end_lives(finished)
+
+    def _ack_positions(self, session: RobotSession, epochs: list[int], to: bytes) -> None:
+        """Where each announced older epoch stands (`lives.resume_acks`)."""
+        if self.failure is None:
+            for ack in resume_acks(self.buffer, session.robot_id, epochs, self.policy_version):
+                self.socket.send_multipart([to, *encode(envelope(session.robot_id, ack=ack))])
 
     def _check_spaces(self, robot_id: str, hello: pb.Hello) -> None:
         """Compare a hello's declared spaces with the fleet's before building anything their size;
@@ -322,7 +341,7 @@ class Ingest:
 
     def _batch(self, session: RobotSession, msg: Message, identity: bytes) -> None:
         body = msg.body
-        stream = self._stream(session, body.stream_epoch)
+        stream = self._stream(session, body.stream_epoch, body.seq)
         expected = stream.record.last_seq + 1
         if body.seq < expected:
             self.duplicates += 1
@@ -360,13 +379,23 @@ class Ingest:
         session.quarantined_batches += 1
         self._ack(session, stream, to=identity, refused=(msg.body.seq, str(exc)))
 
-    def _stream(self, session: RobotSession, epoch: int) -> StreamState:
-        """The stream a batch belongs to: the session's, or an older epoch its hello announced."""
+    def _stream(self, session: RobotSession, epoch: int, seq: int = 0) -> StreamState:
+        """The stream a batch belongs to: the session's, or an older epoch its hello announced. A
+        stream is made by its first batch (seq 1): before, a stand-in answers (nothing stored)."""
         if epoch == session.epoch:
-            return session.stream
-        stream = self.buffer.stream(session.robot_id, epoch)  # reloaded from the index if released
-        if stream is None:  # the edge says hello again, naming its spooled epochs
-            raise WireError("unknown_stream", f"{session.robot_id}: epoch {epoch} was never announced")
+            stream = session.stream
+        else:
+            stream = self.buffer.stream(session.robot_id, epoch)  # reloaded from the index if released
+            if stream is None and epoch in session.spooled:
+                stream = self.buffer.unstored_stream(session.robot_id, epoch, session.descriptor.instruction)
+            if stream is None:  # the edge says hello again, naming its spooled epochs
+                raise WireError("unknown_stream", f"{session.robot_id}: epoch {epoch} was never announced")
+        if stream.record.id < 0 and seq == stream.record.last_seq + 1:  # its first batch: store from now on
+            made = self.buffer.open_stream(session.robot_id, epoch, stream.record.task)
+            if stream is session.stream:
+                self.credit.forget(stream)
+                session.stream = made
+            stream = made
         return stream
 
     def _marker(self, session: RobotSession, stream: StreamState, msg: Message) -> None:
@@ -384,10 +413,14 @@ class Ingest:
             log.warning("robot %s: batch %d of epoch %d was lost on the edge (unreadable spool file); "
                         "recorded as a gap", session.robot_id, body.seq, stream.record.epoch)
         else:
+            self.maybe_commit(force=True)  # what it ends is durable before the index says it ended
             self.buffer.end_open_episodes(stream, reason=body.end_reason)
             self.buffer.record_lost(stream, body.seq, counted=False)
             self.episode_ends += 1
-            session.episode_return = 0.0
+            if stream is session.stream:
+                session.episode_return = 0.0
+            elif body.end_reason == EDGE_RESTART:  # a dead life's epoch has fully arrived: it leaves RAM
+                self.buffer.release_stream(stream)
 
     # -- reporting -------------------------------------------------------------------------
     def report(self) -> dict:

@@ -46,6 +46,9 @@ class RobotSession:
     quarantined_batches: int = 0  # batches refused for their content (a NaN, a wrong shape), kept in the quarantine
     connections: dict[bytes, None] = field(default_factory=dict)  # said hello for it; least recently heard first
     recent_interventions: deque = field(default_factory=deque)  # (rows, intervened rows) per recent batch
+    # Older epochs its hello named as spooled (at most lives.MAX_SPOOLED_EPOCHS): their batches are
+    # taken, and their stream is made at the first one (a named epoch that sends nothing costs nothing).
+    spooled: frozenset[int] = frozenset()
 
     def admit(self, identity: bytes) -> None:
         """A connection said hello for this session. Beyond `MAX_CONNECTIONS`, the one heard from least

@@ -7,7 +7,9 @@ the control loop never blocks. With no ack progress for `resend_after_s` (a lost
 dropped connection, a restarted learner), the link sends again from the first unacked batch;
 the learner drops duplicates. Batches spooled by an earlier run of this daemon (another
 epoch) are sent too: the hello names those epochs (`spooled_epochs`), so a learner that never
-heard of a life that started and died while it was down still takes them. Unacked data is
+heard of a life that started and died while it was down still takes them, and each ends with an
+`edge_restart` marker this life writes after its last batch (`end_dead_lives`), so the learner
+cuts the episode that life died in only once all of its data arrived. Unacked data is
 never deleted because the learner does not know it: the link introduces itself again.
 
 A batch the spool cannot read back is sent as an explicit gap (`lost`, no frames): the
@@ -39,13 +41,14 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from user_rl.edge.epochs import next_epoch
-from user_rl.edge.spool import Spool
+from user_rl.edge.spool import Spool, SpoolCorrupt
 from user_rl.hal.descriptor import DeviceDescriptor
 from user_rl.security.curve import ClientKeys
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import WireError, decode, encode, envelope
 from user_rl.wire.images import ImageCompression, compress_columns
 from user_rl.wire.spaces import box_to_proto, descriptor_to_proto, dict_space_to_proto
+from user_rl.wire.transitions import EDGE_RESTART
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,36 @@ HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_A
                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 # Older epochs announced in one hello; the rest follow once these have arrived.
 MAX_ANNOUNCED_EPOCHS = 64
+
+
+def end_dead_lives(spool: Spool, robot_id: str, current: int) -> list[int]:
+    """End every earlier life's spooled epoch with an `edge_restart` marker after its last batch.
+
+    Every epoch in the spool at start-up (but `current`, this life's) belongs to a life of this edge that is over, and the
+    spool holds the tail of its data. The marker takes the next seq, so the learner ends that
+    epoch's open episode (the one the life died in) only after everything before it arrived:
+    episodes completed in the spool stay complete. An epoch already ended (a life that died before
+    its marker was acked) gets no second one. Returns the epochs ended now."""
+    ended = []
+    for epoch in spool.epochs():
+        last = spool.last_pending(epoch)
+        if epoch == current or last is None or _is_restart_marker(spool, epoch, last):
+            continue
+        body = pb.TransitionBatch(stream_epoch=epoch, seq=last + 1, count=0, send_time=time.time(),
+                                  end_reason=EDGE_RESTART)
+        if spool.put(epoch, last + 1, encode(envelope(robot_id, batch=body)), reserve=True):
+            ended.append(epoch)
+    if ended:
+        log.info("%s: ended %d earlier lives' epochs after their spooled data", robot_id, len(ended))
+    return ended
+
+
+def _is_restart_marker(spool: Spool, epoch: int, seq: int) -> bool:
+    try:
+        msg = decode(spool.load(epoch, seq))
+    except (WireError, SpoolCorrupt, KeyError, OSError):
+        return False
+    return msg.kind == "batch" and msg.body.count == 0 and msg.body.end_reason == EDGE_RESTART
 
 
 @dataclass
@@ -114,6 +147,7 @@ class DataLink:
             stream_epoch=self.epoch,
         )
         self.cursors: dict[int, _Cursor] = {}
+        end_dead_lives(self.spool, self.robot_id, self.epoch)
         for old_epoch in self.spool.epochs():  # left by an earlier run of this daemon
             first = self.spool.first_pending(old_epoch)
             self.cursors[old_epoch] = _Cursor(acked=first - 1, sent=first - 1)
@@ -176,6 +210,7 @@ class DataLink:
         self._hello.policy_version = policy_version
         del self._hello.spooled_epochs[:]
         self._hello.spooled_epochs.extend(self._announced())
+        self._hello.more_spooled_epochs = len(self.cursors) - 1 > len(self._hello.spooled_epochs)
         if self._send(encode(envelope(self.robot_id, hello=self._hello))):
             self._hello_at = time.monotonic()
 

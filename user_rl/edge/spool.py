@@ -35,6 +35,7 @@ _CRC = struct.Struct("<I")
 MAX_FRAMES = 1 << 16  # a corrupt count must not make us allocate a huge length table
 _NAME = re.compile(r"^(\d{20})-(\d{12})\.batch$")
 _TMP_SUFFIX = ".tmp"
+RESERVED_BYTES = 4096  # a reserved put (an epoch's end marker) may go past the bound by at most this
 
 
 class SpoolCorrupt(ValueError):
@@ -117,15 +118,18 @@ class Spool:
         self.bytes_used += size - (old or 0)
         self._sizes[(epoch, seq)] = size
 
-    def put(self, epoch: int, seq: int, frames: Sequence[bytes | memoryview]) -> bool:
-        """Store a batch; False (nothing written) when it would push the spool past its bound."""
+    def put(self, epoch: int, seq: int, frames: Sequence[bytes | memoryview], reserve: bool = False) -> bool:
+        """Store a batch; False (nothing written) when it would push the spool past its bound.
+
+        `reserve`: a marker of a few hundred bytes that must be stored even in a full spool (the end
+        of a dead life's epoch); it may go past the bound by that much."""
         if epoch < 0 or seq < 0:
             raise ValueError(f"epoch and seq must be non-negative, got ({epoch}, {seq})")
         views = [memoryview(f) for f in frames]
         header = _header(epoch, seq, [v.nbytes for v in views])
         size = len(header) + _CRC.size + sum(v.nbytes for v in views)
         replaced = self._sizes.get((epoch, seq), 0)
-        if self.bytes_used - replaced + size > self.max_bytes:
+        if self.bytes_used - replaced + size > self.max_bytes and not (reserve and size <= RESERVED_BYTES):
             self._refuse(size)
             return False
         crc = zlib.crc32(header)

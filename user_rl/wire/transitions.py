@@ -54,6 +54,9 @@ MAX_BATCH_ROWS = 65536
 # The end_reason of an episode a person discarded (LeRobot's re-record): the buffer keeps its rows
 # but never samples them.
 DISCARD = "discard"
+# The end_reason of the episode an edge life was in when it died: the next life of the edge writes
+# it as the last batch of the dead life's spooled epoch, so it ends that epoch after all its data.
+EDGE_RESTART = "edge_restart"
 
 
 def _check(name: str, array: np.ndarray | None, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:

@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS episodes (
     min_version INTEGER NOT NULL, max_version INTEGER NOT NULL, status TEXT NOT NULL,
     first_segment INTEGER NOT NULL, last_segment INTEGER NOT NULL, end_reason TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (stream, episode)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS open_episodes ON episodes (stream) WHERE status = 'open';
 CREATE TABLE IF NOT EXISTS lost (
     stream INTEGER NOT NULL, seq INTEGER NOT NULL, segment INTEGER NOT NULL,
     PRIMARY KEY (stream, seq)) WITHOUT ROWID;
@@ -143,14 +144,21 @@ class BufferIndex:
         return StreamRecord(*row) if row else None
 
     @_locked
+    def last_seqs(self, robot: str, epochs: list[int]) -> dict[int, int]:
+        """The last seq of each of the robot's `epochs` that has a stream (one query)."""
+        sql = (f"SELECT epoch, last_seq FROM streams WHERE robot = ? AND epoch IN ({','.join('?' * len(epochs))})")
+        return {int(e): int(q) for e, q in self.db.execute(sql, (robot, *epochs))} if epochs else {}
+
+    @_locked
     def max_stream_id(self) -> int:
         return int(self.db.execute("SELECT COALESCE(MAX(id), 0) FROM streams").fetchone()[0])
 
     @_locked
     def streams_with_open_episodes(self, robot: str, below_epoch: int) -> list[StreamRecord]:
         """The robot's older streams whose episode the index still has open (an edge restart ends it)."""
-        sql = ("SELECT * FROM streams s WHERE s.robot = ? AND s.epoch < ? AND EXISTS "
-               "(SELECT 1 FROM episodes e WHERE e.stream = s.id AND e.status = 'open') ORDER BY s.id")
+        # From the open episodes (a partial index: few), not the robot's streams (thousands, after a flood).
+        sql = ("SELECT DISTINCT s.* FROM episodes e CROSS JOIN streams s ON s.id = e.stream "
+               "WHERE e.status = 'open' AND s.robot = ? AND s.epoch < ? ORDER BY s.id")
         return [StreamRecord(*row) for row in self.db.execute(sql, (robot, below_epoch))]
 
     @_locked

@@ -17,8 +17,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from user_rl.cloud.buffer.commitlog import CommitLog
 from user_rl.cloud.buffer.index import BufferIndex, EpisodeRecord, StreamRecord
+from user_rl.cloud.buffer.rows import KIND_RECORD
 from user_rl.cloud.buffer.segment import CorruptSegment, read_segment
 
 INDEX = "index.sqlite"
@@ -53,7 +56,11 @@ def inspect_buffer(directory: Path, verify: bool = True) -> dict[str, Any]:
     unindexed = [c for c in checks if c["segment"] not in segments]
     open_segments = _open_segments(directory, listing)
 
+    mismatches = _episode_length_mismatches(directory, snap, checks)
     problems = [f"CORRUPT {c['path']}: {c['reason']} ({c['detail']})" for c in corrupt]
+    problems += [f"EPISODE LENGTH robot {m['robot']} epoch {m['epoch']} episode {m['episode']}: the index says "
+                 f"{m['index_length']} steps ({m['status']}{', ' + m['end_reason'] if m['end_reason'] else ''}), "
+                 f"its segments hold {m['segment_rows']}" for m in mismatches]
     notes = [f"UNINDEXED {c['path']}: a sealed segment the index does not list (a crash between sealing and "
              f"indexing, recovered at the next start, or a learner sealing it right now); it reads back "
              f"{c['status'] if c['status'] == 'ok' else 'CORRUPT'}" for c in unindexed]
@@ -62,7 +69,7 @@ def inspect_buffer(directory: Path, verify: bool = True) -> dict[str, Any]:
               f"left them: the next start seals them)" for o in open_segments]
     return {
         "directory": str(directory),
-        "ok": not corrupt,
+        "ok": not corrupt and not mismatches,
         "verified": verify,
         "format": snap["meta"].get("format"),
         "segment_rows": int(snap["meta"]["segment_rows"]) if snap["meta"].get("segment_rows") else None,
@@ -98,6 +105,7 @@ def inspect_buffer(directory: Path, verify: bool = True) -> dict[str, Any]:
         "success_rate": _mean(labelled),
         "interventions": sum(e.interventions for e in episodes),
         "corrupt": corrupt,
+        "episode_length_mismatches": mismatches,
         "problems": problems,
         "notes": notes,
     }
@@ -221,6 +229,43 @@ def _result(segment_id: int, path: Path, problem: CorruptSegment | None, indexed
             "status": "ok" if problem is None else "corrupt",
             "reason": None if problem is None else problem.reason,
             "detail": None if problem is None else problem.detail}
+
+
+def _episode_length_mismatches(directory: Path, snap: dict, checks: list[dict]) -> list[dict[str, Any]]:
+    """Episodes whose length in the index differs from the step records their segments hold.
+
+    Only episodes whose every indexed segment reads back intact and whose last one is sealed are
+    compared (an episode still being written has rows in the open segment; an evicted or corrupt
+    segment's rows are gone)."""
+    intact = {c["segment"] for c in checks if c["indexed"] and c["status"] == "ok"}
+    indexed = snap["segments"]
+    rows: Counter[tuple[int, int]] = Counter()
+    for segment_id in sorted(intact):
+        try:
+            segment = read_segment(directory / indexed[segment_id].file, verify=False)
+        except (CorruptSegment, OSError):  # evicted since the check
+            intact.discard(segment_id)
+            continue
+        n = segment.rows
+        records = np.asarray(segment.columns["kind"][:n]) == KIND_RECORD
+        keys = np.stack([np.asarray(segment.columns["stream"][:n])[records].astype(np.int64),
+                         np.asarray(segment.columns["episode"][:n])[records].astype(np.int64)], axis=1)
+        found, counts = np.unique(keys, axis=0, return_counts=True) if len(keys) else ((), ())
+        for (stream, episode), count in zip(np.asarray(found).tolist(), np.asarray(counts).tolist()):
+            rows[(stream, episode)] += count
+        del segment
+    streams = {s.id: s for s in snap["streams"]}
+    mismatches = []
+    for ep in snap["episodes"]:
+        span = [i for i in indexed if ep.first_segment <= i <= ep.last_segment]
+        if ep.first_segment < 0 or ep.last_segment not in indexed or any(i not in intact for i in span):
+            continue
+        if rows[(ep.stream, ep.episode)] != ep.length:
+            stream = streams.get(ep.stream)
+            mismatches.append({"robot": ep.robot, "epoch": stream.epoch if stream else None, "stream": ep.stream,
+                               "episode": ep.episode, "status": ep.status, "end_reason": ep.end_reason,
+                               "index_length": ep.length, "segment_rows": rows[(ep.stream, ep.episode)]})
+    return mismatches
 
 
 def _open_segments(directory: Path, listing: dict) -> list[dict[str, Any]]:
