@@ -56,16 +56,20 @@ def test_discarded_rows_do_not_start_learning_and_an_empty_draw_never_stops_the_
     try:
         learner = serving(config)
         edge = Edge(context, learner)
-        edge.link.send_batch(*steps(0, 40))
-        edge.link.send_episode_end(DISCARD)  # a person re-records: 39 transitions leave the catalog
+        # Below learning_starts even before its discard arrives (the two are separate messages).
+        edge.link.send_batch(*steps(0, 25))
+        edge.link.send_episode_end(DISCARD)  # a person re-records: its 24 transitions leave the catalog
         edge.acked()
         wait_until(lambda: learner.ingest.buffer.stats()["discarded_episodes"] == 1, 30)
-        assert len(learner.ingest.buffer) == 0  # nothing sampleable: learning has not started
-        time.sleep(1.0)  # the sampler thread's turns: it must neither sample nor die
+        assert len(learner.ingest.buffer) == 0  # nothing sampleable
+        edge.link.send_batch(*steps(1, 20))  # 19 sampleable: with the discarded 24, past learning_starts
+        edge.acked()
+        wait_until(lambda: len(learner.ingest.buffer) == 19, 30)
+        time.sleep(1.0)  # the sampler thread's turns: it must neither start learning nor die
         loop = serving.loop_of(learner)
         assert loop.is_alive() and not learner.status()["errors"], (loop.error, learner.status()["errors"])
         assert learner.updates == 0 and learner.sampler.prepared == 0
-        edge.link.send_batch(*steps(1, 40))  # 39 sampleable transitions: past learning_starts
+        edge.link.send_batch(*steps(2, 20))  # 19 + 19 sampleable transitions: past learning_starts
         edge.acked()
         wait_until(lambda: learner.updates > 0, 60)
         assert loop.is_alive() and not learner.status()["errors"]
