@@ -15,17 +15,20 @@ from __future__ import annotations
 import time
 from collections import Counter, OrderedDict
 
+from user_rl.token_bucket import TokenBucket
+
 REPLIES_PER_S = 10.0  # rejection replies to one peer (after a burst of REPLY_BURST); beyond, only counted
 REPLY_BURST = 50.0
 OTHER_PEERS = "(other peers)"  # rejections of peers beyond the first `max_named` ones, counted together
 
 
-class _Bucket:
-    __slots__ = ("tokens", "stamp", "replies", "reply_stamp")
+class _Peer:
+    """One connection's budgets: messages it may send, rejection replies it may still get."""
+    __slots__ = ("messages", "replies")
 
-    def __init__(self, burst: float, now: float) -> None:
-        self.tokens, self.stamp = burst, now
-        self.replies, self.reply_stamp = REPLY_BURST, now
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        self.messages = TokenBucket(rate, burst, now)
+        self.replies = TokenBucket(REPLIES_PER_S, REPLY_BURST, now)
 
 
 class PeerGuard:
@@ -34,46 +37,36 @@ class PeerGuard:
         self.burst = max(1.0, rate_per_s * burst_s)
         self.max_peers = max_peers
         self.max_named = max_named  # peers named in the rejection report (it goes into the status)
-        self._peers: OrderedDict[bytes, _Bucket] = OrderedDict()  # least recently heard first
+        self._peers: OrderedDict[bytes, _Peer] = OrderedDict()  # least recently heard first
         self.rejected: dict[str, Counter[str]] = {}
 
     def admit(self, peer: bytes) -> bool:
         """Spend one message of this peer's budget; False when it has none left (drop the message)."""
         now = time.monotonic()
-        bucket = self._bucket(peer, now)
-        bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.stamp) * self.rate)
-        bucket.stamp = now
-        if bucket.tokens < 1.0:
-            self._count(peer, "rate_limited")
-            return False
-        bucket.tokens -= 1.0
-        return True
+        if self._peer(peer, now).messages.take(now):
+            return True
+        self._count(peer, "rate_limited")
+        return False
 
     def reject(self, peer: bytes, reason: str) -> bool:
         """Count a rejected message; True if the peer should still be told (10 replies/s after a burst)."""
         self._count(peer, reason)
         now = time.monotonic()
-        bucket = self._bucket(peer, now)
-        bucket.replies = min(REPLY_BURST, bucket.replies + (now - bucket.reply_stamp) * REPLIES_PER_S)
-        bucket.reply_stamp = now
-        if bucket.replies < 1.0:
-            return False
-        bucket.replies -= 1.0
-        return True
+        return self._peer(peer, now).replies.take(now)
 
     def report(self) -> dict[str, dict[str, int]]:
         """Rejections per peer (its routing id as text) and reason."""
         return {peer: dict(counts) for peer, counts in self.rejected.items()}
 
-    def _bucket(self, peer: bytes, now: float) -> _Bucket:
-        bucket = self._peers.get(peer)
-        if bucket is None:
-            bucket = self._peers[peer] = _Bucket(self.burst, now)
+    def _peer(self, peer: bytes, now: float) -> _Peer:
+        budgets = self._peers.get(peer)
+        if budgets is None:
+            budgets = self._peers[peer] = _Peer(self.rate, self.burst, now)
             while len(self._peers) > self.max_peers:  # forget the quietest; a new peer starts full
                 self._peers.popitem(last=False)
         else:
             self._peers.move_to_end(peer)
-        return bucket
+        return budgets
 
     def _count(self, peer: bytes, reason: str) -> None:
         name = peer.decode("utf-8", "replace")[:128]

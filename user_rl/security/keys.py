@@ -29,6 +29,7 @@ from pathlib import Path
 import zmq.auth
 
 from user_rl.config import ConfigError
+from user_rl.token_bucket import TokenBucket
 
 LEARNER = "learner"
 # Looks at enrolled/ asked for by handshakes of unknown keys: up to a burst of this many, then this many a
@@ -173,7 +174,7 @@ class Enrolment:
         self._stamp: tuple | None = None
         self._checked = 0.0
         self._lock = threading.Lock()  # the ZAP thread and the ingest thread both refresh
-        self._tokens, self._tokens_at = float(FORCED_RECHECKS_BURST), time.monotonic()
+        self._forced = TokenBucket(FORCED_RECHECKS_PER_S, FORCED_RECHECKS_BURST)  # looks an unknown key may force
         self.reload()
 
     def reload(self) -> None:
@@ -214,14 +215,9 @@ class Enrolment:
                 self.reload()
 
     def _spend_forced(self, now: float) -> bool:
-        """Take one forced look from a token bucket (`FORCED_RECHECKS_BURST`, `FORCED_RECHECKS_PER_S`)."""
+        """Take one forced look (`FORCED_RECHECKS_BURST`, then `FORCED_RECHECKS_PER_S`)."""
         with self._lock:
-            self._tokens = min(FORCED_RECHECKS_BURST, self._tokens + (now - self._tokens_at) * FORCED_RECHECKS_PER_S)
-            self._tokens_at = now
-            if self._tokens < 1:
-                return False
-            self._tokens -= 1
-            return True
+            return self._forced.take(now)
 
 
 def _directory_stamp(directory: Path) -> tuple | None:
