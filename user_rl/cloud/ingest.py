@@ -53,8 +53,8 @@ from user_rl.security.curve import Gatekeeper, secure_server, split_user_id
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import MAX_ARRAYS_PER_MESSAGE, Message, WireError, decode, encode, envelope
 from user_rl.wire.images import decode_columns
-from user_rl.wire.spaces import (MAX_NAME_CHARS, MAX_OBSERVATION_KEYS, MAX_TEXT_CHARS, box_from_proto,
-                                 declared_step_bytes, descriptor_from_proto, dict_space_from_proto, spaces_differ)
+from user_rl.wire.spaces import (MAX_NAME_CHARS, MAX_OBSERVATION_KEYS, MAX_TEXT_CHARS, descriptor_from_proto,
+                                 hello_spaces)
 from user_rl.wire.transitions import EDGE_RESTART, MAX_INDEX_INT, validate_batch
 
 log = logging.getLogger(__name__)
@@ -220,17 +220,7 @@ class Ingest:
             self._batch(session, msg, identity)
         elif kind == "heartbeat":
             hb = msg.body
-            session.heartbeat = {"env_steps": hb.env_steps, "steps_per_second": hb.steps_per_second,
-                                 "policy_version": hb.policy_version, "unacked": hb.unacked_batches,
-                                 "policy_lag": self._lag(hb.policy_version),
-                                 "backlog_bytes": hb.backlog_bytes, "dropped_transitions": hb.dropped_transitions,
-                                 "safety_violations": dict(hb.safety_violations), "watchdog_holds": hb.watchdog_holds,
-                                 "estopped": hb.estopped or None, "intervention_steps": hb.intervention_steps,
-                                 "take_overs": hb.take_overs, "driver": hb.driver,
-                                 "health": hb.health or "unknown", "last_error": hb.last_error or None,
-                                 "inference": {"latency_ms": hb.inference_ms, "latency_p99_ms": hb.inference_p99_ms,
-                                               "chunk_age_steps": hb.chunk_age_steps, "starved_steps": hb.starved_steps,
-                                               "loop_jitter_p99_ms": hb.loop_jitter_p99_ms}}
+            session.take_heartbeat(hb, self._lag(hb.policy_version))
             if hb.leaving and not session.detached:  # everything it sent is acked: close its episode
                 self.buffer.end_open_episodes(session.stream, reason="detached")
                 session.detached = True
@@ -306,31 +296,12 @@ class Ingest:
                 self.socket.send_multipart([to, *encode(envelope(session.robot_id, ack=ack))])
 
     def _check_spaces(self, robot_id: str, hello: pb.Hello) -> None:
-        """Compare a hello's declared spaces with the fleet's before building anything their size;
-        a fresh ingest without spaces opens its buffer with them if one step fits the limits."""
-        try:
-            if self.obs_space is not None:
-                problem = spaces_differ(hello.observation_space, hello.action_space, self.obs_space, self.action_space)
-            else:
-                problem, step_bytes = None, declared_step_bytes(hello.observation_space, hello.action_space)
-        except (TypeError, ValueError) as exc:  # bad dtype name, bounds that do not fit the shape
-            raise WireError("bad_hello", f"{robot_id}: unusable spaces: {exc}"[:300]) from None
-        if problem:
-            raise WireError("spaces_mismatch", f"{robot_id}: spaces differ from the fleet's: {problem} "
-                                               "(heterogeneous fleets need per-embodiment policies)"[:400])
-        if self.obs_space is not None:
+        """A hello's spaces must be the fleet's; the first hello of a fresh ingest opens the buffer."""
+        spaces = hello_spaces(robot_id, hello, self.obs_space, self.action_space, self.max_message_bytes)
+        if spaces is None:
             return
-        if 2 * step_bytes > self.max_message_bytes:  # a step and its final observation: one message
-            raise WireError("bad_hello", f"{robot_id}: the declared spaces take {step_bytes / 2**20:.1f} MiB per step; "
-                                         "a step with its final observation must fit in one message of "
-                                         f"{self.max_message_bytes / 2**20:g} MiB (learner.max_message_mb)")
         try:
-            obs_space = dict_space_from_proto(hello.observation_space)
-            action_space = box_from_proto(hello.action_space)
-        except (TypeError, ValueError) as exc:
-            raise WireError("bad_hello", f"{robot_id}: unusable spaces: {exc}"[:300]) from None
-        try:
-            self.open_buffer(obs_space, action_space)
+            self.open_buffer(*spaces)
         except ValueError as exc:  # the run's buffer holds other spaces
             raise WireError("spaces_mismatch", str(exc)[:300]) from None
 

@@ -62,6 +62,21 @@ class RobotSession:
         self.connections.pop(identity, None)
         self.connections[identity] = None
 
+    def take_heartbeat(self, hb: pb.Heartbeat, policy_lag: int | None) -> None:
+        """What the edge said of itself (`summary` reports it); `policy_lag`: versions published since
+        the one it acts with."""
+        self.heartbeat = {"env_steps": hb.env_steps, "steps_per_second": hb.steps_per_second,
+                          "policy_version": hb.policy_version, "unacked": hb.unacked_batches,
+                          "policy_lag": policy_lag,
+                          "backlog_bytes": hb.backlog_bytes, "dropped_transitions": hb.dropped_transitions,
+                          "safety_violations": dict(hb.safety_violations), "watchdog_holds": hb.watchdog_holds,
+                          "estopped": hb.estopped or None, "intervention_steps": hb.intervention_steps,
+                          "take_overs": hb.take_overs, "driver": hb.driver,
+                          "health": hb.health or "unknown", "last_error": hb.last_error or None,
+                          "inference": {"latency_ms": hb.inference_ms, "latency_p99_ms": hb.inference_p99_ms,
+                                        "chunk_age_steps": hb.chunk_age_steps, "starved_steps": hb.starved_steps,
+                                        "loop_jitter_p99_ms": hb.loop_jitter_p99_ms}}
+
     def summary(self) -> dict:
         return {
             "transitions": self.transitions,  # stored by this learner since it last heard this robot's hello

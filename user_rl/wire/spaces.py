@@ -7,7 +7,7 @@ import numpy as np
 
 from user_rl.hal.descriptor import DeviceDescriptor
 from user_rl.wire import user_rl_pb2 as pb
-from user_rl.wire.codec import MAX_DIMS, WIRE_DTYPES
+from user_rl.wire.codec import MAX_DIMS, WIRE_DTYPES, WireError
 
 MAX_SPACE_ELEMENTS = 1 << 24  # per observation entry or action (a 2048 x 2048 x 4 image)
 MAX_OBSERVATION_KEYS = 64
@@ -131,3 +131,30 @@ def descriptor_from_proto(msg: pb.Descriptor) -> DeviceDescriptor:
         kind=msg.kind, model=msg.model, id=msg.id, control_hz=msg.control_hz,  # type: ignore[arg-type]
         instruction=msg.instruction, cameras=tuple(msg.cameras),
     )
+
+
+def hello_spaces(robot_id: str, hello: pb.Hello, obs_space: gym.spaces.Dict | None, action_space: gym.spaces.Box | None,
+                 max_message_bytes: int) -> tuple[gym.spaces.Dict, gym.spaces.Box] | None:
+    """Check a hello's declared spaces against the fleet's (`obs_space`, `action_space`) before building
+    anything their size: None when they match; for a fleet without spaces yet, the spaces to open the
+    buffer with, if one step and its final observation fit in one message. WireError otherwise."""
+    try:
+        if obs_space is not None:
+            problem = spaces_differ(hello.observation_space, hello.action_space, obs_space, action_space)
+        else:
+            problem, step_bytes = None, declared_step_bytes(hello.observation_space, hello.action_space)
+    except (TypeError, ValueError) as exc:  # bad dtype name, bounds that do not fit the shape
+        raise WireError("bad_hello", f"{robot_id}: unusable spaces: {exc}"[:300]) from None
+    if problem:
+        raise WireError("spaces_mismatch", f"{robot_id}: spaces differ from the fleet's: {problem} "
+                                           "(heterogeneous fleets need per-embodiment policies)"[:400])
+    if obs_space is not None:
+        return None
+    if 2 * step_bytes > max_message_bytes:  # a step and its final observation: one message
+        raise WireError("bad_hello", f"{robot_id}: the declared spaces take {step_bytes / 2**20:.1f} MiB per step; "
+                                     "a step with its final observation must fit in one message of "
+                                     f"{max_message_bytes / 2**20:g} MiB (learner.max_message_mb)")
+    try:
+        return dict_space_from_proto(hello.observation_space), box_from_proto(hello.action_space)
+    except (TypeError, ValueError) as exc:
+        raise WireError("bad_hello", f"{robot_id}: unusable spaces: {exc}"[:300]) from None
