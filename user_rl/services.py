@@ -40,15 +40,31 @@ class _Threaded(abc.ABC):
 
 
 class LearnerService(_Threaded):
+    """The learner in a thread. After a full disk (its buffer stops taking data and says why in its
+    status), the first status call that finds room again stops it, and its thread starts it again on
+    its buffer and addresses, as the standalone learner does (`cloud.standalone.reopened`)."""
+
     def __init__(self, cfg: dict[str, Any], run_dir: str) -> None:
         _quiet_logging()
         from user_rl.cloud.learner import Learner
 
         self.learner = Learner(Config.model_validate(cfg), run_dir)
+        self._finishing = False
+        self._restarting = False
         self._start_thread("learner")
 
     def _loop(self) -> None:
-        self.learner.run()
+        from user_rl.cloud.standalone import reopened
+
+        while True:
+            self.learner.run()  # returns once stopped: by finish(), or by status() when a full disk has room
+            if self._finishing:
+                return
+            reason = self.learner.status().get("failure")
+            self.learner = reopened(self.learner)
+            self._restarting = False
+            logging.getLogger(__name__).warning("the disk has room again: learner restarted on its buffer "
+                                                "(was: %s)", reason)
 
     def addresses(self) -> dict[str, str]:
         return self.learner.addresses
@@ -58,7 +74,14 @@ class LearnerService(_Threaded):
         return self.learner.device_name
 
     def status(self) -> dict:
-        return {**self.learner.status(), "error": self.error, "pid": os.getpid()}
+        from user_rl.cloud.standalone import room_for
+
+        learner = self.learner
+        status = learner.status()
+        if not (self._restarting or self._finishing) and room_for(learner, status):
+            self._restarting = True
+            learner.stop()  # `_loop` starts it again on its buffer
+        return {**status, "error": self.error, "pid": os.getpid(), "restarting": self._restarting}
 
     def pause(self) -> int:
         return self.learner.pause()
@@ -75,8 +98,11 @@ class LearnerService(_Threaded):
 
     def finish(self) -> dict:
         """Stop the loop, write the final checkpoint, return the final status."""
-        self.learner.stop()
-        self.thread.join(timeout=60)
+        self._finishing = True
+        deadline = time.monotonic() + 60
+        while self.thread.is_alive() and time.monotonic() < deadline:
+            self.learner.stop()  # the current one: a restart may have replaced it meanwhile
+            self.thread.join(timeout=0.5)
         path = self.learner.save()
         status = self.status()
         self.learner.close()

@@ -100,3 +100,42 @@ def test_a_full_disk_is_reported_and_the_learner_resumes_when_room_returns(small
                 edge.stop()
         learner.terminate()
         learner.wait(60)
+
+
+@pytest.mark.timeout(240)
+def test_a_launched_learner_resumes_when_room_returns(small_disk: Path, tmp_path: Path) -> None:
+    """`user-rl train` runs the learner as a `LearnerService` (a Ray actor) that the launch asks for its
+    status every second; here the test asks, as the launch does. The full disk shows in that status,
+    and once there is room again the service starts the learner again on its buffer and addresses."""
+    from user_rl.services import LearnerService
+
+    cfg = build_config(CONFIG)
+    service = LearnerService(cfg.model_dump(), str(small_disk / "run"))
+    edges = None
+    try:
+        addresses = service.addresses()
+        edges = EdgeThreads(cfg, addresses["data"], addresses["weights"], tmp_path / "spool")
+        wait_until(lambda: service.status()["buffer"] >= 100, 60, "the first rows stored")
+
+        filler = fill(small_disk)
+        wait_until(lambda: "No space left on device" in (service.status().get("failure") or ""), 60,
+                   "the full disk in the learner's status")
+        stuck = service.status()["buffer"]
+        unacked = edges.edges[0].link.unacked
+        wait_until(lambda: edges.edges[0].link.unacked > unacked + 1, 30, "the edge spooling unacked batches")
+
+        filler.unlink()
+        wait_until(lambda: service.status()["buffer"] > stuck + 100, 90, "rows stored again")
+        status = service.status()
+        assert not status.get("failure") and status["error"] is None, status
+        assert service.addresses() == addresses  # the edges' addresses stay valid
+        edges.stop_and_drain()  # every batch produced is acknowledged
+        edges = None
+        final = service.finish()
+        assert final["error"] is None and not final.get("failure"), final
+    finally:
+        if edges is not None:
+            for edge in edges.edges:
+                edge.stop()
+        if service.thread.is_alive():
+            service.finish()

@@ -55,7 +55,7 @@ def serve_learner(cfg: Config, run_dir: str | Path, out: Callable[[str], None] =
         status = learner.status()
         _write_status(run_dir, {"resumed_from": learner.resumed_from, **status, "pid": os.getpid()})
         printer.progress(time.monotonic() - started, status)
-        if status.get("failure") and room_again(run_dir / "buffer"):
+        if room_for(learner, status):
             learner, loop = _restart(learner, loop, out)
         stop.wait(1.0)
     learner.stop()
@@ -85,13 +85,15 @@ def room_again(directory: Path) -> bool:
     return usage.free >= min(RESUME_FREE_BYTES, usage.total // 10)
 
 
-def _restart(learner: Learner, loop: GuardedThread, out: Callable[[str], None]) -> tuple[Learner, GuardedThread]:
-    """After a buffer write failure (a full disk) once there is room again: what an operator would do, in
-    process: stop the learner cleanly (final checkpoint, buffer closed), start it again on the same
-    addresses (its buffer recovers what was committed; edges resend the rest from their spools)."""
-    reason = learner.status().get("failure")
-    learner.stop()
-    loop.join(timeout=60)
+def room_for(learner: Learner, status: dict) -> bool:
+    """Whether a learner whose buffer failed to write (`status["failure"]`) has room on its disk again."""
+    return bool(status.get("failure")) and room_again(learner.run_dir / "buffer")
+
+
+def reopened(learner: Learner) -> Learner:
+    """A learner stopped after its buffer failed to write, started again once the disk has room: what an
+    operator would do, in process: final checkpoint, close, a new learner on the same addresses (its
+    buffer recovers what was committed; edges resend the rest from their spools)."""
     try:
         learner.save()
     except OSError as exc:  # the room went again: the restart resumes from the last checkpoint
@@ -100,7 +102,15 @@ def _restart(learner: Learner, loop: GuardedThread, out: Callable[[str], None]) 
     cfg = learner.cfg.model_copy(deep=True)
     cfg.learner.data_port = int(learner.addresses["data"].rsplit(":", 1)[1])  # the edges' addresses stay valid
     cfg.learner.weights_port = int(learner.addresses["weights"].rsplit(":", 1)[1])
-    learner = Learner(cfg, learner.run_dir)
+    return Learner(cfg, learner.run_dir)
+
+
+def _restart(learner: Learner, loop: GuardedThread, out: Callable[[str], None]) -> tuple[Learner, GuardedThread]:
+    """Stop the learner whose disk has room again and start it on its buffer (`reopened`)."""
+    reason = learner.status().get("failure")
+    learner.stop()
+    loop.join(timeout=60)
+    learner = reopened(learner)
     out(f"the disk has room again: learner restarted on its buffer (was: {reason})")
     loop = GuardedThread("learner", learner.run)
     loop.start()
