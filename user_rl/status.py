@@ -122,6 +122,8 @@ def fleet_table(status: dict[str, Any]) -> str:
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1] for row in rows]
     if len(rows) == 1:
         lines.append("(no robot has connected)")
+    lines += [f"{robot_id} re-armed {robot['rearmed']}" for robot_id, robot in sorted((status.get("robots") or {}).items())
+              if robot.get("rearmed")]  # who cleared its last emergency stop (docs/safety.md)
     return "\n".join([head, *lines])
 
 

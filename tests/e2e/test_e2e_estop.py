@@ -16,6 +16,7 @@ from user_rl.cloud.buffer.segment import read_segment
 from user_rl.config import build_config
 from user_rl.edge.factory import make_edge
 from user_rl.robots.estop import EStopLatch
+from user_rl.status import ask_learner, fleet_table
 from user_rl.testing.learner import serving_learner
 from user_rl.testing.wait import wait_until
 
@@ -50,8 +51,14 @@ def test_an_estop_ends_the_episode_as_truncated_and_nothing_pairs_across_it(tmp_
             cut_length = edge.steps - 100 * cut  # every episode before it ran its 100 steps
             time.sleep(1.0)
             rearmed_at = time.time()
-            latch.clear()
+            latch.clear(by="cli:alice")
             wait_until(lambda: edge.steps >= cut_length + 100 * cut + 60, 30, "the robot to act again after re-arming")
+            # Who re-armed it, and which stop they cleared, reach `user-rl status` (asked over the wire).
+            robot_id = edge.robot.descriptor.id
+            wait_until(lambda: (ask_learner(learner.addresses["data"])["robots"][robot_id].get("rearmed") or "")
+                       .startswith("by cli:alice"), 15, "the re-arm in the learner's status")
+            table = fleet_table(ask_learner(learner.addresses["data"]))
+            assert f"{robot_id} re-armed by cli:alice" in table and "cleared the robot stop: operator: test" in table, table
             edge.stop()
             runner.join(90)
             assert edge.link.unacked == 0, edge.status()

@@ -163,11 +163,12 @@ def test_status_request_and_reply_carry_the_fleet_table() -> None:
     status = {"env_steps": 900, "updates": 450, "policy_version": 7, "buffer": 880, "time": 12.5, "robots": {
         "arm-0": {"health": "ok", "acting_version": 6, "policy_lag": 1, "steps_per_second": 49.5,
                   "backlog_bytes": 4096, "backlog_batches": 2, "last_error": None, "transitions": 440,
-                  "seconds_since_seen": 0.25, "quarantined_batches": 1},
+                  "seconds_since_seen": 0.25, "quarantined_batches": 1,
+                  "rearmed": "by op:alice at 2026-11-26 21:03:11 (cleared the cli stop: gripper jam)"},
         "arm-1": {"health": "unhealthy: motor 2 hot", "acting_version": None, "policy_lag": None,
                   "steps_per_second": 0.0, "backlog_bytes": 0, "backlog_batches": 0,
                   "last_error": "robot: motor 2 hot", "transitions": 440, "seconds_since_seen": 3.0,
-                  "quarantined_batches": 0}}}
+                  "quarantined_batches": 0, "rearmed": None}}}
     msg = roundtrip(envelope(status_reply=status_reply(status)))
     assert msg.kind == "status_reply" and status_from_reply(msg.body) == status
 

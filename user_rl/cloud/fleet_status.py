@@ -26,7 +26,7 @@ def status_reply(status: Mapping[str, Any]) -> pb.StatusReply:
             spool_bytes=int(robot.get("backlog_bytes") or 0), backlog_batches=int(robot.get("backlog_batches") or 0),
             last_error=robot.get("last_error") or "", transitions=int(robot.get("transitions") or 0),
             heard_s_ago=float(robot.get("seconds_since_seen") or 0.0),
-            quarantined_batches=int(robot.get("quarantined_batches") or 0))
+            quarantined_batches=int(robot.get("quarantined_batches") or 0), rearmed=robot.get("rearmed") or "")
     return reply
 
 
@@ -37,7 +37,7 @@ def status_from_reply(reply: pb.StatusReply) -> dict[str, Any]:
                            "steps_per_second": r.steps_per_second, "backlog_bytes": r.spool_bytes,
                            "backlog_batches": r.backlog_batches, "last_error": r.last_error or None,
                            "transitions": r.transitions, "seconds_since_seen": r.heard_s_ago,
-                           "quarantined_batches": r.quarantined_batches}
+                           "quarantined_batches": r.quarantined_batches, "rearmed": r.rearmed or None}
               for r in reply.robots}
     return {"env_steps": reply.env_steps, "updates": reply.updates, "policy_version": reply.policy_version,
             "buffer": reply.buffer_transitions, "time": reply.uptime_s, "robots": robots}

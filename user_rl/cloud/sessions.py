@@ -70,7 +70,8 @@ class RobotSession:
                           "policy_lag": policy_lag,
                           "backlog_bytes": hb.backlog_bytes, "dropped_transitions": hb.dropped_transitions,
                           "safety_violations": dict(hb.safety_violations), "watchdog_holds": hb.watchdog_holds,
-                          "estopped": hb.estopped or None, "intervention_steps": hb.intervention_steps,
+                          "estopped": hb.estopped or None, "rearmed": hb.rearmed or None,
+                          "intervention_steps": hb.intervention_steps,
                           "take_overs": hb.take_overs, "driver": hb.driver,
                           "health": hb.health or "unknown", "last_error": hb.last_error or None,
                           "inference": {"latency_ms": hb.inference_ms, "latency_p99_ms": hb.inference_p99_ms,
@@ -98,6 +99,7 @@ class RobotSession:
             "safety_violations": self.heartbeat.get("safety_violations", {}),
             "watchdog_holds": self.heartbeat.get("watchdog_holds", 0),
             "estopped": self.heartbeat.get("estopped"),
+            "rearmed": self.heartbeat.get("rearmed"),  # who re-armed it last, when, and which stop they cleared
             "health": self.heartbeat.get("health", "unknown"),  # "ok" or what is wrong, as the edge sees it
             "last_error": self.heartbeat.get("last_error"),  # the newest problem the edge met
             "intervention_rate": self.intervention_rate(),  # of its recent stored steps

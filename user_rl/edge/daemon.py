@@ -192,7 +192,7 @@ class EdgeDaemon:
             self.link.heartbeat(env_steps=self.steps, episodes=self.episodes,
                                 policy_version=self.acting_version, steps_per_second=self.steps_per_second,
                                 safety_violations=self._violations(), watchdog_holds=self.watchdog.holds,
-                                estopped=self.estop.tripped() or "",
+                                estopped=self.estop.tripped() or "", rearmed=self.estop.rearm_text(),
                                 intervention_steps=self.interventions.intervention_steps,
                                 take_overs=self.interventions.take_overs, driver=self.interventions.driver_name,
                                 health=health, last_error=last_error,

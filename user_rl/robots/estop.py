@@ -87,6 +87,14 @@ class EStopLatch:
             return None
         return record if isinstance(record, dict) and "by" in record else None
 
+    def rearm_text(self) -> str:
+        """`last_rearm` in words, for the heartbeat and `user-rl status` ("" when never re-armed)."""
+        rearm = self.last_rearm()
+        if rearm is None:
+            return ""
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(rearm.get("time") or 0.0)))
+        return f"by {rearm['by']} at {at} (cleared the {rearm.get('source', '?')} stop: {rearm.get('reason', '')})"[:200]
+
     def _read(self) -> dict | None:
         try:
             data = json.loads(self.path.read_text())
