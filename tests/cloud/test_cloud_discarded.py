@@ -5,6 +5,8 @@ RAM makes training wait, never stops the learner's sampler thread."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -49,13 +51,25 @@ class Edge:
         wait_until(lambda: not self.link.unacked, 30, pump=lambda: self.link.poll(10))
 
 
-def test_discarded_rows_do_not_start_learning_and_an_empty_draw_never_stops_the_sampler(tmp_path: Path) -> None:
-    config = {**REACH, "algo": {**REACH["algo"], "learning_starts": 30, "batch_size": 8}}
+@contextmanager
+def learner_with_edge(tmp_path: Path, config: dict) -> Iterator[tuple]:
+    """A real learner serving `config`, its loop thread, and a real edge link to it; all closed after."""
     serving, context = Serving(tmp_path), zmq.Context()
     edge = None
     try:
         learner = serving(config)
         edge = Edge(context, learner)
+        yield learner, serving.loop_of(learner), edge
+    finally:
+        if edge is not None:
+            edge.link.close()
+        serving.close()
+        context.term()
+
+
+def test_discarded_rows_do_not_start_learning_and_an_empty_draw_never_stops_the_sampler(tmp_path: Path) -> None:
+    config = {**REACH, "algo": {**REACH["algo"], "learning_starts": 30, "batch_size": 8}}
+    with learner_with_edge(tmp_path, config) as (learner, loop, edge):
         # Below learning_starts even before its discard arrives (the two are separate messages).
         edge.link.send_batch(*steps(0, 25))
         edge.link.send_episode_end(DISCARD)  # a person re-records: its 24 transitions leave the catalog
@@ -66,18 +80,12 @@ def test_discarded_rows_do_not_start_learning_and_an_empty_draw_never_stops_the_
         edge.acked()
         wait_until(lambda: len(learner.ingest.buffer) == 19, 30)
         time.sleep(1.0)  # the sampler thread's turns: it must neither start learning nor die
-        loop = serving.loop_of(learner)
         assert loop.is_alive() and not learner.status()["errors"], (loop.error, learner.status()["errors"])
         assert learner.updates == 0 and learner.sampler.prepared == 0
         edge.link.send_batch(*steps(2, 20))  # 19 + 19 sampleable transitions: past learning_starts
         edge.acked()
         wait_until(lambda: learner.updates > 0, 60)
         assert loop.is_alive() and not learner.status()["errors"]
-    finally:
-        if edge is not None:
-            edge.link.close()
-        serving.close()
-        context.term()
 
 
 def test_a_mix_with_nothing_in_ram_to_draw_makes_training_wait_not_stop(tmp_path: Path) -> None:
@@ -85,24 +93,14 @@ def test_a_mix_with_nothing_in_ram_to_draw_makes_training_wait_not_stop(tmp_path
     The sampler thread waits (and says so in the log) until demonstrations arrive."""
     config = {**REACH, "algo": {**REACH["algo"], "learning_starts": 10, "batch_size": 8},
               "buffer": {"mix": {"intervention": 1.0}}}
-    serving, context = Serving(tmp_path), zmq.Context()
-    edge = None
-    try:
-        learner = serving(config)
-        edge = Edge(context, learner)
+    with learner_with_edge(tmp_path, config) as (learner, loop, edge):
         edge.link.send_batch(*steps(0, 40))
         edge.acked()
         wait_until(lambda: len(learner.ingest.buffer) == 39, 30)
         time.sleep(1.5)  # many turns of the sampler thread, each finding nothing to draw
-        loop = serving.loop_of(learner)
         assert loop.is_alive() and not learner.status()["errors"], (loop.error, learner.status()["errors"])
         assert learner.updates == 0 and learner.sampler.empty_waits > 0
         edge.link.send_batch(*steps(1, 40, actor=pb.ACTOR_HUMAN))  # a person drives: intervention rows
         edge.acked()
         wait_until(lambda: learner.updates > 0, 60)
         assert loop.is_alive() and not learner.status()["errors"]
-    finally:
-        if edge is not None:
-            edge.link.close()
-        serving.close()
-        context.term()
