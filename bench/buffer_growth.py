@@ -47,9 +47,9 @@ from user_rl.wire.transitions import FINAL_OBS, FINAL_ROW, OBS
 OBS_SPACE = gym.spaces.Dict({"state": gym.spaces.Box(-10.0, 10.0, (18,), np.float32)})
 ACTION_SPACE = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 MB = 2**20
-GROWTH_GOAL = 1.5   # ours at the largest size / ours at the smallest
-RAW_GOAL = 0.7      # ours / raw, batches per second
-TAIL_GOAL = 3.0     # beyond the RAM budget: p99 / median sample time
+GROWTH_GOAL = 1.5  # ours at the largest size / ours at the smallest
+RAW_GOAL = 0.7  # ours / raw, batches per second
+TAIL_GOAL = 3.0  # beyond the RAM budget: p99 / median sample time
 
 
 class Robot:
@@ -67,11 +67,18 @@ class Robot:
         final_rows = np.flatnonzero(ends).astype(np.int64)
         state = np.repeat(t[:, None].astype(np.float32), 18, axis=1)
         cols = {
-            OBS + "state": state, "action": np.zeros((n, 4), np.float32), "reward": np.ones(n, np.float32),
-            "terminated": np.zeros(n, np.bool_), "truncated": ends,
-            "episode": (t // self.episode_len).astype(np.uint64), "step": step.astype(np.int64),
-            "policy_version": np.zeros(n, np.int64), "actor": np.full(n, pb.ACTOR_POLICY, np.uint8),
-            "label": np.full(n, pb.LABEL_NONE, np.uint8), "sensor_time": np.zeros(n), FINAL_ROW: final_rows,
+            OBS + "state": state,
+            "action": np.zeros((n, 4), np.float32),
+            "reward": np.ones(n, np.float32),
+            "terminated": np.zeros(n, np.bool_),
+            "truncated": ends,
+            "episode": (t // self.episode_len).astype(np.uint64),
+            "step": step.astype(np.int64),
+            "policy_version": np.zeros(n, np.int64),
+            "actor": np.full(n, pb.ACTOR_POLICY, np.uint8),
+            "label": np.full(n, pb.LABEL_NONE, np.uint8),
+            "sensor_time": np.zeros(n),
+            FINAL_ROW: final_rows,
         }
         if len(final_rows):
             cols[FINAL_OBS + "state"] = state[final_rows] + 1
@@ -95,9 +102,15 @@ class RawArrays:
     def sample(self, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         idx = rng.integers(0, self.n - 1, batch)
         nxt = idx + 1
-        return {"obs/state": self.state[idx], "next_obs/state": self.state[nxt], "action": self.action[idx],
-                "reward": self.reward[idx], "terminated": self.terminated[idx],
-                "policy_version": self.policy_version[idx], "robot": self.robot[idx]}
+        return {
+            "obs/state": self.state[idx],
+            "next_obs/state": self.state[nxt],
+            "action": self.action[idx],
+            "reward": self.reward[idx],
+            "terminated": self.terminated[idx],
+            "policy_version": self.policy_version[idx],
+            "robot": self.robot[idx],
+        }
 
 
 class Ingest:
@@ -130,8 +143,9 @@ class Ingest:
         self.store.commit()
 
 
-def measure(store: PersistentReplay, ingest: Ingest, raw: RawArrays, samples: int, batch: int,
-            rounds: int, seed: int) -> dict:
+def measure(
+    store: PersistentReplay, ingest: Ingest, raw: RawArrays, samples: int, batch: int, rounds: int, seed: int
+) -> dict:
     """Ours (with a 32-row add between samples) and raw, alternating in `rounds`."""
     rng_ours, rng_raw = np.random.default_rng(seed), np.random.default_rng(seed + 1)
     ours_t, raw_t = [], []
@@ -153,14 +167,27 @@ def measure(store: PersistentReplay, ingest: Ingest, raw: RawArrays, samples: in
     # Every sampled pair is a true one: next obs is the same robot's next step.
     assert np.all(out["next_obs/state"][:, 0] == out["obs/state"][:, 0] + 1), "a sampled pair is not consecutive"
     ours_ms, raw_ms = np.asarray(ours_t) * 1e3, np.asarray(raw_t) * 1e3
-    return {"ours_ms": float(np.median(ours_ms)), "ours_mean_ms": float(ours_ms.mean()),
-            "ours_p99_ms": float(np.percentile(ours_ms, 99)), "ours_max_ms": float(ours_ms.max()),
-            "raw_ms": float(np.median(raw_ms)), "raw_mean_ms": float(raw_ms.mean()),
-            "samples": len(ours_t)}
+    return {
+        "ours_ms": float(np.median(ours_ms)),
+        "ours_mean_ms": float(ours_ms.mean()),
+        "ours_p99_ms": float(np.percentile(ours_ms, 99)),
+        "ours_max_ms": float(ours_ms.max()),
+        "raw_ms": float(np.median(raw_ms)),
+        "raw_mean_ms": float(raw_ms.mean()),
+        "samples": len(ours_t),
+    }
 
 
-def beyond_budget(root: Path, transitions: int, budget_mb: float, segment_mb: float, samples: int,
-                  batch: int, commit_every: int, seed: int) -> dict:
+def beyond_budget(
+    root: Path,
+    transitions: int,
+    budget_mb: float,
+    segment_mb: float,
+    samples: int,
+    batch: int,
+    commit_every: int,
+    seed: int,
+) -> dict:
     """Sample times (with a 32-row add before each) from a buffer `transitions` long whose RAM budget
     holds only part of it: the prefetcher swaps a segment in every 16 batches."""
     settings = BufferConfig(ram_budget_mb=budget_mb, segment_mb=segment_mb)
@@ -197,17 +224,30 @@ def beyond_budget(root: Path, transitions: int, budget_mb: float, segment_mb: fl
             store.sample(batch, rng)
             floor_t.append(time.perf_counter() - t1)
         floor = np.asarray(floor_t) * 1e3
-        return {"budget_mb": budget_mb, "stored": len(store), "fill_s": fill_s, "segments": len(store.segments) + 1,
-                "cached_segments": len(store.cache.active()), "segment_rows": store.segment_rows, "samples": samples,
-                "median_ms": float(np.median(ms)), "mean_ms": float(ms.mean()), "p99_ms": float(np.percentile(ms, 99)),
-                "max_ms": float(ms.max()), "p99_over_median": float(np.percentile(ms, 99) / np.median(ms)),
-                "add_median_ms": float(np.median(add_ms)), "add_p99_ms": float(np.percentile(add_ms, 99)),
-                "add_max_ms": float(add_ms.max()), "swaps": swapped,
-                "no_swaps_median_ms": float(np.median(floor)), "no_swaps_p99_ms": float(np.percentile(floor, 99)),
-                "no_swaps_max_ms": float(floor.max()),
-                "slot_loads": store.cache.slot_loads - loads,
-                "rows_looked_at_per_swap": (store.cache.loaded_rows - looked_at) / max(1, swapped),
-                "catalog_rebuilds": store.cache.version - rebuilds}
+        return {
+            "budget_mb": budget_mb,
+            "stored": len(store),
+            "fill_s": fill_s,
+            "segments": len(store.segments) + 1,
+            "cached_segments": len(store.cache.active()),
+            "segment_rows": store.segment_rows,
+            "samples": samples,
+            "median_ms": float(np.median(ms)),
+            "mean_ms": float(ms.mean()),
+            "p99_ms": float(np.percentile(ms, 99)),
+            "max_ms": float(ms.max()),
+            "p99_over_median": float(np.percentile(ms, 99) / np.median(ms)),
+            "add_median_ms": float(np.median(add_ms)),
+            "add_p99_ms": float(np.percentile(add_ms, 99)),
+            "add_max_ms": float(add_ms.max()),
+            "swaps": swapped,
+            "no_swaps_median_ms": float(np.median(floor)),
+            "no_swaps_p99_ms": float(np.percentile(floor, 99)),
+            "no_swaps_max_ms": float(floor.max()),
+            "slot_loads": store.cache.slot_loads - loads,
+            "rows_looked_at_per_swap": (store.cache.loaded_rows - looked_at) / max(1, swapped),
+            "catalog_rebuilds": store.cache.version - rebuilds,
+        }
     finally:
         store.close()
 
@@ -215,14 +255,22 @@ def beyond_budget(root: Path, transitions: int, budget_mb: float, segment_mb: fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10000,100000,300000,1000000", help="stored transitions, comma separated")
-    parser.add_argument("--samples", type=int, default=400,
-                        help="timed samples per size and side (each after a 32-row add: the buffer grows by 2 x 32 x this meanwhile)")
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=400,
+        help="timed samples per size and side (each after a 32-row add: the buffer grows by 2 x 32 x this meanwhile)",
+    )
     parser.add_argument("--rounds", type=int, default=20, help="ours/raw alternations per size")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--commit-every", type=int, default=4, help="32-row adds per commit")
     parser.add_argument("--segment-mb", type=float, default=BufferConfig().segment_mb)
-    parser.add_argument("--beyond", type=int, default=1_500_000, help="transitions of the beyond-budget case (0: skip it)")
-    parser.add_argument("--budgets", default="48,200", help="RAM budgets (MB) of the beyond-budget case, comma separated")
+    parser.add_argument(
+        "--beyond", type=int, default=1_500_000, help="transitions of the beyond-budget case (0: skip it)"
+    )
+    parser.add_argument(
+        "--budgets", default="48,200", help="RAM budgets (MB) of the beyond-budget case, comma separated"
+    )
     parser.add_argument("--beyond-samples", type=int, default=2000, help="timed samples per budget")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for the smoke test")
     parser.add_argument("--out", default=None)
@@ -254,59 +302,117 @@ def main() -> None:
             ingest.adds = 0
             stored_from = len(store)
             row = measure(store, ingest, raw, args.samples, args.batch, args.rounds, seed=size)
-            row.update({"size": size, "stored_from": stored_from, "stored": len(store), "fill_s": fill_s,
-                        "segments": len(store.segments) + 1, "cached_segments": len(store.cache.active()),
-                        "catalog_rebuilds": store.cache.version,
-                        "add_ms": 1e3 * ingest.add_s / ingest.adds, "commit_ms_per_add": 1e3 * ingest.commit_s / ingest.adds,
-                        "ratio_vs_raw": row["raw_ms"] / row["ours_ms"]})
+            row.update(
+                {
+                    "size": size,
+                    "stored_from": stored_from,
+                    "stored": len(store),
+                    "fill_s": fill_s,
+                    "segments": len(store.segments) + 1,
+                    "cached_segments": len(store.cache.active()),
+                    "catalog_rebuilds": store.cache.version,
+                    "add_ms": 1e3 * ingest.add_s / ingest.adds,
+                    "commit_ms_per_add": 1e3 * ingest.commit_s / ingest.adds,
+                    "ratio_vs_raw": row["raw_ms"] / row["ours_ms"],
+                }
+            )
             results.append(row)
             print(f"  {size:>9,} stored: ours {row['ours_ms']:.3f} ms/sample, raw {row['raw_ms']:.3f}", flush=True)
         assert not store.prefetcher.cold(), "every segment should be in RAM"
         store.close()
-        beyond = [beyond_budget(Path(root), args.beyond, float(b), args.segment_mb, args.beyond_samples, args.batch,
-                                args.commit_every, seed=i) for i, b in enumerate(args.budgets.split(","))] \
-            if args.beyond else []
+        beyond = (
+            [
+                beyond_budget(
+                    Path(root),
+                    args.beyond,
+                    float(b),
+                    args.segment_mb,
+                    args.beyond_samples,
+                    args.batch,
+                    args.commit_every,
+                    seed=i,
+                )
+                for i, b in enumerate(args.budgets.split(","))
+            ]
+            if args.beyond
+            else []
+        )
 
     growth = results[-1]["ours_ms"] / results[0]["ours_ms"]
     worst = min(r["ratio_vs_raw"] for r in results)
-    print(f"\nbatches of {args.batch} (obs + next obs of 18 float32, and the scalar columns); "
-          f"a 32-transition add before each sample, a commit every {args.commit_every} adds; "
-          f"RAM budget {budget_mb:,.0f} MB (all in RAM)")
+    print(
+        f"\nbatches of {args.batch} (obs + next obs of 18 float32, and the scalar columns); "
+        f"a 32-transition add before each sample, a commit every {args.commit_every} adds; "
+        f"RAM budget {budget_mb:,.0f} MB (all in RAM)"
+    )
     print(f"load average before / after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores\n")
-    print("| stored transitions (during the measurement) | ours ms/sample (p50) | ours mean / p99 / max ms | raw ms/sample (p50) | ours/raw batches/s "
-          "| add ms (32 rows) | commit ms per add | segments | catalog rebuilds |")
+    print(
+        "| stored transitions (during the measurement) | ours ms/sample (p50) | ours mean / p99 / max ms "
+        "| raw ms/sample (p50) | ours/raw batches/s "
+        "| add ms (32 rows) | commit ms per add | segments | catalog rebuilds |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['stored_from']:,}-{r['stored']:,} | {r['ours_ms']:.3f} | {r['ours_mean_ms']:.3f} / {r['ours_p99_ms']:.3f} / {r['ours_max_ms']:.3f} | "
-              f"{r['raw_ms']:.3f} | {r['ratio_vs_raw']:.2f} | {r['add_ms']:.3f} | {r['commit_ms_per_add']:.3f} | "
-              f"{r['segments']} | {r['catalog_rebuilds']} |")
+        print(
+            f"| {r['stored_from']:,}-{r['stored']:,} | {r['ours_ms']:.3f} | "
+            f"{r['ours_mean_ms']:.3f} / {r['ours_p99_ms']:.3f} / {r['ours_max_ms']:.3f} | "
+            f"{r['raw_ms']:.3f} | {r['ratio_vs_raw']:.2f} | {r['add_ms']:.3f} | {r['commit_ms_per_add']:.3f} | "
+            f"{r['segments']} | {r['catalog_rebuilds']} |"
+        )
     print()
-    print(f"growth ratio ours {sizes[-1]:,} / {sizes[0]:,} = {growth:.2f} (goal <= {GROWTH_GOAL}): "
-          f"{'met' if growth <= GROWTH_GOAL else 'NOT met'}")
-    print(f"ratio ours/raw at {sizes[-1]:,} = {results[-1]['ratio_vs_raw']:.2f}, worst over sizes {worst:.2f} "
-          f"(goal >= {RAW_GOAL}): {'met' if worst >= RAW_GOAL else 'NOT met'}")
+    print(
+        f"growth ratio ours {sizes[-1]:,} / {sizes[0]:,} = {growth:.2f} (goal <= {GROWTH_GOAL}): "
+        f"{'met' if growth <= GROWTH_GOAL else 'NOT met'}"
+    )
+    print(
+        f"ratio ours/raw at {sizes[-1]:,} = {results[-1]['ratio_vs_raw']:.2f}, worst over sizes {worst:.2f} "
+        f"(goal >= {RAW_GOAL}): {'met' if worst >= RAW_GOAL else 'NOT met'}"
+    )
     if beyond:
-        print(f"\nbeyond the RAM budget: {args.beyond:,} transitions, segments of {args.segment_mb:g} MB, "
-              f"{args.beyond_samples} samples of {args.batch} per budget, a 32-row add before each\n")
-        print("| RAM budget MB | cached / segments | sample ms p50 | p99 | max | mean | p99/p50 | no swaps: p50 / p99 / max "
-              "| add ms p50 / p99 / max | swaps | rows looked at per swap | catalog rebuilds |")
+        print(
+            f"\nbeyond the RAM budget: {args.beyond:,} transitions, segments of {args.segment_mb:g} MB, "
+            f"{args.beyond_samples} samples of {args.batch} per budget, a 32-row add before each\n"
+        )
+        print(
+            "| RAM budget MB | cached / segments | sample ms p50 | p99 | max | mean | p99/p50 "
+            "| no swaps: p50 / p99 / max "
+            "| add ms p50 / p99 / max | swaps | rows looked at per swap | catalog rebuilds |"
+        )
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in beyond:
-            print(f"| {r['budget_mb']:g} | {r['cached_segments']} / {r['segments']} | {r['median_ms']:.3f} | "
-                  f"{r['p99_ms']:.3f} | {r['max_ms']:.3f} | {r['mean_ms']:.3f} | {r['p99_over_median']:.2f} | "
-                  f"{r['no_swaps_median_ms']:.3f} / {r['no_swaps_p99_ms']:.3f} / {r['no_swaps_max_ms']:.3f} | "
-                  f"{r['add_median_ms']:.3f} / {r['add_p99_ms']:.3f} / {r['add_max_ms']:.3f} | {r['swaps']} | "
-                  f"{r['rows_looked_at_per_swap']:,.0f} | {r['catalog_rebuilds']} |")
+            print(
+                f"| {r['budget_mb']:g} | {r['cached_segments']} / {r['segments']} | {r['median_ms']:.3f} | "
+                f"{r['p99_ms']:.3f} | {r['max_ms']:.3f} | {r['mean_ms']:.3f} | {r['p99_over_median']:.2f} | "
+                f"{r['no_swaps_median_ms']:.3f} / {r['no_swaps_p99_ms']:.3f} / {r['no_swaps_max_ms']:.3f} | "
+                f"{r['add_median_ms']:.3f} / {r['add_p99_ms']:.3f} / {r['add_max_ms']:.3f} | {r['swaps']} | "
+                f"{r['rows_looked_at_per_swap']:,.0f} | {r['catalog_rebuilds']} |"
+            )
         tail = max(r["p99_over_median"] for r in beyond)
-        print(f"\nbeyond the budget: worst p99 / median = {tail:.2f} (goal <= {TAIL_GOAL}): "
-              f"{'met' if tail <= TAIL_GOAL else 'NOT met'}")
-    result = {"config": {"sizes": sizes, "samples": args.samples, "rounds": args.rounds, "batch": args.batch,
-                         "commit_every": args.commit_every, "segment_mb": args.segment_mb, "row_bytes": per_row,
-                         "ram_budget_mb": budget_mb},
-              "load_average": [load_before[0], os.getloadavg()[0]], "cpus": os.cpu_count(),
-              "sizes": results, "growth_ratio": growth, "growth_goal": GROWTH_GOAL,
-              "ratio_vs_raw": results[-1]["ratio_vs_raw"], "worst_ratio_vs_raw": worst, "raw_goal": RAW_GOAL,
-              "beyond_budget": {"transitions": args.beyond, "cases": beyond, "tail_goal": TAIL_GOAL}}
+        print(
+            f"\nbeyond the budget: worst p99 / median = {tail:.2f} (goal <= {TAIL_GOAL}): "
+            f"{'met' if tail <= TAIL_GOAL else 'NOT met'}"
+        )
+    result = {
+        "config": {
+            "sizes": sizes,
+            "samples": args.samples,
+            "rounds": args.rounds,
+            "batch": args.batch,
+            "commit_every": args.commit_every,
+            "segment_mb": args.segment_mb,
+            "row_bytes": per_row,
+            "ram_budget_mb": budget_mb,
+        },
+        "load_average": [load_before[0], os.getloadavg()[0]],
+        "cpus": os.cpu_count(),
+        "sizes": results,
+        "growth_ratio": growth,
+        "growth_goal": GROWTH_GOAL,
+        "ratio_vs_raw": results[-1]["ratio_vs_raw"],
+        "worst_ratio_vs_raw": worst,
+        "raw_goal": RAW_GOAL,
+        "beyond_budget": {"transitions": args.beyond, "cases": beyond, "tail_goal": TAIL_GOAL},
+    }
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

@@ -40,10 +40,12 @@ from user_rl.config import BufferConfig
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.transitions import FINAL_OBS, FINAL_ROW, OBS
 
-OBS_SPACE = gym.spaces.Dict({
-    "pixels": gym.spaces.Box(0, 255, (84, 84, 3), np.uint8),
-    "state": gym.spaces.Box(-1.0, 1.0, (8,), np.float32),
-})
+OBS_SPACE = gym.spaces.Dict(
+    {
+        "pixels": gym.spaces.Box(0, 255, (84, 84, 3), np.uint8),
+        "state": gym.spaces.Box(-1.0, 1.0, (8,), np.float32),
+    }
+)
 ACTION_SPACE = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 MB = 2**20
 GOAL = 0.5
@@ -73,13 +75,19 @@ class Robot:
         final_rows = np.flatnonzero(ends).astype(np.int64)
         after = (t[final_rows] + 1) % len(self.frames)
         cols = {
-            OBS + "pixels": self.frames[frame], OBS + "state": self.states[frame],
-            "action": self.actions[frame], "reward": self.states[frame, 0].copy(),
-            "terminated": np.zeros(n, np.bool_), "truncated": ends,
-            "episode": (t // self.episode_len).astype(np.uint64), "step": step.astype(np.int64),
+            OBS + "pixels": self.frames[frame],
+            OBS + "state": self.states[frame],
+            "action": self.actions[frame],
+            "reward": self.states[frame, 0].copy(),
+            "terminated": np.zeros(n, np.bool_),
+            "truncated": ends,
+            "episode": (t // self.episode_len).astype(np.uint64),
+            "step": step.astype(np.int64),
             "policy_version": np.full(n, self.batches, np.int64),
-            "actor": np.full(n, pb.ACTOR_POLICY, np.uint8), "label": np.full(n, pb.LABEL_NONE, np.uint8),
-            "sensor_time": np.full(n, time.time()), FINAL_ROW: final_rows,
+            "actor": np.full(n, pb.ACTOR_POLICY, np.uint8),
+            "label": np.full(n, pb.LABEL_NONE, np.uint8),
+            "sensor_time": np.full(n, time.time()),
+            FINAL_ROW: final_rows,
         }
         if len(final_rows):
             cols[FINAL_OBS + "pixels"], cols[FINAL_OBS + "state"] = self.frames[after], self.states[after]
@@ -112,8 +120,16 @@ def run_ours(directory: Path, batches: list[dict], settings: BufferConfig) -> di
     t0 = time.perf_counter()
     segments = len(store.segments)
     store.close()
-    return {"seconds": add_s + commit_s, "add_s": add_s, "commit_s": commit_s, "close_s": time.perf_counter() - t0,
-            "bytes": sum(batch_bytes), "batch_bytes": batch_bytes, "row_bytes": per_row, "sealed_segments": segments}
+    return {
+        "seconds": add_s + commit_s,
+        "add_s": add_s,
+        "commit_s": commit_s,
+        "close_s": time.perf_counter() - t0,
+        "bytes": sum(batch_bytes),
+        "batch_bytes": batch_bytes,
+        "row_bytes": per_row,
+        "sealed_segments": segments,
+    }
 
 
 def batch_chunks(cols: dict[str, np.ndarray], nbytes: int) -> list[np.ndarray]:
@@ -198,44 +214,81 @@ def main() -> None:
             raw_file.unlink()
             pwrite_file.unlink()
             del ours["batch_bytes"]
-            run = {"ours": {**rates(ours, transitions), **ours}, "raw": {**rates(raw, transitions), **raw},
-                   "pwrite": {**rates(pwrite, transitions), **pwrite}}
+            run = {
+                "ours": {**rates(ours, transitions), **ours},
+                "raw": {**rates(raw, transitions), **raw},
+                "pwrite": {**rates(pwrite, transitions), **pwrite},
+            }
             run["ratio"] = run["ours"]["transitions_per_s"] / run["raw"]["transitions_per_s"]
             run["ratio_vs_pwrite"] = run["ours"]["transitions_per_s"] / run["pwrite"]["transitions_per_s"]
             runs.append(run)
 
     sides = ("ours", "raw", "pwrite")
-    median = {side: {k: statistics.median(r[side][k] for r in runs) for k in ("transitions_per_s", "mb_per_s")}
-              for side in sides}
+    median = {
+        side: {k: statistics.median(r[side][k] for r in runs) for k in ("transitions_per_s", "mb_per_s")}
+        for side in sides
+    }
     ratio = statistics.median(r["ratio"] for r in runs)
     ratio_pwrite = statistics.median(r["ratio_vs_pwrite"] for r in runs)
     stored_per_transition = runs[0]["ours"]["bytes"] / transitions
-    print(f"{transitions:,} transitions in batches of {args.batch}, commit after each; "
-          f"{stored_per_transition:,.0f} B stored per transition ({wire_bytes:,.0f} B on the wire)")
+    print(
+        f"{transitions:,} transitions in batches of {args.batch}, commit after each; "
+        f"{stored_per_transition:,.0f} B stored per transition ({wire_bytes:,.0f} B on the wire)"
+    )
     print(f"load average before / after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     print("raw = np.memmap copy + flush (the baseline); pwrite = os.pwrite + fdatasync (a second reference)")
     print()
-    print("| repeat | ours tr/s | ours MB/s | raw tr/s | raw MB/s | pwrite tr/s | pwrite MB/s "
-          "| ours/raw | ours/pwrite | ours add s | ours commit s |")
+    print(
+        "| repeat | ours tr/s | ours MB/s | raw tr/s | raw MB/s | pwrite tr/s | pwrite MB/s "
+        "| ours/raw | ours/pwrite | ours add s | ours commit s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    rows = [(str(i), r["ours"], r["raw"], r["pwrite"], r["ratio"], r["ratio_vs_pwrite"],
-             f"{r['ours']['add_s']:.2f}", f"{r['ours']['commit_s']:.2f}") for i, r in enumerate(runs)]
+    rows = [
+        (
+            str(i),
+            r["ours"],
+            r["raw"],
+            r["pwrite"],
+            r["ratio"],
+            r["ratio_vs_pwrite"],
+            f"{r['ours']['add_s']:.2f}",
+            f"{r['ours']['commit_s']:.2f}",
+        )
+        for i, r in enumerate(runs)
+    ]
     rows.append(("median", median["ours"], median["raw"], median["pwrite"], ratio, ratio_pwrite, "", ""))
     for name, o, w, p, q, qp, add_s, commit_s in rows:
-        print(f"| {name} | {o['transitions_per_s']:,.0f} | {o['mb_per_s']:,.1f} | {w['transitions_per_s']:,.0f} | "
-              f"{w['mb_per_s']:,.1f} | {p['transitions_per_s']:,.0f} | {p['mb_per_s']:,.1f} | {q:.3f} | {qp:.3f} "
-              f"| {add_s} | {commit_s} |")
+        print(
+            f"| {name} | {o['transitions_per_s']:,.0f} | {o['mb_per_s']:,.1f} | {w['transitions_per_s']:,.0f} | "
+            f"{w['mb_per_s']:,.1f} | {p['transitions_per_s']:,.0f} | {p['mb_per_s']:,.1f} | {q:.3f} | {qp:.3f} "
+            f"| {add_s} | {commit_s} |"
+        )
     print()
-    print(f"ratio ours/raw = {ratio:.3f} (goal >= {GOAL}): {'met' if ratio >= GOAL else 'NOT met'}; "
-          f"ours/pwrite = {ratio_pwrite:.3f}")
+    print(
+        f"ratio ours/raw = {ratio:.3f} (goal >= {GOAL}): {'met' if ratio >= GOAL else 'NOT met'}; "
+        f"ours/pwrite = {ratio_pwrite:.3f}"
+    )
 
-    result = {"config": {"batch": args.batch, "transitions": transitions, "episode_len": args.episode_len,
-                         "repeats": args.repeats, "buffer": BufferConfig().model_dump()},
-              "load_average": [load_before[0], os.getloadavg()[0]],
-              "cpus": os.cpu_count(), "stored_bytes_per_transition": stored_per_transition,
-              "wire_bytes_per_transition": wire_bytes,
-              "ours": median["ours"], "raw": median["raw"], "pwrite": median["pwrite"], "ratio": ratio,
-              "ratio_vs_pwrite": ratio_pwrite, "goal": GOAL, "runs": runs}
+    result = {
+        "config": {
+            "batch": args.batch,
+            "transitions": transitions,
+            "episode_len": args.episode_len,
+            "repeats": args.repeats,
+            "buffer": BufferConfig().model_dump(),
+        },
+        "load_average": [load_before[0], os.getloadavg()[0]],
+        "cpus": os.cpu_count(),
+        "stored_bytes_per_transition": stored_per_transition,
+        "wire_bytes_per_transition": wire_bytes,
+        "ours": median["ours"],
+        "raw": median["raw"],
+        "pwrite": median["pwrite"],
+        "ratio": ratio,
+        "ratio_vs_pwrite": ratio_pwrite,
+        "goal": GOAL,
+        "runs": runs,
+    }
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

@@ -40,8 +40,9 @@ from user_rl.config import BufferConfig  # noqa: E402
 GOALS = {"warm": 0.7, "cold_3x": 0.5}
 
 
-def fill(directory: Path, transitions: int, episode_len: int,
-         settings: BufferConfig) -> tuple[PersistentReplay, np.ndarray, Robot]:
+def fill(
+    directory: Path, transitions: int, episode_len: int, settings: BufferConfig
+) -> tuple[PersistentReplay, np.ndarray, Robot]:
     """A filled store, and the segment each batch (policy_version) went to."""
     store = PersistentReplay(directory, OBS_SPACE, ACTION_SPACE, settings)
     fill_batch = min(256, store.segment_rows // 4)  # never split across segments
@@ -72,10 +73,17 @@ class RawArrays:
     def sample(self, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         idx = rng.integers(0, self.n - 1, batch)
         nxt = idx + 1
-        return {"obs/pixels": self.pixels[idx], "obs/state": self.state[idx],
-                "next_obs/pixels": self.pixels[nxt], "next_obs/state": self.state[nxt],
-                "action": self.action[idx], "reward": self.reward[idx], "terminated": self.terminated[idx],
-                "policy_version": self.policy_version[idx], "robot": self.robot[idx]}
+        return {
+            "obs/pixels": self.pixels[idx],
+            "obs/state": self.state[idx],
+            "next_obs/pixels": self.pixels[nxt],
+            "next_obs/state": self.state[nxt],
+            "action": self.action[idx],
+            "reward": self.reward[idx],
+            "terminated": self.terminated[idx],
+            "policy_version": self.policy_version[idx],
+            "robot": self.robot[idx],
+        }
 
 
 def timed(sample, batch: int, seconds: float, seed: int, on_batch=None) -> dict:
@@ -94,8 +102,13 @@ def timed(sample, batch: int, seconds: float, seed: int, on_batch=None) -> dict:
             bookkeeping += time.perf_counter() - t1
     wall = time.perf_counter() - start - bookkeeping  # the benchmark's own bookkeeping is not the buffer's
     ms = np.asarray(latencies) * 1e3
-    return {"batches": len(latencies), "batches_per_s": len(latencies) / wall,
-            "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max())}
+    return {
+        "batches": len(latencies),
+        "batches_per_s": len(latencies) / wall,
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "max_ms": float(ms.max()),
+    }
 
 
 def main() -> None:
@@ -119,14 +132,21 @@ def main() -> None:
         per_row = row_bytes(segment_schema(OBS_SPACE, ACTION_SPACE))
         warm_budget = max(BufferConfig().ram_budget_mb, 2 * args.transitions * per_row / MB)
         t0 = time.perf_counter()
-        store, segment_of_batch, robot = fill(directory, args.transitions, args.episode_len,
-                                              BufferConfig(ram_budget_mb=warm_budget, segment_mb=args.segment_mb))
+        store, segment_of_batch, robot = fill(
+            directory,
+            args.transitions,
+            args.episode_len,
+            BufferConfig(ram_budget_mb=warm_budget, segment_mb=args.segment_mb),
+        )
         fill_s = time.perf_counter() - t0
         assert not store.prefetcher.cold(), "warm case: every segment should be cached"
         raw = RawArrays(robot, len(store))
-        cases["warm"] = {"raw": timed(raw.sample, args.batch, args.seconds, 1),
-                         "ours": timed(store.sample, args.batch, args.seconds, 2),
-                         "ram_budget_mb": warm_budget, "cached_segments": len(store.cache.active())}
+        cases["warm"] = {
+            "raw": timed(raw.sample, args.batch, args.seconds, 1),
+            "ours": timed(store.sample, args.batch, args.seconds, 2),
+            "ram_budget_mb": warm_budget,
+            "cached_segments": len(store.cache.active()),
+        }
         store.close()
 
         # (b) data = 3x the RAM budget, read from disk through the prefetcher.
@@ -135,8 +155,9 @@ def main() -> None:
         for f in files:
             drop_from_page_cache(f)
         t0 = time.perf_counter()
-        store = PersistentReplay(directory, OBS_SPACE, ACTION_SPACE,
-                                 BufferConfig(ram_budget_mb=data_mb / 3, segment_mb=args.segment_mb))
+        store = PersistentReplay(
+            directory, OBS_SPACE, ACTION_SPACE, BufferConfig(ram_budget_mb=data_mb / 3, segment_mb=args.segment_mb)
+        )
         open_s = time.perf_counter() - t0
         for f in files:
             drop_from_page_cache(f)
@@ -146,12 +167,23 @@ def main() -> None:
         def note(batch: dict) -> None:
             seen.update(segment_of_batch[np.unique(batch["policy_version"])].tolist())
 
-        cold = {"raw": timed(raw.sample, args.batch, args.seconds, 3),
-                "ours": timed(store.sample, args.batch, args.seconds, 4, note)}
-        cold.update({"ram_budget_mb": data_mb / 3, "data_mb": data_mb, "segments": len(files),
-                     "cache_slots": store.cache.slots - 1, "cached_segments_at_start": cached_at_start,
-                     "swaps": store.prefetcher.swaps, "distinct_segments_sampled": len(seen),
-                     "fraction_segments_sampled": len(seen) / len(files), "reopen_s": open_s})
+        cold = {
+            "raw": timed(raw.sample, args.batch, args.seconds, 3),
+            "ours": timed(store.sample, args.batch, args.seconds, 4, note),
+        }
+        cold.update(
+            {
+                "ram_budget_mb": data_mb / 3,
+                "data_mb": data_mb,
+                "segments": len(files),
+                "cache_slots": store.cache.slots - 1,
+                "cached_segments_at_start": cached_at_start,
+                "swaps": store.prefetcher.swaps,
+                "distinct_segments_sampled": len(seen),
+                "fraction_segments_sampled": len(seen) / len(files),
+                "reopen_s": open_s,
+            }
+        )
         cases["cold_3x"] = cold
         store.close()
 
@@ -159,32 +191,50 @@ def main() -> None:
         case["ratio"] = case["ours"]["batches_per_s"] / case["raw"]["batches_per_s"]
         case["goal"] = GOALS[name]
     mb_per_batch = 2 * args.batch * per_row / MB
-    print(f"{len(raw.reward):,} transitions ({data_mb:,.0f} MB stored, {len(files)} segments, "
-          f"filled in {fill_s:.1f} s); batches of {args.batch} (~{mb_per_batch:.1f} MB of obs + next obs each)")
+    print(
+        f"{len(raw.reward):,} transitions ({data_mb:,.0f} MB stored, {len(files)} segments, "
+        f"filled in {fill_s:.1f} s); batches of {args.batch} (~{mb_per_batch:.1f} MB of obs + next obs each)"
+    )
     print(f"load average before / after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     print()
-    print("| case | RAM budget MB | raw batches/s | ours batches/s | ours/raw | goal "
-          "| ours p50 / p99 / max ms | raw p50 / p99 ms |")
+    print(
+        "| case | RAM budget MB | raw batches/s | ours batches/s | ours/raw | goal "
+        "| ours p50 / p99 / max ms | raw p50 / p99 ms |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, c in cases.items():
         o, r = c["ours"], c["raw"]
-        print(f"| {name} | {c['ram_budget_mb']:,.0f} | {r['batches_per_s']:,.1f} | {o['batches_per_s']:,.1f} | "
-              f"{c['ratio']:.3f} | {c['goal']} | {o['p50_ms']:.1f} / {o['p99_ms']:.1f} / {o['max_ms']:.1f} | "
-              f"{r['p50_ms']:.1f} / {r['p99_ms']:.1f} |")
+        print(
+            f"| {name} | {c['ram_budget_mb']:,.0f} | {r['batches_per_s']:,.1f} | {o['batches_per_s']:,.1f} | "
+            f"{c['ratio']:.3f} | {c['goal']} | {o['p50_ms']:.1f} / {o['p99_ms']:.1f} / {o['max_ms']:.1f} | "
+            f"{r['p50_ms']:.1f} / {r['p99_ms']:.1f} |"
+        )
     c = cases["cold_3x"]
     print()
-    print(f"cold_3x: reopen {c['reopen_s']:.1f} s; {c['cache_slots']} cache slots (one holds the empty open "
-          f"segment; {c['cached_segments_at_start']} segments cached at start); {c['swaps']} swaps in "
-          f"{c['ours']['batches']} batches; {c['distinct_segments_sampled']}/{c['segments']} segments sampled "
-          f"({c['fraction_segments_sampled']:.0%})")
+    print(
+        f"cold_3x: reopen {c['reopen_s']:.1f} s; {c['cache_slots']} cache slots (one holds the empty open "
+        f"segment; {c['cached_segments_at_start']} segments cached at start); {c['swaps']} swaps in "
+        f"{c['ours']['batches']} batches; {c['distinct_segments_sampled']}/{c['segments']} segments sampled "
+        f"({c['fraction_segments_sampled']:.0%})"
+    )
     for name, c in cases.items():
         verdict = "met" if c["ratio"] >= c["goal"] else "NOT met"
         print(f"ratio {name} = {c['ratio']:.3f} (goal >= {c['goal']}): {verdict}")
 
-    result = {"config": {"transitions": len(raw.reward), "batch": args.batch, "seconds": args.seconds,
-                         "episode_len": args.episode_len, "segment_mb": args.segment_mb, "row_bytes": per_row},
-              "fill_s": fill_s, "load_average": [load_before[0], os.getloadavg()[0]], "cpus": os.cpu_count(),
-              "cases": cases}
+    result = {
+        "config": {
+            "transitions": len(raw.reward),
+            "batch": args.batch,
+            "seconds": args.seconds,
+            "episode_len": args.episode_len,
+            "segment_mb": args.segment_mb,
+            "row_bytes": per_row,
+        },
+        "fill_s": fill_s,
+        "load_average": [load_before[0], os.getloadavg()[0]],
+        "cpus": os.cpu_count(),
+        "cases": cases,
+    }
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

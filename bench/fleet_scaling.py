@@ -9,10 +9,10 @@ Baselines:
              cores the edges leave free: 1 on a 2-core machine with 4 sims). That is the fair
              ceiling: the learner's trainer process runs the same optimiser step on the same
              threads, and everything the learner does besides (ingest, acks, sampling,
-             publishing, checkpoints) runs in the learner's own process beside it. The baseline is measured on an idle fleet
-             before and after the streaming run, each time in a fresh process with no fleet running;
-             the ratio is against the faster of the two. On a shared machine the other users'
-             load moves both numbers: the 1-minute load average is reported with them.
+             publishing, checkpoints) runs in the learner's own process beside it. The baseline is
+             measured on an idle fleet before and after the streaming run, each time in a
+             fresh process with no fleet running; the ratio is against the faster of the two. On a
+             shared machine the other users' load moves both numbers: the 1-minute load average is reported with them.
 - raw SAC beside sims: the same plain loop, measured while `--rate-robots` processes step the
              sim with the actor at the per-robot rate the fleet had in the streaming run. On 2
              cores 4 sims take CPU from any learner, however it is built; this baseline keeps
@@ -31,7 +31,8 @@ after the first update (learning_starts reached) plus `--warmup` seconds, exclud
 interval that holds an evaluation (the learner is paused then). The rate run sets no goal, so
 nothing pauses it; the goal runs report the same windowed rate.
 
-    python bench/fleet_scaling.py [--robots 1 2 4 8] [--rate-robots 4] [--rate-seconds 120] [--max-wall-s 300] [--out bench/results.json]
+    python bench/fleet_scaling.py [--robots 1 2 4 8] [--rate-robots 4] [--rate-seconds 120] [--max-wall-s 300]
+                                  [--out bench/results.json]
     python bench/fleet_scaling.py --robots        # the update-rate run only
     python bench/fleet_scaling.py --robots --interleave 6   # the update-rate run, baseline interleaved
 """
@@ -88,9 +89,16 @@ def raw_update_rate(cfg, seconds: float = 5.0) -> float:
     robot = make_robot(cfg.robot.type, **cfg.robot_options(0))
     sac = SAC(robot.observation_space, robot.action_space, cfg.policy.type, {"hidden": cfg.policy.hidden})
     b = cfg.algo.batch_size
-    obs = {k: torch.as_tensor(np.stack([s.sample() for _ in range(b)])) for k, s in robot.observation_space.spaces.items()}
-    batch = {"obs": obs, "next_obs": obs, "action": torch.rand(b, *robot.action_space.shape) * 2 - 1,
-             "reward": torch.randn(b), "terminated": torch.zeros(b)}
+    obs = {
+        k: torch.as_tensor(np.stack([s.sample() for _ in range(b)])) for k, s in robot.observation_space.spaces.items()
+    }
+    batch = {
+        "obs": obs,
+        "next_obs": obs,
+        "action": torch.rand(b, *robot.action_space.shape) * 2 - 1,
+        "reward": torch.randn(b),
+        "terminated": torch.zeros(b),
+    }
     for _ in range(10):
         sac.update(batch)
     n, start = 0, time.perf_counter()
@@ -121,8 +129,12 @@ def windowed_update_rate(metrics_path: Path, warmup_s: float) -> dict:
             steps += record["env_steps"] - previous["env_steps"]
             seconds += record["time_s"] - previous["time_s"]
         previous = record
-    return {"updates_per_s": round(updates / max(seconds, 1e-9), 1), "window_s": round(seconds, 1),
-            "updates": int(updates), "env_steps_per_s": round(steps / max(seconds, 1e-9), 1)}
+    return {
+        "updates_per_s": round(updates / max(seconds, 1e-9), 1),
+        "window_s": round(seconds, 1),
+        "updates": int(updates),
+        "env_steps_per_s": round(steps / max(seconds, 1e-9), 1),
+    }
 
 
 def run_fleet(config: str, overrides: list[str], root: str) -> dict:
@@ -133,8 +145,16 @@ def run_fleet(config: str, overrides: list[str], root: str) -> dict:
 
 def raw_update_rate_apart(args, seconds: float = 8.0) -> float:
     """`raw_update_rate` in a fresh process (no Ray driver threads, torch state of its own)."""
-    cmd = [sys.executable, __file__, "--config", args.config, "--rate-robots", str(args.rate_robots),
-           "--raw-sac-only", str(seconds)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--config",
+        args.config,
+        "--rate-robots",
+        str(args.rate_robots),
+        "--raw-sac-only",
+        str(seconds),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return float(out.strip().splitlines()[-1])
 
@@ -158,24 +178,38 @@ def update_rate_run(args, base) -> dict:
     before = raw_update_rate_apart(args)
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as root:
-        summary = run_fleet(args.config, [f"fleet.num_robots={args.rate_robots}", "stop.success_rate=null",
-                                          f"stop.max_wall_s={args.rate_seconds}", "stop.max_env_steps=10000000"], root)
+        summary = run_fleet(
+            args.config,
+            [
+                f"fleet.num_robots={args.rate_robots}",
+                "stop.success_rate=null",
+                f"stop.max_wall_s={args.rate_seconds}",
+                "stop.max_env_steps=10000000",
+            ],
+            root,
+        )
         window = windowed_update_rate(Path(summary["run_dir"]) / "metrics.jsonl", args.warmup)
     load_during = os.getloadavg()[0]
     after = raw_update_rate_apart(args)
     raw = max(before, after)
     per_robot = (window.get("env_steps_per_s") or 0.0) / args.rate_robots
     beside = raw_update_rate_beside_sims(args, args.rate_robots, per_robot) if per_robot else 0.0
-    row = {"robots": args.rate_robots, "torch_threads": learner_torch_threads(base),
-           "raw_sac_updates_per_s_before": round(before, 1), "raw_sac_updates_per_s_after": round(after, 1),
-           "learner_updates_per_s": window["updates_per_s"], "window_s": window["window_s"],
-           "fleet_env_steps_per_s": window.get("env_steps_per_s"),
-           "trainer_waits_s": summary["learner"].get("update_waits_s"),
-           "learner_vs_raw_sac": round(window["updates_per_s"] / raw, 3),
-           "raw_sac_beside_sims_updates_per_s": round(beside, 1),
-           "learner_vs_raw_sac_beside_sims": round(window["updates_per_s"] / beside, 3) if beside else None,
-           "loadavg_1min_before": round(load_before, 2), "loadavg_1min_after": round(load_during, 2),
-           "cpus": os.cpu_count()}
+    row = {
+        "robots": args.rate_robots,
+        "torch_threads": learner_torch_threads(base),
+        "raw_sac_updates_per_s_before": round(before, 1),
+        "raw_sac_updates_per_s_after": round(after, 1),
+        "learner_updates_per_s": window["updates_per_s"],
+        "window_s": window["window_s"],
+        "fleet_env_steps_per_s": window.get("env_steps_per_s"),
+        "trainer_waits_s": summary["learner"].get("update_waits_s"),
+        "learner_vs_raw_sac": round(window["updates_per_s"] / raw, 3),
+        "raw_sac_beside_sims_updates_per_s": round(beside, 1),
+        "learner_vs_raw_sac_beside_sims": round(window["updates_per_s"] / beside, 3) if beside else None,
+        "loadavg_1min_before": round(load_before, 2),
+        "loadavg_1min_after": round(load_during, 2),
+        "cpus": os.cpu_count(),
+    }
     print(json.dumps(row))
     return row
 
@@ -197,8 +231,16 @@ def interleaved_rate_run(args) -> dict:
             run_dir.append(line.removeprefix("run directory: "))
 
     with tempfile.TemporaryDirectory() as root:
-        cfg = load_config(args.config, [f"fleet.num_robots={args.rate_robots}", "stop.success_rate=null",
-                                        f"stop.max_wall_s={wall}", "stop.max_env_steps=10000000", f"run_root={root}"])
+        cfg = load_config(
+            args.config,
+            [
+                f"fleet.num_robots={args.rate_robots}",
+                "stop.success_rate=null",
+                f"stop.max_wall_s={wall}",
+                "stop.max_env_steps=10000000",
+                f"run_root={root}",
+            ],
+        )
         fleet = threading.Thread(target=lambda: outcome.update(summary=train(cfg, out=note_run_dir)), daemon=True)
         fleet.start()
         learner = None
@@ -222,16 +264,30 @@ def interleaved_rate_run(args) -> dict:
             ray.get(learner.resume.remote())
             time.sleep(5.0)  # the fleet is granted steps again and the trainer's slots refill
             rate = (last - first) / (end - start)
-            cycles.append({"learner_updates_per_s": round(rate, 1), "raw_sac_updates_per_s": round(raw, 1),
-                           "ratio": round(rate / raw, 3)})
+            cycles.append(
+                {
+                    "learner_updates_per_s": round(rate, 1),
+                    "raw_sac_updates_per_s": round(raw, 1),
+                    "ratio": round(rate / raw, 3),
+                }
+            )
             print(json.dumps(cycles[-1]), flush=True)
         fleet.join()
     ratios = [c["ratio"] for c in cycles]
-    row = {"robots": args.rate_robots, "cycles": cycles, "median_ratio": round(statistics.median(ratios), 3),
-           "min_ratio": min(ratios), "max_ratio": max(ratios), "window_s": args.window, "cpus": os.cpu_count()}
-    print(f"\nlearner with {args.rate_robots} robots streaming, against the plain loop in the quiet window right "
-          f"after each of {len(cycles)} {args.window:.0f}-s windows: median {row['median_ratio']}x "
-          f"(min {row['min_ratio']}, max {row['max_ratio']})")
+    row = {
+        "robots": args.rate_robots,
+        "cycles": cycles,
+        "median_ratio": round(statistics.median(ratios), 3),
+        "min_ratio": min(ratios),
+        "max_ratio": max(ratios),
+        "window_s": args.window,
+        "cpus": os.cpu_count(),
+    }
+    print(
+        f"\nlearner with {args.rate_robots} robots streaming, against the plain loop in the quiet window right "
+        f"after each of {len(cycles)} {args.window:.0f}-s windows: median {row['median_ratio']}x "
+        f"(min {row['min_ratio']}, max {row['max_ratio']})"
+    )
     return row
 
 
@@ -243,11 +299,19 @@ def main() -> None:
     parser.add_argument("--rate-robots", type=int, default=4, help="robots streaming in the update-rate run (0: none)")
     parser.add_argument("--rate-seconds", type=float, default=120.0)
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds after the first update before the window")
-    parser.add_argument("--interleave", type=int, default=0,
-                        help="update-rate run with the plain loop measured between N streaming windows")
+    parser.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        help="update-rate run with the plain loop measured between N streaming windows",
+    )
     parser.add_argument("--window", type=float, default=15.0, help="seconds per streaming window (--interleave)")
-    parser.add_argument("--max-wall-s", type=float, default=None,
-                        help="each time-to-goal run stops here if the goal is not reached (default: the config's)")
+    parser.add_argument(
+        "--max-wall-s",
+        type=float,
+        default=None,
+        help="each time-to-goal run stops here if the goal is not reached (default: the config's)",
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("--raw-sac-only", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--sim-load", type=float, nargs=2, default=None, help=argparse.SUPPRESS)  # steps/s, seconds
@@ -257,7 +321,9 @@ def main() -> None:
         raw_sim_rate(load_config(args.config, []), with_actor=True, seconds=seconds, pace_hz=rate)
         return
     if args.raw_sac_only:
-        print(raw_update_rate(load_config(args.config, [f"fleet.num_robots={args.rate_robots or 4}"]), args.raw_sac_only))
+        print(
+            raw_update_rate(load_config(args.config, [f"fleet.num_robots={args.rate_robots or 4}"]), args.raw_sac_only)
+        )
         return
 
     base = load_config(args.config, [f"fleet.num_robots={args.rate_robots or 4}"])
@@ -269,16 +335,27 @@ def main() -> None:
     sim = raw_sim_rate(base, with_actor=False)
     sim_actor = raw_sim_rate(base, with_actor=True)
     updates = raw_update_rate(base)
-    print(f"raw baselines: sim {sim:.0f} steps/s, sim+actor {sim_actor:.0f} steps/s, SAC {updates:.0f} updates/s "
-          f"({learner_torch_threads(base)} torch threads)")
+    print(
+        f"raw baselines: sim {sim:.0f} steps/s, sim+actor {sim_actor:.0f} steps/s, SAC {updates:.0f} updates/s "
+        f"({learner_torch_threads(base)} torch threads)"
+    )
     result["baselines"] = {"sim_steps_per_s": sim, "sim_actor_steps_per_s": sim_actor, "sac_updates_per_s": updates}
 
     rows = []
     for n in args.robots:
         with tempfile.TemporaryDirectory() as root:
             limit = [f"stop.max_wall_s={args.max_wall_s}"] if args.max_wall_s else []
-            summary = run_fleet(args.config, [f"fleet.num_robots={n}", f"stop.success_rate={args.goal}",
-                                              "stop.eval_episodes=20", "stop.eval_every_s=10", *limit], root)
+            summary = run_fleet(
+                args.config,
+                [
+                    f"fleet.num_robots={n}",
+                    f"stop.success_rate={args.goal}",
+                    "stop.eval_episodes=20",
+                    "stop.eval_every_s=10",
+                    *limit,
+                ],
+                root,
+            )
             window = windowed_update_rate(Path(summary["run_dir"]) / "metrics.jsonl", args.warmup)
         learner = summary["learner"]
         train_s = max(summary["wall_s"], 1e-9)
@@ -299,19 +376,27 @@ def main() -> None:
 
     if rows:
         print()
-        print("| robots | time to {:.0%} (s) | env steps | steps/s total | steps/s per robot | updates/s | updates vs raw SAC |".format(args.goal))
+        print(
+            f"| robots | time to {args.goal:.0%} (s) | env steps | steps/s total | steps/s per robot | updates/s "
+            "| updates vs raw SAC |"
+        )
         print("|---|---|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['robots']} | {r['time_to_goal_s']} | {r['env_steps']:,} | {r['env_steps_per_s_total']} | "
-                  f"{r['env_steps_per_s_per_robot']} | {r['updates_per_s']} | {r['updates_vs_raw_sac']} |")
+            print(
+                f"| {r['robots']} | {r['time_to_goal_s']} | {r['env_steps']:,} | {r['env_steps_per_s_total']} | "
+                f"{r['env_steps_per_s_per_robot']} | {r['updates_per_s']} | {r['updates_vs_raw_sac']} |"
+            )
     if "update_rate" in result:
         r = result["update_rate"]
-        print(f"\nlearner with {r['robots']} robots streaming: {r['learner_updates_per_s']} updates/s over "
-              f"{r['window_s']} s = {r['learner_vs_raw_sac']}x raw SAC on an idle machine ({r['raw_sac_updates_per_s_before']} / "
-              f"{r['raw_sac_updates_per_s_after']} updates/s before / after, {r['torch_threads']} torch threads; "
-              f"load {r['loadavg_1min_before']} -> {r['loadavg_1min_after']} on {r['cpus']} cores); "
-              f"{r['learner_vs_raw_sac_beside_sims']}x raw SAC beside {r['robots']} sims stepping at the fleet's rate "
-              f"({r['raw_sac_beside_sims_updates_per_s']} updates/s)")
+        print(
+            f"\nlearner with {r['robots']} robots streaming: {r['learner_updates_per_s']} updates/s over "
+            f"{r['window_s']} s = {r['learner_vs_raw_sac']}x raw SAC on an idle machine "
+            f"({r['raw_sac_updates_per_s_before']} / "
+            f"{r['raw_sac_updates_per_s_after']} updates/s before / after, {r['torch_threads']} torch threads; "
+            f"load {r['loadavg_1min_before']} -> {r['loadavg_1min_after']} on {r['cpus']} cores); "
+            f"{r['learner_vs_raw_sac_beside_sims']}x raw SAC beside {r['robots']} sims stepping at the fleet's rate "
+            f"({r['raw_sac_beside_sims_updates_per_s']} updates/s)"
+        )
     result["runs"] = rows
     if args.out:
         with open(args.out, "w") as f:

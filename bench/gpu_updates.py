@@ -40,11 +40,26 @@ def run_case(config: str, overrides: list[str], batch: int, updates: int, quick:
     """One `policy_updates.py` run on cuda in its own process (a fresh CUDA context each)."""
     out = work / "case.json"
     out.unlink(missing_ok=True)
-    command = [sys.executable, str(BENCH / "policy_updates.py"), config, *overrides, "--device", "cuda",
-               "--out", str(out), "--batch", str(batch),
-               *(["--quick"] if quick else ["--updates", str(updates), "--rounds", "3"])]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")})
+    command = [
+        sys.executable,
+        str(BENCH / "policy_updates.py"),
+        config,
+        *overrides,
+        "--device",
+        "cuda",
+        "--out",
+        str(out),
+        "--batch",
+        str(batch),
+        *(["--quick"] if quick else ["--updates", str(updates), "--rounds", "3"]),
+    ]
+    done = subprocess.run(
+        command,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")},
+    )
     if done.returncode != 0 or not out.is_file():
         raise RuntimeError(f"{' '.join(command[1:])} exited {done.returncode}:\n{done.stdout}{done.stderr}")
     print(done.stdout.strip().splitlines()[-1], flush=True)
@@ -60,8 +75,11 @@ def main() -> int:
     import torch  # here, not at the top: --help needs no torch
 
     if not torch.cuda.is_available():
-        print("bench/gpu_updates.py needs a CUDA GPU and torch.cuda.is_available() is False here; "
-              "bench/policy_updates.py CONFIG --device cpu measures the CPU", file=sys.stderr)
+        print(
+            "bench/gpu_updates.py needs a CUDA GPU and torch.cuda.is_available() is False here; "
+            "bench/policy_updates.py CONFIG --device cpu measures the CPU",
+            file=sys.stderr,
+        )
         return 2
     started = time.monotonic()
     results = {}
@@ -71,8 +89,9 @@ def main() -> int:
                 results[name] = run_case(config, overrides, batch, updates, args.quick, Path(work))
                 # written after each case: a run cut short keeps what it measured
                 args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps({"cases": results, "wall_s": round(time.monotonic() - started, 1)},
-                                               indent=2))
+                args.out.write_text(
+                    json.dumps({"cases": results, "wall_s": round(time.monotonic() - started, 1)}, indent=2)
+                )
     print(f"{len(results)} cases in {time.monotonic() - started:.0f} s; {args.out}")
     return 0
 

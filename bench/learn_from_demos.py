@@ -70,39 +70,69 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    options = dict(obs_mode=args.obs_mode, image_size=32, camera="top", targets=args.targets,
-                   success_distance=0.05, episode_steps=30)
+    options = dict(
+        obs_mode=args.obs_mode,
+        image_size=32,
+        camera="top",
+        targets=args.targets,
+        success_distance=0.05,
+        episode_steps=30,
+    )
     teacher = make_robot("mujoco_reach", robot_id="expert", seed=0, **options)
     started = time.perf_counter()
     obs, chunks = demonstrations(teacher, args.episodes, args.chunk)
     print(f"{args.episodes} demonstrated episodes ({len(chunks):,} steps) in {time.perf_counter() - started:.0f} s")
 
-    policy_options = {"chunk": args.chunk, "flow_steps": 5,
-                      **({"size": "tiny"} if args.policy == "vla" else {"hidden": [256, 256]})}
-    algo = make_algo("bc", teacher.observation_space, teacher.action_space, args.policy, policy_options,
-                     BCSettings(actor_lr=args.lr))
+    policy_options = {
+        "chunk": args.chunk,
+        "flow_steps": 5,
+        **({"size": "tiny"} if args.policy == "vla" else {"hidden": [256, 256]}),
+    }
+    algo = make_algo(
+        "bc", teacher.observation_space, teacher.action_space, args.policy, policy_options, BCSettings(actor_lr=args.lr)
+    )
     goals = ("red", "green") if args.targets == "two_colours" else ("random",)
-    judges = {goal: make_robot("mujoco_reach", robot_id=f"judge-{goal}", seed=7,
-                               **({"goal": goal} if goal != "random" else {}), **options) for goal in goals}
+    judges = {
+        goal: make_robot(
+            "mujoco_reach", robot_id=f"judge-{goal}", seed=7, **({"goal": goal} if goal != "random" else {}), **options
+        )
+        for goal in goals
+    }
     rng = np.random.default_rng(0)
     all_acted = torch.ones(args.batch, args.chunk)
     curve = []
     started = time.perf_counter()
     for update in range(1, args.updates + 1):
         rows = rng.integers(0, len(chunks), args.batch)
-        metrics = algo.update({"obs": {key: torch.from_numpy(value[rows]) for key, value in obs.items()},
-                               "action_chunk": torch.from_numpy(chunks[rows]), "chunk_intervened": all_acted,
-                               "chunk_policy_acted": torch.zeros_like(all_acted)})
+        metrics = algo.update(
+            {
+                "obs": {key: torch.from_numpy(value[rows]) for key, value in obs.items()},
+                "action_chunk": torch.from_numpy(chunks[rows]),
+                "chunk_intervened": all_acted,
+                "chunk_policy_acted": torch.zeros_like(all_acted),
+            }
+        )
         if update % args.eval_every == 0 or update == args.updates:
-            success = {goal: evaluate(judge, algo.actor, args.eval_episodes, seed=5).success_rate
-                       for goal, judge in judges.items()}
+            success = {
+                goal: evaluate(judge, algo.actor, args.eval_episodes, seed=5).success_rate
+                for goal, judge in judges.items()
+            }
             algo.actor.train()
-            curve.append({"updates": update, "seconds": round(time.perf_counter() - started, 1),
-                          "loss": round(float(metrics["bc_loss"]), 4), "success": success})
+            curve.append(
+                {
+                    "updates": update,
+                    "seconds": round(time.perf_counter() - started, 1),
+                    "loss": round(float(metrics["bc_loss"]), 4),
+                    "success": success,
+                }
+            )
             print(json.dumps(curve[-1]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": {k: str(v) for k, v in vars(args).items()}, "steps": len(chunks),
-                                    "curve": curve}, indent=2))
+    args.out.write_text(
+        json.dumps(
+            {"config": {k: str(v) for k, v in vars(args).items()}, "steps": len(chunks), "curve": curve}, indent=2
+        )
+    )
 
 
 if __name__ == "__main__":

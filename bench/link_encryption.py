@@ -83,8 +83,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         keys_dir = Path(tmp) / "keys"
         generate(keys_dir, ["bench-0"])
-        print(f"{'message':<12} {'bytes':>8} {'clear msg/s':>12} {'curve msg/s':>12} {'clear MB/s':>11} "
-              f"{'curve MB/s':>11} {'curve/clear':>12}")
+        print(
+            f"{'message':<12} {'bytes':>8} {'clear msg/s':>12} {'curve msg/s':>12} {'clear MB/s':>11} "
+            f"{'curve MB/s':>11} {'curve/clear':>12}"
+        )
         for name, size in SIZES.items():
             clear, curve = [], []
             for _ in range(args.repeats):
@@ -93,8 +95,10 @@ def main() -> None:
             c, e = statistics.median(clear), statistics.median(curve)
             ratio = statistics.median(b / a for a, b in zip(clear, curve))
             results[name] = {"bytes": size, "clear_msgs_per_s": c, "curve_msgs_per_s": e, "ratio": ratio}
-            print(f"{name:<12} {size:>8,} {c:>12,.0f} {e:>12,.0f} {c * size / 1e6:>11,.1f} {e * size / 1e6:>11,.1f} "
-                  f"{ratio:>12.2f}")
+            print(
+                f"{name:<12} {size:>8,} {c:>12,.0f} {e:>12,.0f} {c * size / 1e6:>11,.1f} {e * size / 1e6:>11,.1f} "
+                f"{ratio:>12.2f}"
+            )
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
 

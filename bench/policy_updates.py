@@ -53,8 +53,14 @@ from user_rl.wire import user_rl_pb2 as pb  # noqa: E402
 from user_rl.wire.transitions import OBS  # noqa: E402
 
 
-def buffer_batch(obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, batch: int, horizon: int, n_step: int,
-                 rng: np.random.Generator) -> dict[str, np.ndarray]:
+def buffer_batch(
+    obs_space: gym.spaces.Dict,
+    action_space: gym.spaces.Box,
+    batch: int,
+    horizon: int,
+    n_step: int,
+    rng: np.random.Generator,
+) -> dict[str, np.ndarray]:
     """Random columns shaped as `PersistentReplay.sample` returns them (half the rows intervened)."""
     out: dict[str, np.ndarray] = {}
     for key, space in obs_space.spaces.items():
@@ -69,7 +75,7 @@ def buffer_batch(obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, batch
     out["terminated"] = rng.random(batch) < 0.05
     out["actor"] = rng.choice([pb.ACTOR_POLICY, pb.ACTOR_HUMAN], batch).astype(np.uint8)
     if n_step > 1:  # the buffer gives a discount column only for n-step returns
-        out["discount"] = np.full(batch, 0.99 ** n_step, np.float32)
+        out["discount"] = np.full(batch, 0.99**n_step, np.float32)
     if horizon > 1:
         out["action_chunk"] = rng.uniform(low, high, (batch, horizon, *action_space.shape)).astype(np.float32)
         out["chunk_mask"] = np.ones((batch, horizon), bool)
@@ -107,8 +113,11 @@ class PlainSAC:
                 width = size
             return nn.Sequential(*layers, nn.Linear(width, outputs)).to(device)
 
-        self.actor, self.q1, self.q2 = net(obs_dim, 2 * action_dim), net(obs_dim + action_dim, 1), \
-            net(obs_dim + action_dim, 1)
+        self.actor, self.q1, self.q2 = (
+            net(obs_dim, 2 * action_dim),
+            net(obs_dim + action_dim, 1),
+            net(obs_dim + action_dim, 1),
+        )
         self.q1_target, self.q2_target = copy.deepcopy(self.q1), copy.deepcopy(self.q2)
         self.log_alpha = torch.zeros(1, device=device, requires_grad=True)
         self.q_optim = torch.optim.Adam([*self.q1.parameters(), *self.q2.parameters()], lr=3e-4)
@@ -124,8 +133,14 @@ class PlainSAC:
         action = torch.tanh(x)
         return action, (normal.log_prob(x) - torch.log(1.0 - action.pow(2) + 1e-6)).sum(-1, keepdim=True)
 
-    def update(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, next_obs: torch.Tensor,
-               terminated: torch.Tensor) -> torch.Tensor:
+    def update(
+        self,
+        obs: torch.Tensor,
+        action: torch.Tensor,
+        reward: torch.Tensor,
+        next_obs: torch.Tensor,
+        terminated: torch.Tensor,
+    ) -> torch.Tensor:
         alpha = self.log_alpha.exp().detach()
         with torch.no_grad():
             next_action, next_log_prob = self.sample(next_obs)
@@ -187,14 +202,26 @@ def main() -> None:
     batch_size = args.batch or cfg.algo.batch_size
     obs_space, action_space = robot_spaces(cfg.robot.type, cfg.robot_options(0))
     torch.manual_seed(cfg.seed)
-    algo = make_algo(cfg.algo.type, obs_space, action_space, cfg.policy.type, cfg.policy.options(),
-                     algo_settings(cfg.algo.type, cfg.algo.model_dump()), device)
+    algo = make_algo(
+        cfg.algo.type,
+        obs_space,
+        action_space,
+        cfg.policy.type,
+        cfg.policy.options(),
+        algo_settings(cfg.algo.type, cfg.algo.model_dump()),
+        device,
+    )
     horizon = cfg.buffer.action_horizon
     rng = np.random.default_rng(cfg.seed)
-    host_batches = [{key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in
-                     training_columns(buffer_batch(obs_space, action_space, batch_size, horizon,
-                                                   cfg.buffer.n_step, rng),
-                                      algo.batch_columns).items()} for _ in range(4)]
+    host_batches = [
+        {
+            key: torch.from_numpy(np.ascontiguousarray(value))
+            for key, value in training_columns(
+                buffer_batch(obs_space, action_space, batch_size, horizon, cfg.buffer.n_step, rng), algo.batch_columns
+            ).items()
+        }
+        for _ in range(4)
+    ]
     plain = PlainStep(algo.actor, int(np.prod(action_space.shape)) * max(horizon, 1), device)
     on_device = [training_batch(columns, device) for columns in host_batches]
     target = "action_chunk" if horizon > 1 else "action"
@@ -212,9 +239,16 @@ def main() -> None:
     steps = {"ours": ours, "raw": raw}
     states = cfg.algo.type == "sac" and all(space.dtype != np.uint8 for space in obs_space.spaces.values())
     if states:  # the plain SAC loop on the same batches, the state columns as one vector
-        flat = [(torch.cat([b["obs"][k].flatten(1) for k in sorted(b["obs"])], 1),
-                 b["action"], b["reward"], torch.cat([b["next_obs"][k].flatten(1) for k in sorted(b["next_obs"])], 1),
-                 b["terminated"]) for b in on_device]
+        flat = [
+            (
+                torch.cat([b["obs"][k].flatten(1) for k in sorted(b["obs"])], 1),
+                b["action"],
+                b["reward"],
+                torch.cat([b["next_obs"][k].flatten(1) for k in sorted(b["next_obs"])], 1),
+                b["terminated"],
+            )
+            for b in on_device
+        ]
         plain_sac = PlainSAC(flat[0][0].shape[1], int(np.prod(action_space.shape)), cfg.policy.hidden, device)
         flat_cycle = itertools.cycle(flat)
         steps["plain_sac"] = lambda: plain_sac.update(*next(flat_cycle))
@@ -225,24 +259,35 @@ def main() -> None:
     total = sum(p.numel() for p in algo.actor.parameters())
     trainable = sum(p.numel() for p in algo.actor.parameters() if p.requires_grad)
     result = {
-        "config": {"file": args.config, "overrides": args.overrides, "algo": cfg.algo.type,
-                   "policy": cfg.policy.summary(), "batch": batch_size, "device": str(device),
-                   "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                   "threads": torch.get_num_threads(), "updates": args.updates},
-        "actor_parameters": total, "actor_trainable_parameters": trainable,
+        "config": {
+            "file": args.config,
+            "overrides": args.overrides,
+            "algo": cfg.algo.type,
+            "policy": cfg.policy.summary(),
+            "batch": batch_size,
+            "device": str(device),
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "threads": torch.get_num_threads(),
+            "updates": args.updates,
+        },
+        "actor_parameters": total,
+        "actor_trainable_parameters": trainable,
         "ours": {"updates_per_s": best_ours, "samples_per_s": best_ours * batch_size},
         "raw": {"updates_per_s": best_raw, "samples_per_s": best_raw * batch_size},
-        "ratio": best_ours / best_raw, "rounds": rounds,
+        "ratio": best_ours / best_raw,
+        "rounds": rounds,
     }
     if states:
         best_plain_sac = max(r["plain_sac"] for r in rounds)
         result["plain_sac"] = {"updates_per_s": best_plain_sac, "samples_per_s": best_plain_sac * batch_size}
         result["ratio_vs_plain_sac"] = best_ours / best_plain_sac
-    print(f"{cfg.algo.type} / {cfg.policy.summary()} on {result['config']['device_name']}, batch {batch_size}, "
-          f"actor {total / 1e6:.2f}M parameters ({trainable / 1e6:.2f}M trained): "
-          f"{best_ours:.1f} updates/s ({best_ours * batch_size:,.0f} samples/s); plain step {best_raw:.1f}/s; "
-          f"ratio ours/raw {result['ratio']:.2f}" +
-          (f"; plain SAC loop {best_plain_sac:.1f}/s, ratio {result['ratio_vs_plain_sac']:.2f}" if states else ""))
+    print(
+        f"{cfg.algo.type} / {cfg.policy.summary()} on {result['config']['device_name']}, batch {batch_size}, "
+        f"actor {total / 1e6:.2f}M parameters ({trainable / 1e6:.2f}M trained): "
+        f"{best_ours:.1f} updates/s ({best_ours * batch_size:,.0f} samples/s); plain step {best_raw:.1f}/s; "
+        f"ratio ours/raw {result['ratio']:.2f}"
+        + (f"; plain SAC loop {best_plain_sac:.1f}/s, ratio {result['ratio_vs_plain_sac']:.2f}" if states else "")
+    )
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
 

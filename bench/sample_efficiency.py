@@ -37,9 +37,9 @@ Not matched exactly:
 Why run_all.py runs it only with --quick: at full size this is 9 runs x 2 systems x 45k updates. The
 quick runs on the 2-core box (busy: load average 5-8) took 0.05-0.07 s per update for ours (start-up
 and evaluations included) and 0.03-0.04 s for SB3, which makes 10-12 hours in all; on an idle 2-core
-box (80 updates/s, bench/fleet_scaling.py) about 3-4 hours; `--jobs 2` on 4 or more cores halves it. That is far over run_all's 30-minute budget:
-a full run_all leaves it out (and keeps the rows of bench/results/sample_efficiency.json if there is
-one); `run_all.py --only sample_efficiency` or this script runs it.
+box (80 updates/s, bench/fleet_scaling.py) about 3-4 hours; `--jobs 2` on 4 or more cores halves it. That is far
+over run_all's 30-minute budget: a full run_all leaves it out (and keeps the rows of
+bench/results/sample_efficiency.json if there is one); `run_all.py --only sample_efficiency` or this script runs it.
 
 Needs Stable-Baselines3, which user-rl itself does not: `pip install -e ".[bench]"` (or `pip install
 stable-baselines3`; 2.x needs only gymnasium, numpy, torch and cloudpickle, all already here, and
@@ -71,11 +71,21 @@ import yaml  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 ENVS = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
-SB3_MISSING = ("Stable-Baselines3 is needed for the baseline and is not a dependency of user-rl: "
-               'pip install -e ".[bench]" (or pip install stable-baselines3)')
+SB3_MISSING = (
+    "Stable-Baselines3 is needed for the baseline and is not a dependency of user-rl: "
+    'pip install -e ".[bench]" (or pip install stable-baselines3)'
+)
 # The settings both systems get (our_config and sb3_kwargs spell them each system's way).
-MATCHED = {"hidden": [256, 256], "batch_size": 256, "learning_rate": 3e-4, "gamma": 0.99, "tau": 0.005,
-           "updates_per_env_step": 1, "init_temperature": 1.0, "target_entropy": "-|A|"}
+MATCHED = {
+    "hidden": [256, 256],
+    "batch_size": 256,
+    "learning_rate": 3e-4,
+    "gamma": 0.99,
+    "tau": 0.005,
+    "updates_per_env_step": 1,
+    "init_temperature": 1.0,
+    "target_entropy": "-|A|",
+}
 
 
 @dataclass
@@ -99,18 +109,32 @@ def eval_seed(seed: int, round_index: int) -> int:
 def our_config(env_id: str, seed: int, schedule: Schedule, run_root: Path) -> dict:
     """The `user-rl train` config with the matched settings."""
     return {
-        "name": f"sample-efficiency-{env_id}-s{seed}", "seed": seed, "run_root": str(run_root),
+        "name": f"sample-efficiency-{env_id}-s{seed}",
+        "seed": seed,
+        "run_root": str(run_root),
         "robot": {"type": "gym", "options": {"env_id": env_id}},
         "fleet": {"num_robots": 1, "pace_to_learner": True, "batch_transitions": 16},
         "policy": {"type": "mlp", "hidden": MATCHED["hidden"]},
-        "algo": {"type": "sac", "gamma": MATCHED["gamma"], "tau": MATCHED["tau"],
-                 "actor_lr": MATCHED["learning_rate"], "critic_lr": MATCHED["learning_rate"],
-                 "batch_size": MATCHED["batch_size"], "learning_starts": schedule.learning_starts,
-                 "utd_ratio": MATCHED["updates_per_env_step"], "init_alpha": MATCHED["init_temperature"],
-                 "target_entropy_scale": 1.0},
+        "algo": {
+            "type": "sac",
+            "gamma": MATCHED["gamma"],
+            "tau": MATCHED["tau"],
+            "actor_lr": MATCHED["learning_rate"],
+            "critic_lr": MATCHED["learning_rate"],
+            "batch_size": MATCHED["batch_size"],
+            "learning_starts": schedule.learning_starts,
+            "utd_ratio": MATCHED["updates_per_env_step"],
+            "init_alpha": MATCHED["init_temperature"],
+            "target_entropy_scale": 1.0,
+        },
         "learner": {"torch_threads": 1, "publish_every_updates": 1, "tensorboard_every_s": 0},
-        "stop": {"max_env_steps": schedule.steps, "max_wall_s": 7 * 24 * 3600.0, "eval_every_s": None,
-                 "eval_every_env_steps": schedule.eval_every, "eval_episodes": schedule.eval_episodes},
+        "stop": {
+            "max_env_steps": schedule.steps,
+            "max_wall_s": 7 * 24 * 3600.0,
+            "eval_every_s": None,
+            "eval_every_env_steps": schedule.eval_every,
+            "eval_episodes": schedule.eval_episodes,
+        },
     }
 
 
@@ -124,16 +148,23 @@ def run_ours(env_id: str, seed: int, schedule: Schedule, root: Path) -> dict:
     started = time.monotonic()
     with open(run_root / "train.log", "w") as log:
         # run in the run's directory: MuJoCo writes its MUJOCO_LOG.TXT of warnings where it runs
-        done = subprocess.run([sys.executable, "-m", "user_rl.cli", "train", str(config)], cwd=run_root, stdout=log,
-                              stderr=subprocess.STDOUT)
+        done = subprocess.run(
+            [sys.executable, "-m", "user_rl.cli", "train", str(config)],
+            cwd=run_root,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     wall = time.monotonic() - started
     summaries = list(run_root.glob("*/summary.json"))
     if done.returncode != 0 or not summaries:
-        raise RuntimeError(f"ours {env_id} seed {seed}: user-rl train exited {done.returncode}; "
-                           f"see {run_root / 'train.log'}")
+        raise RuntimeError(
+            f"ours {env_id} seed {seed}: user-rl train exited {done.returncode}; see {run_root / 'train.log'}"
+        )
     summary = json.loads(summaries[0].read_text())
-    points = [{"env_steps": e["env_steps"], "updates": e["updates"], "mean_return": e["mean_return"]}
-              for e in summary["evaluations"]]
+    points = [
+        {"env_steps": e["env_steps"], "updates": e["updates"], "mean_return": e["mean_return"]}
+        for e in summary["evaluations"]
+    ]
     result = {"points": points, "wall_s": round(wall, 1), "stop_reason": summary["stop_reason"]}
     result_file(root, "ours", env_id, seed).write_text(json.dumps(result))
     return result
@@ -142,12 +173,23 @@ def run_ours(env_id: str, seed: int, schedule: Schedule, root: Path) -> dict:
 # -- Stable-Baselines3 ---------------------------------------------------------------------------
 def sb3_kwargs(schedule: Schedule, seed: int) -> dict:
     """`stable_baselines3.SAC` keywords with the matched settings."""
-    return {"learning_rate": MATCHED["learning_rate"], "buffer_size": schedule.steps,
-            "learning_starts": schedule.learning_starts, "batch_size": MATCHED["batch_size"], "tau": MATCHED["tau"],
-            "gamma": MATCHED["gamma"], "train_freq": 1, "gradient_steps": MATCHED["updates_per_env_step"],
-            "ent_coef": f"auto_{MATCHED['init_temperature']}", "target_entropy": "auto",
-            "target_update_interval": 1, "policy_kwargs": {"net_arch": MATCHED["hidden"]}, "seed": seed,
-            "device": "cpu", "verbose": 0}
+    return {
+        "learning_rate": MATCHED["learning_rate"],
+        "buffer_size": schedule.steps,
+        "learning_starts": schedule.learning_starts,
+        "batch_size": MATCHED["batch_size"],
+        "tau": MATCHED["tau"],
+        "gamma": MATCHED["gamma"],
+        "train_freq": 1,
+        "gradient_steps": MATCHED["updates_per_env_step"],
+        "ent_coef": f"auto_{MATCHED['init_temperature']}",
+        "target_entropy": "auto",
+        "target_update_interval": 1,
+        "policy_kwargs": {"net_arch": MATCHED["hidden"]},
+        "seed": seed,
+        "device": "cpu",
+        "verbose": 0,
+    }
 
 
 def play(predict, env, episodes: int, seed: int) -> float:
@@ -178,8 +220,12 @@ def run_sb3_here(env_id: str, seed: int, schedule: Schedule) -> dict:
     points: list[dict] = []
 
     def evaluate(model) -> None:
-        mean = play(lambda obs: model.predict(obs, deterministic=True)[0], eval_env, schedule.eval_episodes,
-                    eval_seed(seed, len(points)))
+        mean = play(
+            lambda obs: model.predict(obs, deterministic=True)[0],
+            eval_env,
+            schedule.eval_episodes,
+            eval_seed(seed, len(points)),
+        )
         points.append({"env_steps": model.num_timesteps, "updates": model._n_updates, "mean_return": mean})
 
     class EvalAtSteps(BaseCallback):
@@ -204,8 +250,16 @@ def run_sb3_here(env_id: str, seed: int, schedule: Schedule) -> dict:
 def run_sb3(env_id: str, seed: int, schedule: Schedule, root: Path) -> dict:
     """`run_sb3_here` in a process of its own (runs side by side with --jobs)."""
     out = result_file(root, "sb3", env_id, seed)
-    command = [sys.executable, __file__, "--sb3-run", env_id, str(seed), "--out", str(out),
-               *(f"--{key.replace('_', '-')}={value}" for key, value in asdict(schedule).items())]
+    command = [
+        sys.executable,
+        __file__,
+        "--sb3-run",
+        env_id,
+        str(seed),
+        "--out",
+        str(out),
+        *(f"--{key.replace('_', '-')}={value}" for key, value in asdict(schedule).items()),
+    ]
     with open(root / f"sb3-{env_id}-s{seed}.log", "w") as log:
         done = subprocess.run(command, cwd=root, stdout=log, stderr=subprocess.STDOUT)
     if done.returncode != 0:
@@ -247,36 +301,59 @@ def summarize(env_id: str, runs: dict[int, dict], schedule: Schedule) -> dict:
             got = [p["env_steps"] for p in run[system]["points"]]
             if got != points:
                 raise RuntimeError(f"{system} {env_id} seed {seed}: evaluated at {got}, not at {points}")
-    mean = {system: [round(sum(run[system]["points"][i]["mean_return"] for run in runs.values()) / len(runs), 2)
-                     for i in range(len(points))] for system in ("ours", "sb3")}
+    mean = {
+        system: [
+            round(sum(run[system]["points"][i]["mean_return"] for run in runs.values()) / len(runs), 2)
+            for i in range(len(points))
+        ]
+        for system in ("ours", "sb3")
+    }
     areas = {system: area(points, mean[system]) for system in ("ours", "sb3")}
-    return {"seeds": {str(seed): run for seed, run in runs.items()},
-            "mean": {"env_steps": points, **mean},
-            "final": {"ours": mean["ours"][-1], "sb3": mean["sb3"][-1],
-                      "ratio": ratio(mean["ours"][-1], mean["sb3"][-1]),
-                      "by_seed": {system: [round(run[system]["points"][-1]["mean_return"], 2) for run in runs.values()]
-                                  for system in ("ours", "sb3")}},
-            "auc": {"ours": round(areas["ours"], 2), "sb3": round(areas["sb3"], 2),
-                    "ratio": ratio(areas["ours"], areas["sb3"])}}
+    return {
+        "seeds": {str(seed): run for seed, run in runs.items()},
+        "mean": {"env_steps": points, **mean},
+        "final": {
+            "ours": mean["ours"][-1],
+            "sb3": mean["sb3"][-1],
+            "ratio": ratio(mean["ours"][-1], mean["sb3"][-1]),
+            "by_seed": {
+                system: [round(run[system]["points"][-1]["mean_return"], 2) for run in runs.values()]
+                for system in ("ours", "sb3")
+            },
+        },
+        "auc": {
+            "ours": round(areas["ours"], 2),
+            "sb3": round(areas["sb3"], 2),
+            "ratio": ratio(areas["ours"], areas["sb3"]),
+        },
+    }
 
 
 def table(result: dict) -> str:
     """Markdown: mean return over seeds at each evaluation point, both systems, and the two ratios."""
     points = result["config"]["points"]
-    head = ("| env | system | " + " | ".join(f"{p / 1000:g}k" for p in points)
-            + f" | {points[-1] / 1000:g}k by seed | final ratio | AUC ratio |")
+    head = (
+        "| env | system | "
+        + " | ".join(f"{p / 1000:g}k" for p in points)
+        + f" | {points[-1] / 1000:g}k by seed | final ratio | AUC ratio |"
+    )
     lines = [head, "|" + "---|" * (len(points) + 5)]
     for env_id, env in result["envs"].items():
         for system, name in (("ours", "user-rl SAC"), ("sb3", "SB3 SAC")):
             cells = " | ".join(f"{value:.0f}" for value in env["mean"][system])
             by_seed = " / ".join(f"{value:.0f}" for value in env["final"]["by_seed"][system])
-            ratios = " | ".join("-" if r is None else f"{r:.2f}x" for r in
-                                (env["final"]["ratio"], env["auc"]["ratio"])) if system == "ours" else " | "
+            ratios = (
+                " | ".join("-" if r is None else f"{r:.2f}x" for r in (env["final"]["ratio"], env["auc"]["ratio"]))
+                if system == "ours"
+                else " | "
+            )
             lines.append(f"| {env_id} | {name} | {cells} | {by_seed} | {ratios} |")
     seeds = len(result["config"]["seeds"])
-    lines.append(f"\nmean return of {result['config']['eval_episodes']} deterministic episodes, mean over {seeds} "
-                 f"seed{'s' if seeds > 1 else ''}; ratio = ours / SB3 (final: at {points[-1]:,} env steps; AUC: "
-                 "area under the mean curve); by seed: the final return of each seed, in seed order")
+    lines.append(
+        f"\nmean return of {result['config']['eval_episodes']} deterministic episodes, mean over {seeds} "
+        f"seed{'s' if seeds > 1 else ''}; ratio = ours / SB3 (final: at {points[-1]:,} env steps; AUC: "
+        "area under the mean curve); by seed: the final return of each seed, in seed order"
+    )
     return "\n".join(lines)
 
 
@@ -291,21 +368,39 @@ def compare(envs: list[str], seeds: list[int], schedule: Schedule, jobs: int, ro
         done = {}
         for task, future in futures.items():
             done[task] = future.result()
-            print(f"[{time.monotonic() - started:6.0f}s] {task[0]} {task[1]} seed {task[2]}: "
-                  f"{[round(p['mean_return']) for p in done[task]['points']]} in {done[task]['wall_s']:.0f} s",
-                  flush=True)
-    env_results = {env_id: summarize(env_id, {seed: {system: done[(system, env_id, seed)] for system in ("ours", "sb3")}
-                                              for seed in seeds}, schedule) for env_id in envs}
+            print(
+                f"[{time.monotonic() - started:6.0f}s] {task[0]} {task[1]} seed {task[2]}: "
+                f"{[round(p['mean_return']) for p in done[task]['points']]} in {done[task]['wall_s']:.0f} s",
+                flush=True,
+            )
+    env_results = {
+        env_id: summarize(
+            env_id,
+            {seed: {system: done[(system, env_id, seed)] for system in ("ours", "sb3")} for seed in seeds},
+            schedule,
+        )
+        for env_id in envs
+    }
     wall = {system: sum(r["wall_s"] for (s, _, _), r in done.items() if s == system) for system in ("ours", "sb3")}
     steps = schedule.steps * len(envs) * len(seeds)
-    return {"config": {"envs": envs, "seeds": seeds, **asdict(schedule), "points": schedule.points(), "jobs": jobs,
-                       "matched": MATCHED, "ours": our_config("ENV", 0, schedule, Path("RUN_ROOT")),
-                       "sb3": {k: v for k, v in sb3_kwargs(schedule, 0).items() if k != "seed"}},
-            "envs": env_results, "wall_s": round(time.monotonic() - started, 1),  # of this call: see runs_read_back
-            "runs_read_back": read_back,  # finished by an earlier call (--runs-dir), their time is in run_wall_s
-            "run_wall_s": {system: round(seconds, 1) for system, seconds in wall.items()},
-            "env_steps_per_s": {system: round(steps / max(seconds, 1e-9), 1) for system, seconds in wall.items()},
-            "cpus": os.cpu_count()}
+    return {
+        "config": {
+            "envs": envs,
+            "seeds": seeds,
+            **asdict(schedule),
+            "points": schedule.points(),
+            "jobs": jobs,
+            "matched": MATCHED,
+            "ours": our_config("ENV", 0, schedule, Path("RUN_ROOT")),
+            "sb3": {k: v for k, v in sb3_kwargs(schedule, 0).items() if k != "seed"},
+        },
+        "envs": env_results,
+        "wall_s": round(time.monotonic() - started, 1),  # of this call: see runs_read_back
+        "runs_read_back": read_back,  # finished by an earlier call (--runs-dir), their time is in run_wall_s
+        "run_wall_s": {system: round(seconds, 1) for system, seconds in wall.items()},
+        "env_steps_per_s": {system: round(steps / max(seconds, 1e-9), 1) for system, seconds in wall.items()},
+        "cpus": os.cpu_count(),
+    }
 
 
 def main() -> int:
@@ -315,30 +410,55 @@ def main() -> int:
     parser.add_argument("--steps", type=int, help="env steps per run (default 50000)")
     parser.add_argument("--eval-every", type=int, help="env steps between evaluations (default 10000)")
     parser.add_argument("--eval-episodes", type=int, help="deterministic episodes per evaluation (default 10)")
-    parser.add_argument("--learning-starts", type=int, help="random steps before the first update (default 5000; "
-                                                             "SB3's own default is 100, rl-zoo's for these envs 10000)")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke check: HalfCheetah-v5, seed 0, 3000 steps, evaluations every 1000 of 2 episodes, "
-                             "learning from 1000 (flags given as well win)")
+    parser.add_argument(
+        "--learning-starts",
+        type=int,
+        help="random steps before the first update (default 5000; "
+        "SB3's own default is 100, rl-zoo's for these envs 10000)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke check: HalfCheetah-v5, seed 0, 3000 steps, evaluations every 1000 of 2 episodes, "
+        "learning from 1000 (flags given as well win)",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="runs side by side (each run uses about 2 cores)")
-    parser.add_argument("--runs-dir", type=Path, help="keep every run's directory, log and result here (default: a "
-                                                      "temp dir, removed at the end); run again with the same dir to "
-                                                      "resume: finished runs are read back, not rerun")
+    parser.add_argument(
+        "--runs-dir",
+        type=Path,
+        help="keep every run's directory, log and result here (default: a "
+        "temp dir, removed at the end); run again with the same dir to "
+        "resume: finished runs are read back, not rerun",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/sample_efficiency.json")
     parser.add_argument("--sb3-run", nargs=2, metavar=("ENV", "SEED"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    quick = {"envs": ["HalfCheetah-v5"], "seeds": [0], "steps": 3000, "eval_every": 1000, "eval_episodes": 2,
-             "learning_starts": 1000}
-    full = {"envs": list(ENVS), "seeds": [0, 1, 2], "steps": 50_000, "eval_every": 10_000, "eval_episodes": 10,
-            "learning_starts": 5000}
+    quick = {
+        "envs": ["HalfCheetah-v5"],
+        "seeds": [0],
+        "steps": 3000,
+        "eval_every": 1000,
+        "eval_episodes": 2,
+        "learning_starts": 1000,
+    }
+    full = {
+        "envs": list(ENVS),
+        "seeds": [0, 1, 2],
+        "steps": 50_000,
+        "eval_every": 10_000,
+        "eval_episodes": 10,
+        "learning_starts": 5000,
+    }
     for key, value in (quick if args.quick else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if not 1 <= args.learning_starts <= args.eval_every <= args.steps:
         # an evaluation publishes the actor, and an edge acts randomly only until its first actor arrives
-        parser.error(f"need 1 <= --learning-starts <= --eval-every <= --steps (no evaluation before learning "
-                     f"starts: it would end our random warm-up early); got --learning-starts {args.learning_starts}, "
-                     f"--eval-every {args.eval_every}, --steps {args.steps}")
+        parser.error(
+            f"need 1 <= --learning-starts <= --eval-every <= --steps (no evaluation before learning "
+            f"starts: it would end our random warm-up early); got --learning-starts {args.learning_starts}, "
+            f"--eval-every {args.eval_every}, --steps {args.steps}"
+        )
     schedule = Schedule(args.steps, args.eval_every, args.eval_episodes, args.learning_starts)
     try:
         import stable_baselines3  # noqa: F401
@@ -353,9 +473,11 @@ def main() -> int:
     root.mkdir(parents=True, exist_ok=True)
     recorded = root / "schedule.json"
     if recorded.exists() and json.loads(recorded.read_text()) != asdict(schedule):
-        parser.error(f"{root} holds runs of another schedule ({recorded.read_text().strip()}); "
-                     f"resume with the same --steps, --eval-every, --eval-episodes and --learning-starts, "
-                     f"or give another --runs-dir")
+        parser.error(
+            f"{root} holds runs of another schedule ({recorded.read_text().strip()}); "
+            f"resume with the same --steps, --eval-every, --eval-episodes and --learning-starts, "
+            f"or give another --runs-dir"
+        )
     recorded.write_text(json.dumps(asdict(schedule)))
     try:
         result = compare(args.envs, args.seeds, schedule, args.jobs, root)
@@ -369,8 +491,10 @@ def main() -> int:
     print()
     print(table(result))
     earlier = f" ({result['runs_read_back']} runs read back)" if result["runs_read_back"] else ""
-    print(f"\n{result['wall_s']:.0f} s in all{earlier}; env steps/s per run: ours {result['env_steps_per_s']['ours']}, "
-          f"SB3 {result['env_steps_per_s']['sb3']}; {args.out}")
+    print(
+        f"\n{result['wall_s']:.0f} s in all{earlier}; env steps/s per run: ours {result['env_steps_per_s']['ours']}, "
+        f"SB3 {result['env_steps_per_s']['sb3']}; {args.out}"
+    )
     return 0
 
 

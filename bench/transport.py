@@ -50,8 +50,9 @@ STATE, ACTION = 8, 4
 EPISODE = 100  # steps
 BATCH = 32  # transitions per message of ours (the fleet's default batch_transitions)
 CHUNK = 2 << 20  # LeRobot's gRPC chunk size (transport/utils.py CHUNK_SIZE)
-OBS_SPACE = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, IMAGE, np.uint8),
-                             "state": gym.spaces.Box(-1, 1, (STATE,), np.float32)})
+OBS_SPACE = gym.spaces.Dict(
+    {"image": gym.spaces.Box(0, 255, IMAGE, np.uint8), "state": gym.spaces.Box(-1, 1, (STATE,), np.float32)}
+)
 ACTION_SPACE = gym.spaces.Box(-1, 1, (ACTION,), np.float32)
 TRANSFER_BEGIN, TRANSFER_MIDDLE, TRANSFER_END = 1, 2, 3  # LeRobot's TransferState
 
@@ -67,9 +68,20 @@ def our_batches(transitions: int):
     for t in range(transitions):
         step = t % EPISODE
         ends = step == EPISODE - 1 or t == transitions - 1
-        builder.add(observation(t), np.full(ACTION, 0.5, np.float32), 0.0, False, ends, episode=t // EPISODE,
-                    step=step, policy_version=0, actor=pb.ACTOR_POLICY, label=pb.LABEL_NONE, sensor_time=time.time(),
-                    final_obs=observation(t + 1) if ends else None)
+        builder.add(
+            observation(t),
+            np.full(ACTION, 0.5, np.float32),
+            0.0,
+            False,
+            ends,
+            episode=t // EPISODE,
+            step=step,
+            policy_version=0,
+            actor=pb.ACTOR_POLICY,
+            label=pb.LABEL_NONE,
+            sensor_time=time.time(),
+            final_obs=observation(t + 1) if ends else None,
+        )
         if builder.full or ends:
             yield builder.take()
 
@@ -183,8 +195,14 @@ def grpc_learner(ready: mp.Queue, done: mp.Queue, expected: int) -> None:
                     done.put(time.perf_counter())
         return b""
 
-    handler = grpc.method_handlers_generic_handler(SERVICE, {METHOD: grpc.stream_unary_rpc_method_handler(
-        send_transitions, request_deserializer=lambda b: b, response_serializer=lambda b: b)})
+    handler = grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            METHOD: grpc.stream_unary_rpc_method_handler(
+                send_transitions, request_deserializer=lambda b: b, response_serializer=lambda b: b
+            )
+        },
+    )
     options = [("grpc.max_receive_message_length", 4 * CHUNK), ("grpc.max_send_message_length", 4 * CHUNK)]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=options)
     server.add_generic_rpc_handlers((handler,))
@@ -195,13 +213,24 @@ def grpc_learner(ready: mp.Queue, done: mp.Queue, expected: int) -> None:
 
 def lerobot_transition(t: int, torch) -> dict:
     """One transition as LeRobot's actor builds it: float32 tensors, the next observation beside it."""
+
     def state(step: int) -> dict:
         obs = observation(step)
-        return {"observation.image": torch.from_numpy(obs["image"]).permute(2, 0, 1).float().div(255).unsqueeze(0),
-                "observation.state": torch.from_numpy(obs["state"]).unsqueeze(0)}
+        return {
+            "observation.image": torch.from_numpy(obs["image"]).permute(2, 0, 1).float().div(255).unsqueeze(0),
+            "observation.state": torch.from_numpy(obs["state"]).unsqueeze(0),
+        }
+
     ends = t % EPISODE == EPISODE - 1
-    return {"state": state(t), "action": torch.full((1, ACTION), 0.5), "reward": 0.0, "next_state": state(t + 1),
-            "done": False, "truncated": ends, "complementary_info": {}}
+    return {
+        "state": state(t),
+        "action": torch.full((1, ACTION), 0.5),
+        "reward": 0.0,
+        "next_state": state(t + 1),
+        "done": False,
+        "truncated": ends,
+        "complementary_info": {},
+    }
 
 
 def episode_chunks(payload: bytes):
@@ -209,7 +238,7 @@ def episode_chunks(payload: bytes):
     for offset in range(0, len(payload), CHUNK):
         last = offset + CHUNK >= len(payload)
         state = TRANSFER_END if last else TRANSFER_BEGIN if offset == 0 else TRANSFER_MIDDLE
-        yield bytes([state]) + payload[offset:offset + CHUNK]
+        yield bytes([state]) + payload[offset : offset + CHUNK]
 
 
 def run_grpc(transitions: int) -> dict:
@@ -225,8 +254,9 @@ def run_grpc(transitions: int) -> dict:
     options = [("grpc.max_receive_message_length", 4 * CHUNK), ("grpc.max_send_message_length", 4 * CHUNK)]
     channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=options)
     grpc.channel_ready_future(channel).result(timeout=60)
-    send = channel.stream_unary(f"/{SERVICE}/{METHOD}", request_serializer=lambda b: b,
-                                response_deserializer=lambda b: b)
+    send = channel.stream_unary(
+        f"/{SERVICE}/{METHOD}", request_serializer=lambda b: b, response_deserializer=lambda b: b
+    )
     started = time.perf_counter()
     sent = 0
     for first in range(0, transitions, EPISODE):  # the actor sends each episode when it ends
@@ -255,27 +285,39 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.transitions, args.repeats = 300, 1
-    print(f"transport: {args.transitions} transitions of {IMAGE[0]}x{IMAGE[1]}x{IMAGE[2]} images, edge -> learner "
-          f"on loopback, {os.cpu_count()} cores, {args.repeats} repeats")
+    print(
+        f"transport: {args.transitions} transitions of {IMAGE[0]}x{IMAGE[1]}x{IMAGE[2]} images, edge -> learner "
+        f"on loopback, {os.cpu_count()} cores, {args.repeats} repeats"
+    )
     runs: dict[str, list[dict]] = {way: [] for way in WAYS}
     for repeat in range(args.repeats):
         for way, run in WAYS.items():
             result = run(args.transitions)
             runs[way].append(result)
-            print(f"  repeat {repeat + 1}: {way:16s} {args.transitions / result['seconds']:8.0f} transitions/s "
-                  f"({result['payload_bytes'] / result['seconds'] / 2**20:7.1f} MiB/s of payload)", flush=True)
+            print(
+                f"  repeat {repeat + 1}: {way:16s} {args.transitions / result['seconds']:8.0f} transitions/s "
+                f"({result['payload_bytes'] / result['seconds'] / 2**20:7.1f} MiB/s of payload)",
+                flush=True,
+            )
     rates = {way: statistics.median(args.transitions / r["seconds"] for r in rs) for way, rs in runs.items()}
     summary = {
-        "transitions": args.transitions, "image": list(IMAGE), "repeats": args.repeats, "cores": os.cpu_count(),
+        "transitions": args.transitions,
+        "image": list(IMAGE),
+        "repeats": args.repeats,
+        "cores": os.cpu_count(),
         "transitions_per_s": {way: round(rate, 1) for way, rate in rates.items()},
-        "payload_bytes_per_transition": {way: round(rs[0]["payload_bytes"] / args.transitions) for way, rs in runs.items()},
+        "payload_bytes_per_transition": {
+            way: round(rs[0]["payload_bytes"] / args.transitions) for way, rs in runs.items()
+        },
         "ours_vs_plain": round(rates["ours"] / rates["plain"], 2),
         "ours_vs_grpc_torch_save": round(rates["ours"] / rates["grpc_torch_save"], 2),
         "runs": runs,
     }
-    print(f"ours {rates['ours']:.0f} transitions/s: ratio {summary['ours_vs_plain']} to plain PUSH/PULL "
-          f"({rates['plain']:.0f}/s), {summary['ours_vs_grpc_torch_save']} to torch.save over gRPC "
-          f"({rates['grpc_torch_save']:.0f}/s)")
+    print(
+        f"ours {rates['ours']:.0f} transitions/s: ratio {summary['ours_vs_plain']} to plain PUSH/PULL "
+        f"({rates['plain']:.0f}/s), {summary['ours_vs_grpc_torch_save']} to torch.save over gRPC "
+        f"({rates['grpc_torch_save']:.0f}/s)"
+    )
     if args.out:
         Path(args.out).write_text(json.dumps(summary, indent=2))
 

@@ -64,13 +64,24 @@ class Model(nn.Module):
         super().__init__()
         rows, tensors = 1024, max(1, round(params / (1024 * ROW)))
         self.layers = nn.ParameterList(
-            nn.Parameter(torch.empty(rows, ROW, dtype=dtype).fill_(i % 7) if fill else torch.empty(rows, ROW, dtype=dtype))
-            for i in range(tensors))
+            nn.Parameter(
+                torch.empty(rows, ROW, dtype=dtype).fill_(i % 7) if fill else torch.empty(rows, ROW, dtype=dtype)
+            )
+            for i in range(tensors)
+        )
 
 
 # -- the edges ------------------------------------------------------------------------------------
-def edge_main(index: int, weights_address: str, plain_address: str, params: int, rounds: int, nbytes: int,
-              reports: mp.Queue, stop: mp.Event) -> None:
+def edge_main(
+    index: int,
+    weights_address: str,
+    plain_address: str,
+    params: int,
+    rounds: int,
+    nbytes: int,
+    reports: mp.Queue,
+    stop: mp.Event,
+) -> None:
     pin(index == 0)
     prepare_control_loop_process()  # as the edge daemon does before its loop
     torch.set_num_threads(1)
@@ -91,7 +102,9 @@ def edge_main(index: int, weights_address: str, plain_address: str, params: int,
                 got += len(plain.recv(copy=False).buffer)
             reports.put(("plain", index, version, time.monotonic()))
             new, state = receiver.wait_for(version, timeout=600)  # ... and one version of ours
-            applied = threading.Thread(target=load_received, args=(model, state))  # off the loop, as the async runner does
+            applied = threading.Thread(
+                target=load_received, args=(model, state)
+            )  # off the loop, as the async runner does
             applied.start()
             applied.join()
             reports.put(("applied", index, new, time.monotonic()))
@@ -143,8 +156,14 @@ def run_size(params: int, edges: int, rounds: int) -> dict:
     plain_port = plain.bind_to_random_port("tcp://127.0.0.1")
     spawn = mp.get_context("spawn")
     reports, stop = spawn.Queue(), spawn.Event()
-    procs = [spawn.Process(target=edge_main, args=(i, server.endpoint, f"tcp://127.0.0.1:{plain_port}", params, rounds,
-                                                   nbytes, reports, stop), daemon=True) for i in range(edges)]
+    procs = [
+        spawn.Process(
+            target=edge_main,
+            args=(i, server.endpoint, f"tcp://127.0.0.1:{plain_port}", params, rounds, nbytes, reports, stop),
+            daemon=True,
+        )
+        for i in range(edges)
+    ]
     for p in procs:
         p.start()
     data = byte_view(buffers.own[0])  # the same bytes the plain copy sends
@@ -161,7 +180,7 @@ def run_size(params: int, edges: int, rounds: int) -> dict:
                 if packed is None:  # the plain copy: every byte to every edge, edge after edge
                     for identity in identities:
                         for start in range(0, nbytes, FRAME):
-                            plain.send_multipart([identity, data[start:start + FRAME]], copy=False)
+                            plain.send_multipart([identity, data[start : start + FRAME]], copy=False)
                 else:
                     server.publish(version, packed)
                 done.set()
@@ -196,11 +215,19 @@ def run_size(params: int, edges: int, rounds: int) -> dict:
             with torch.no_grad():  # the next version differs
                 for p in model.parameters():
                     p.add_(1)
-            rows.append({"version": version, "plain_s": round(plain_end - plain_start, 3),
-                         "ours_s": round(end - start, 3), "write_ms": round(1000 * (written - start), 1)})
-            print(f"  {params / 1e6:.0f}M round {version}: plain copy {rows[-1]['plain_s']:.2f} s, "
-                  f"ours {rows[-1]['ours_s']:.2f} s (of which the update thread's copy {rows[-1]['write_ms']:.0f} ms)",
-                  flush=True)
+            rows.append(
+                {
+                    "version": version,
+                    "plain_s": round(plain_end - plain_start, 3),
+                    "ours_s": round(end - start, 3),
+                    "write_ms": round(1000 * (written - start), 1),
+                }
+            )
+            print(
+                f"  {params / 1e6:.0f}M round {version}: plain copy {rows[-1]['plain_s']:.2f} s, "
+                f"ours {rows[-1]['ours_s']:.2f} s (of which the update thread's copy {rows[-1]['write_ms']:.0f} ms)",
+                flush=True,
+            )
             time.sleep(1.0)  # a quiet second between rounds, for the jitter baseline
         time.sleep(2.0)
         stop.set()
@@ -221,11 +248,23 @@ def run_size(params: int, edges: int, rounds: int) -> dict:
     ours_s = float(np.median([r["ours_s"] for r in steady]))
     busy, quiet = jitter(ticks, windows[WARMUP_ROUNDS:] or windows, exclude=windows[:WARMUP_ROUNDS])
     first, _ = jitter(ticks, windows[:WARMUP_ROUNDS])
-    return {"params": int(sum(p.numel() for p in model.parameters())), "dtype": "bfloat16", "bytes": nbytes,
-            "edges": edges, "rounds": rows, "every_edge_applied_the_published_weights": True, "plain_s": plain_s, "ours_s": ours_s,
-            "ratio_vs_plain": round(ours_s / plain_s, 2), "ratio_goal": RATIO_GOAL,
-            "first_versions_ratio_vs_plain": [round(r["ours_s"] / r["plain_s"], 2) for r in rows[:WARMUP_ROUNDS]],
-            "jitter_p99_ms_during_sync": busy, "jitter_p99_ms_quiet": quiet, "jitter_p99_ms_first_versions": first, "jitter_goal_ms": JITTER_GOAL_MS}
+    return {
+        "params": int(sum(p.numel() for p in model.parameters())),
+        "dtype": "bfloat16",
+        "bytes": nbytes,
+        "edges": edges,
+        "rounds": rows,
+        "every_edge_applied_the_published_weights": True,
+        "plain_s": plain_s,
+        "ours_s": ours_s,
+        "ratio_vs_plain": round(ours_s / plain_s, 2),
+        "ratio_goal": RATIO_GOAL,
+        "first_versions_ratio_vs_plain": [round(r["ours_s"] / r["plain_s"], 2) for r in rows[:WARMUP_ROUNDS]],
+        "jitter_p99_ms_during_sync": busy,
+        "jitter_p99_ms_quiet": quiet,
+        "jitter_p99_ms_first_versions": first,
+        "jitter_goal_ms": JITTER_GOAL_MS,
+    }
 
 
 def wait_reports(reports: mp.Queue, kind: str, version: int, count: int, timeout: float = 900.0) -> list:
@@ -240,8 +279,9 @@ def wait_reports(reports: mp.Queue, kind: str, version: int, count: int, timeout
     return got
 
 
-def jitter(ticks: np.ndarray, windows: list[tuple[float, float]],
-           exclude: list[tuple[float, float]] = ()) -> tuple[float, float]:
+def jitter(
+    ticks: np.ndarray, windows: list[tuple[float, float]], exclude: list[tuple[float, float]] = ()
+) -> tuple[float, float]:
     """p99 |interval - period| (ms) of the intervals ending inside a sync window, and outside every
     window (those in `exclude` counted in neither)."""
     ends, intervals = ticks[1:], np.diff(ticks)
@@ -273,11 +313,14 @@ def main() -> None:
     for params in args.params:
         result = run_size(int(params), args.edges, args.rounds)
         results.append(result)
-        print(f"{result['params'] / 1e6:.0f}M params ({result['bytes'] / 2**20:,.0f} MiB) to {args.edges} edges: "
-              f"ours {result['ours_s']:.2f} s, plain copy {result['plain_s']:.2f} s, "
-              f"ratio {result['ratio_vs_plain']:.2f} (goal <= {RATIO_GOAL}); 50 Hz loop jitter p99 "
-              f"{result['jitter_p99_ms_during_sync']:.2f} ms during sync, {result['jitter_p99_ms_quiet']:.2f} ms quiet "
-              f"(goal <= {JITTER_GOAL_MS})", flush=True)
+        print(
+            f"{result['params'] / 1e6:.0f}M params ({result['bytes'] / 2**20:,.0f} MiB) to {args.edges} edges: "
+            f"ours {result['ours_s']:.2f} s, plain copy {result['plain_s']:.2f} s, "
+            f"ratio {result['ratio_vs_plain']:.2f} (goal <= {RATIO_GOAL}); 50 Hz loop jitter p99 "
+            f"{result['jitter_p99_ms_during_sync']:.2f} ms during sync, {result['jitter_p99_ms_quiet']:.2f} ms quiet "
+            f"(goal <= {JITTER_GOAL_MS})",
+            flush=True,
+        )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w") as f:

@@ -9,7 +9,6 @@ import pytest  # noqa: E402
 import zmq  # noqa: E402
 
 
-
 @pytest.fixture
 def context():
     ctx = zmq.Context()

@@ -15,8 +15,12 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
 def run_bench(script: str, out: Path, *args: str) -> dict:
-    done = subprocess.run([sys.executable, str(BENCH / script), *args, "--quick", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), *args, "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ratio" in done.stdout
     return json.loads(out.read_text())
@@ -24,8 +28,17 @@ def run_bench(script: str, out: Path, *args: str) -> dict:
 
 def test_insert_bench_reports_rates_and_ratio(tmp_path: Path) -> None:
     result = run_bench("buffer_insert.py", tmp_path / "insert.json")
-    assert {"config", "ours", "raw", "pwrite", "ratio", "ratio_vs_pwrite", "goal", "runs",
-            "stored_bytes_per_transition"} <= set(result)
+    assert {
+        "config",
+        "ours",
+        "raw",
+        "pwrite",
+        "ratio",
+        "ratio_vs_pwrite",
+        "goal",
+        "runs",
+        "stored_bytes_per_transition",
+    } <= set(result)
     for side in ("ours", "raw", "pwrite"):
         assert {"transitions_per_s", "mb_per_s"} <= set(result[side])
     run = result["runs"][0]
@@ -64,9 +77,15 @@ def test_growth_bench_reports_every_size(tmp_path: Path) -> None:
 
 
 def test_update_bench_reports_a_chunk_policys_rate_and_ratio(tmp_path: Path) -> None:
-    result = run_bench("policy_updates.py", tmp_path / "updates.json",
-                       str(BENCH.parent / "configs/reach_vla.yaml"), "--batch", "8", "robot.options.image_size=16",
-                       "policy.freeze=[encoder]")
+    result = run_bench(
+        "policy_updates.py",
+        tmp_path / "updates.json",
+        str(BENCH.parent / "configs/reach_vla.yaml"),
+        "--batch",
+        "8",
+        "robot.options.image_size=16",
+        "policy.freeze=[encoder]",
+    )
     assert result["config"]["algo"] == "bc" and result["config"]["policy"]["type"] == "vla"
     assert 0 < result["actor_trainable_parameters"] < result["actor_parameters"]  # the backbone is frozen
     for side in ("ours", "raw"):
@@ -76,8 +95,15 @@ def test_update_bench_reports_a_chunk_policys_rate_and_ratio(tmp_path: Path) -> 
 
 def test_update_bench_sets_sac_against_the_plain_sac_loop(tmp_path: Path) -> None:
     """SAC on state vectors is also measured against the textbook SAC loop with networks of the same sizes."""
-    result = run_bench("policy_updates.py", tmp_path / "updates.json", str(BENCH.parent / "configs/reach.yaml"),
-                       "--device", "cpu", "--batch", "32")
+    result = run_bench(
+        "policy_updates.py",
+        tmp_path / "updates.json",
+        str(BENCH.parent / "configs/reach.yaml"),
+        "--device",
+        "cpu",
+        "--batch",
+        "32",
+    )
     assert result["config"]["algo"] == "sac"
     assert result["plain_sac"]["updates_per_s"] > 0 and result["ratio_vs_plain_sac"] > 0
     rows = load_bench("run_all.py").policy_updates_rows(result)
@@ -107,13 +133,21 @@ def test_gpu_bench_without_a_gpu_says_so_and_the_table_keeps_its_last_rows(tmp_p
         result = run_bench("gpu_updates.py", tmp_path / "gpu.json", "--only", "sac_mlp_128")
         assert result["cases"]["sac_mlp_128"]["config"]["device"].startswith("cuda")
         return
-    done = subprocess.run([sys.executable, str(BENCH / "gpu_updates.py"), "--out", str(tmp_path / "gpu.json")],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "gpu_updates.py"), "--out", str(tmp_path / "gpu.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr and not (tmp_path / "gpu.json").exists()
     last = json.loads((BENCH / "results/gpu_updates.json").read_text())
     (tmp_path / "gpu_updates.json").write_text(json.dumps(last))
-    done = subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--only", "gpu_updates", "--results",
-                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "run_all.py"), "--only", "gpu_updates", "--results", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no CUDA GPU here: gpu_updates not run" in done.stdout
     rows = [line for line in (tmp_path / "RESULTS.md").read_text().splitlines() if line.startswith("| gpu_updates")]
@@ -123,9 +157,25 @@ def test_gpu_bench_without_a_gpu_says_so_and_the_table_keeps_its_last_rows(tmp_p
 
 def test_learn_from_demos_reports_success_per_instruction(tmp_path: Path) -> None:
     out = tmp_path / "demos.json"
-    done = subprocess.run([sys.executable, str(BENCH / "learn_from_demos.py"), "--episodes", "3", "--updates", "4",
-                           "--eval-every", "2", "--eval-episodes", "2", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "learn_from_demos.py"),
+            "--episodes",
+            "3",
+            "--updates",
+            "4",
+            "--eval-every",
+            "2",
+            "--eval-episodes",
+            "2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
     assert result["steps"] == 3 * 30  # every step of three 30-step expert episodes
@@ -143,14 +193,30 @@ def test_weight_sync_bench_times_every_edge_applying_what_was_published(tmp_path
 
 
 def test_one_command_runs_the_benchmarks_and_writes_one_table(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--quick", "--only", "transport", "link_encryption",
-                           "--results", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "run_all.py"),
+            "--quick",
+            "--only",
+            "transport",
+            "link_encryption",
+            "--results",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert {"transport.json", "link_encryption.json", "RESULTS.md"} <= {p.name for p in tmp_path.iterdir()}
     table = (tmp_path / "RESULTS.md").read_text()
     assert table in done.stdout  # printed as written
-    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| transport")
-            or line.startswith("| link_encryption")]
+    rows = [
+        line.split("|")[1:-1]
+        for line in table.splitlines()
+        if line.startswith("| transport") or line.startswith("| link_encryption")
+    ]
     assert len(rows) == 4  # two figures each
     transport = json.loads((tmp_path / "transport.json").read_text())  # ours is checked stored, every transition
     assert rows[0][2].strip() == f"{transport['transitions_per_s']['ours']:,.0f}"
@@ -182,17 +248,29 @@ def test_sample_efficiency_builds_both_sacs_alike() -> None:
     cfg = build_config(bench.our_config("Hopper-v5", 3, schedule, BENCH / "unused"))
     assert (cfg.stop.max_env_steps, cfg.stop.eval_every_env_steps, cfg.stop.eval_every_s) == (2000, 500, None)
     robot = GymRobot(env_id="Hopper-v5")  # (HalfCheetah's model makes MuJoCo write a warnings file here)
-    ours = ALGOS["sac"](robot.observation_space, robot.action_space, "mlp", cfg.policy.options(),
-                        algo_settings("sac", cfg.algo.model_dump()))
+    ours = ALGOS["sac"](
+        robot.observation_space,
+        robot.action_space,
+        "mlp",
+        cfg.policy.options(),
+        algo_settings("sac", cfg.algo.model_dump()),
+    )
     theirs = SB3SAC("MlpPolicy", robot.env, **bench.sb3_kwargs(schedule, 3))
     robot.close()
     assert ours.target_entropy == theirs.target_entropy == -3.0  # -|A|
     assert ours.alpha.item() == pytest.approx(theirs.log_ent_coef.exp().item()) == 1.0
     s = ours.settings
-    assert (s.gamma, s.tau, s.actor_lr, s.critic_lr) == (theirs.gamma, theirs.tau, theirs.learning_rate,
-                                                         theirs.learning_rate)
+    assert (s.gamma, s.tau, s.actor_lr, s.critic_lr) == (
+        theirs.gamma,
+        theirs.tau,
+        theirs.learning_rate,
+        theirs.learning_rate,
+    )
     assert (cfg.algo.batch_size, cfg.algo.learning_starts, cfg.algo.utd_ratio) == (
-        theirs.batch_size, theirs.learning_starts, theirs.gradient_steps)
+        theirs.batch_size,
+        theirs.learning_starts,
+        theirs.gradient_steps,
+    )
 
     def sizes(module) -> list[tuple[int, ...]]:
         return sorted(tuple(p.shape) for p in module.parameters())
@@ -207,9 +285,28 @@ def test_sample_efficiency_evaluates_sb3_where_ours_holds(tmp_path: Path) -> Non
     """SB3 is evaluated at the same env steps with the same updates behind each point as our held fleet
     (steps - learning_starts); a run set against itself has ratio 1 in the JSON and the table."""
     out = tmp_path / "sb3.json"
-    done = subprocess.run([sys.executable, str(BENCH / "sample_efficiency.py"), "--sb3-run", "InvertedPendulum-v5", "0",
-                           "--steps", "250", "--eval-every", "100", "--learning-starts", "100",
-                           "--eval-episodes", "1", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "sample_efficiency.py"),
+            "--sb3-run",
+            "InvertedPendulum-v5",
+            "0",
+            "--steps",
+            "250",
+            "--eval-every",
+            "100",
+            "--learning-starts",
+            "100",
+            "--eval-episodes",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     run = json.loads(out.read_text())
     assert [(p["env_steps"], p["updates"]) for p in run["points"]] == [(100, 0), (200, 100), (250, 150)]
@@ -219,8 +316,10 @@ def test_sample_efficiency_evaluates_sb3_where_ours_holds(tmp_path: Path) -> Non
     schedule = bench.Schedule(steps=250, eval_every=100, eval_episodes=1, learning_starts=100)
     env = bench.summarize("InvertedPendulum-v5", {0: {"ours": run, "sb3": run}}, schedule)
     assert env["final"]["ratio"] == env["auc"]["ratio"] == 1.0
-    result = {"config": {"points": schedule.points(), "seeds": [0], "eval_episodes": 1, "steps": 250},
-              "envs": {"InvertedPendulum-v5": env}}
+    result = {
+        "config": {"points": schedule.points(), "seeds": [0], "eval_episodes": 1, "steps": 250},
+        "envs": {"InvertedPendulum-v5": env},
+    }
     table = bench.table(result).splitlines()
     assert table[0].split("|")[3:6] == [" 0.1k ", " 0.2k ", " 0.25k "]
     assert table[2].split("|")[-3:-1] == [" 1.00x ", " 1.00x "]
@@ -229,8 +328,9 @@ def test_sample_efficiency_evaluates_sb3_where_ours_holds(tmp_path: Path) -> Non
     # over seeds: the mean curve makes the ratios, and each seed's final return shows their spread
     final = run["points"][-1]["mean_return"]
     halved = {**run, "points": [{**p, "mean_return": p["mean_return"] / 2} for p in run["points"]]}
-    two = bench.summarize("InvertedPendulum-v5", {0: {"ours": run, "sb3": run}, 1: {"ours": halved, "sb3": run}},
-                          schedule)
+    two = bench.summarize(
+        "InvertedPendulum-v5", {0: {"ours": run, "sb3": run}, 1: {"ours": halved, "sb3": run}}, schedule
+    )
     assert two["final"]["by_seed"] == {"ours": [round(final, 2), round(final / 2, 2)], "sb3": [round(final, 2)] * 2}
     assert two["final"]["ratio"] == two["auc"]["ratio"] == 0.75
     by_seed = bench.table({**result, "envs": {"InvertedPendulum-v5": two}}).splitlines()[2].split("|")[-4]
@@ -241,15 +341,37 @@ def test_sample_efficiency_evaluates_sb3_where_ours_holds(tmp_path: Path) -> Non
     runs.mkdir()
     for system in ("ours", "sb3"):
         (runs / f"{system}-InvertedPendulum-v5-s0.json").write_text(json.dumps(run))
-    schedule_args = ["--envs", "InvertedPendulum-v5", "--seeds", "0", "--steps", "250", "--eval-every", "100",
-                     "--learning-starts", "100", "--eval-episodes", "1", "--runs-dir", str(runs)]
-    resumed = subprocess.run([sys.executable, str(BENCH / "sample_efficiency.py"), *schedule_args,
-                              "--out", str(tmp_path / "resumed.json")], capture_output=True, text=True, timeout=120)
+    schedule_args = [
+        "--envs",
+        "InvertedPendulum-v5",
+        "--seeds",
+        "0",
+        "--steps",
+        "250",
+        "--eval-every",
+        "100",
+        "--learning-starts",
+        "100",
+        "--eval-episodes",
+        "1",
+        "--runs-dir",
+        str(runs),
+    ]
+    resumed = subprocess.run(
+        [sys.executable, str(BENCH / "sample_efficiency.py"), *schedule_args, "--out", str(tmp_path / "resumed.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert not (runs / "ours-InvertedPendulum-v5-s0").exists()  # nothing was trained again
     resumed_result = json.loads((tmp_path / "resumed.json").read_text())
     assert resumed_result["envs"]["InvertedPendulum-v5"]["final"]["ratio"] == 1.0
     assert resumed_result["runs_read_back"] == 2 and "(2 runs read back)" in resumed.stdout
-    other = subprocess.run([sys.executable, str(BENCH / "sample_efficiency.py"), *schedule_args, "--steps", "300"],
-                           capture_output=True, text=True, timeout=120)
+    other = subprocess.run(
+        [sys.executable, str(BENCH / "sample_efficiency.py"), *schedule_args, "--steps", "300"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert other.returncode == 2 and "holds runs of another schedule" in other.stderr  # never mixes two schedules

@@ -60,16 +60,28 @@ def test_load_yaml(config_file: Path) -> None:
 
 
 def test_overrides_win_over_the_file(config_file: Path) -> None:
-    cfg = load_config(config_file, ["fleet.num_robots=2", "policy.hidden=[64,64]", "algo.actor_lr=1e-3",
-                                     "robot.options.obs_mode=image", "stop.success_rate=0.9"])
+    cfg = load_config(
+        config_file,
+        [
+            "fleet.num_robots=2",
+            "policy.hidden=[64,64]",
+            "algo.actor_lr=1e-3",
+            "robot.options.obs_mode=image",
+            "stop.success_rate=0.9",
+        ],
+    )
     assert cfg.fleet.num_robots == 2
     assert cfg.policy.hidden == [64, 64]
     assert cfg.algo.actor_lr == pytest.approx(1e-3)
     assert cfg.robot.options == {"episode_steps": 40, "obs_mode": "image"}  # merged, not replaced
     assert cfg.stop.success_rate == 0.9
     assert cfg.fleet.batch_transitions == 32  # siblings in the file are kept
-    assert cfg.robot_options(1) == {"episode_steps": 40, "obs_mode": "image",
-                                    "robot_id": "mujoco_reach-1", "seed": 1003}
+    assert cfg.robot_options(1) == {
+        "episode_steps": 40,
+        "obs_mode": "image",
+        "robot_id": "mujoco_reach-1",
+        "seed": 1003,
+    }
 
 
 def test_empty_file_gives_defaults(tmp_path: Path) -> None:
@@ -193,20 +205,26 @@ def test_chunk_policies_and_their_algorithms_are_checked_together() -> None:
         (["policy.type=flow", "algo.type=sac"], "policy.type flow trains with algo.type bc or qc, not sac"),
         (["policy.type=flow", "algo.type=qc"], "it needs policy.type flow or vla with policy.best_of of 2 or more"),
         (["policy.chunk=4"], "policy.chunk is a setting of policy.type flow or vla or lerobot; this policy is mlp"),
-        (["policy.type=flow", "policy.chunk=4", "algo.type=bc", "buffer.action_horizon=3"],
-         "buffer.action_horizon: this run's policy.chunk is 4; leave buffer.action_horizon out"),
+        (
+            ["policy.type=flow", "policy.chunk=4", "algo.type=bc", "buffer.action_horizon=3"],
+            "buffer.action_horizon: this run's policy.chunk is 4; leave buffer.action_horizon out",
+        ),
     ):
         with pytest.raises(ConfigError, match=re.escape(message)):
             build_config({}, overrides)
 
 
-@pytest.mark.parametrize(("section", "kind", "builtins", "group"), [
-    ("policy", "policy", "mlp, flow, vla, lerobot", "user_rl.policies"),
-    ("algo", "algorithm", "sac, drq, bc, qc", "user_rl.algos"),
-    ("reward", "reward", "env, labels, classifier", "user_rl.rewards"),
-])
-def test_a_policy_algo_or_reward_that_is_not_installed_lists_the_known_ones(section: str, kind: str, builtins: str,
-                                                                            group: str) -> None:
+@pytest.mark.parametrize(
+    ("section", "kind", "builtins", "group"),
+    [
+        ("policy", "policy", "mlp, flow, vla, lerobot", "user_rl.policies"),
+        ("algo", "algorithm", "sac, drq, bc, qc", "user_rl.algos"),
+        ("reward", "reward", "env, labels, classifier", "user_rl.rewards"),
+    ],
+)
+def test_a_policy_algo_or_reward_that_is_not_installed_lists_the_known_ones(
+    section: str, kind: str, builtins: str, group: str
+) -> None:
     """A config may name a plugin's part (docs/guides/add-a-*.md); one no installed package declares is refused."""
     message = error(overrides=[f"{section}.type=residual_thing"])
     assert message.startswith(f"config error: {section}.type: unknown {kind}; known: {builtins}")  # plugins after these
@@ -226,5 +244,7 @@ def test_the_builtin_names_the_config_knows_are_the_registries() -> None:
 def test_algo_options_are_a_plugin_algorithms_own_settings() -> None:
     """A built-in algorithm's settings are keys of algo (each validated there), so it takes no options."""
     message = error(overrides=["algo.options.num_critics=5"])
-    assert message == ("config error: algo.options: unknown key 'num_critics' for algo.type sac; "
-                       "allowed: none (its settings are keys of algo itself)")
+    assert message == (
+        "config error: algo.options: unknown key 'num_critics' for algo.type sac; "
+        "allowed: none (its settings are keys of algo itself)"
+    )

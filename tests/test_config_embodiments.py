@@ -13,8 +13,11 @@ MIXED = {
     "seed": 5,
     "embodiments": {
         "arm3": {"robot": {"type": "mujoco_reach", "options": {"arm": "3dof"}}, "num_robots": 2},
-        "arm4": {"robot": {"type": "mujoco_reach", "options": {"arm": "4dof"}}, "num_robots": 1,
-                 "policy": {"hidden": [64]}},
+        "arm4": {
+            "robot": {"type": "mujoco_reach", "options": {"arm": "4dof"}},
+            "num_robots": 1,
+            "policy": {"hidden": [64]},
+        },
     },
     "policy": {"hidden": [128, 128]},
 }
@@ -30,10 +33,18 @@ def test_each_embodiment_is_a_one_model_config_with_its_own_ids_seeds_and_policy
     cfg = build_config(MIXED)
     assert cfg.fleet.num_robots == 3
     arm3, arm4 = cfg.embodiment_configs().values()
-    assert (arm3.name, arm3.robot.options, arm3.fleet.num_robots, arm3.policy.hidden) == \
-        ("mixed-arm3", {"arm": "3dof"}, 2, [128, 128])
-    assert (arm4.name, arm4.robot.options, arm4.fleet.num_robots, arm4.policy.hidden) == \
-        ("mixed-arm4", {"arm": "4dof"}, 1, [64])
+    assert (arm3.name, arm3.robot.options, arm3.fleet.num_robots, arm3.policy.hidden) == (
+        "mixed-arm3",
+        {"arm": "3dof"},
+        2,
+        [128, 128],
+    )
+    assert (arm4.name, arm4.robot.options, arm4.fleet.num_robots, arm4.policy.hidden) == (
+        "mixed-arm4",
+        {"arm": "4dof"},
+        1,
+        [64],
+    )
     robots = [c.robot_options(i) for c in (arm3, arm4) for i in range(c.fleet.num_robots)]
     assert [r["robot_id"] for r in robots] == ["arm3-0", "arm3-1", "arm4-0"]
     assert len({r["seed"] for r in robots}) == 3, "every robot of the run draws its own episodes"
@@ -62,7 +73,8 @@ def test_mistakes_are_refused_with_the_key_named() -> None:
     assert "the embodiments have 3 robots, not 4" in error(["fleet.num_robots=4"])
     assert "fixed ports would clash" in error(["learner.data_port=5555"])
     assert "embodiments: name 'Left Arm' must be lower-case" in error(
-        [], {"embodiments": {"Left Arm": {"robot": {"type": "mujoco_reach"}}}})
+        [], {"embodiments": {"Left Arm": {"robot": {"type": "mujoco_reach"}}}}
+    )
     assert "unknown option 'dof'" in error(["embodiments.arm4.robot.options.dof=4"])
 
 
@@ -78,5 +90,10 @@ def test_an_edge_must_say_which_embodiment_it_is() -> None:
 def test_a_mixed_launch_asks_for_a_learner_and_edges_per_embodiment() -> None:
     cfg = build_config(MIXED)
     assert [d.what for d in launch_demands(cfg)] == [
-        "learner arm3", "edge arm3-0", "edge arm3-1", "learner arm4", "edge arm4-0"]
+        "learner arm3",
+        "edge arm3-0",
+        "edge arm3-1",
+        "learner arm4",
+        "edge arm4-0",
+    ]
     assert local_resources(cfg)["sim:mujoco_reach"] >= 3.0

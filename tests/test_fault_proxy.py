@@ -172,7 +172,7 @@ def refused(port: int) -> bool:
             return raw.recv(1) == b""
     except ConnectionResetError:
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 

@@ -27,7 +27,9 @@ from user_rl.testing.learner import serving_learner
 from user_rl.testing.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
-NOT_SHIPPED = shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build", "runs", ".pytest_cache", ".venv", ".venv-*")
+NOT_SHIPPED = shutil.ignore_patterns(
+    ".git", "__pycache__", "*.egg-info", "build", "runs", ".pytest_cache", ".venv", ".venv-*"
+)
 
 
 def _venv_env() -> dict[str, str]:
@@ -36,8 +38,9 @@ def _venv_env() -> dict[str, str]:
 
 
 def _run(cmd: list, timeout: float, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    done = subprocess.run([str(c) for c in cmd], cwd=cwd, env=_venv_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    done = subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=_venv_env(), capture_output=True, text=True, timeout=timeout
+    )
     assert done.returncode == 0, f"{cmd} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
 
@@ -59,8 +62,10 @@ def edge_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_an_edge_only_install_has_neither_ray_nor_mujoco(edge_venv: Path, tmp_path: Path) -> None:
-    probe = ("import importlib.util as u, user_rl; "
-             "print(user_rl.__file__); print(sorted(m for m in ('ray', 'mujoco') if u.find_spec(m)))")
+    probe = (
+        "import importlib.util as u, user_rl; "
+        "print(user_rl.__file__); print(sorted(m for m in ('ray', 'mujoco') if u.find_spec(m)))"
+    )
     lines = _run([edge_venv / "bin" / "python", "-c", probe], 60, cwd=tmp_path).stdout.splitlines()
     assert Path(lines[0]).is_relative_to(edge_venv), f"user_rl came from {lines[0]}, not the venv"
     assert lines[1] == "[]", f"the edge extra installed {lines[1]}"
@@ -71,27 +76,54 @@ def test_the_edge_only_install_streams_to_a_learner_and_takes_its_policy(edge_ve
     every step to a learner in this environment, loads the policy the learner publishes, and
     detaches cleanly on Ctrl-C. Its config also has a MuJoCo embodiment, which the controller
     never runs: the config still validates there."""
-    cfg_dict = {"embodiments": {"pend": {"robot": {"type": "gym", "options": {"env_id": "Pendulum-v1"}}},
-                                "arm": {"robot": {"type": "mujoco_reach", "options": {"arm": "3dof"}}}},
-                "fleet": {"pace_to_learner": False, "control_hz": 200, "batch_transitions": 16},
-                "policy": {"hidden": [32]}, "algo": {"learning_starts": 200, "batch_size": 32},
-                "learner": {"torch_threads": 1}}
+    cfg_dict = {
+        "embodiments": {
+            "pend": {"robot": {"type": "gym", "options": {"env_id": "Pendulum-v1"}}},
+            "arm": {"robot": {"type": "mujoco_reach", "options": {"arm": "3dof"}}},
+        },
+        "fleet": {"pace_to_learner": False, "control_hz": 200, "batch_transitions": 16},
+        "policy": {"hidden": [32]},
+        "algo": {"learning_starts": 200, "batch_size": 32},
+        "learner": {"torch_threads": 1},
+    }
     config = tmp_path / "edge.yaml"
     config.write_text(yaml.safe_dump(cfg_dict))
     with serving_learner(build_config(cfg_dict).embodiment("pend"), tmp_path / "run") as learner:
-        edge = subprocess.Popen([edge_venv / "bin" / "user-rl", "edge", config, "--robot", "pendulum-ctl",
-                                 "--embodiment", "pend", "--learner", learner.addresses["data"],
-                                 "--weights", learner.addresses["weights"], "--spool", tmp_path / "spool"],
-                                cwd=tmp_path, env=_venv_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+        edge = subprocess.Popen(
+            [
+                edge_venv / "bin" / "user-rl",
+                "edge",
+                config,
+                "--robot",
+                "pendulum-ctl",
+                "--embodiment",
+                "pend",
+                "--learner",
+                learner.addresses["data"],
+                "--weights",
+                learner.addresses["weights"],
+                "--spool",
+                tmp_path / "spool",
+            ],
+            cwd=tmp_path,
+            env=_venv_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
         def robot() -> dict:
             return learner.status().get("robots", {}).get("pendulum-ctl", {})
 
         try:
-            wait_until(lambda: edge.poll() is not None or (robot().get("transitions", 0) > 300
-                                                           and robot().get("latest_version", -1) >= 1),
-                       240, "the venv's edge to stream and take a policy from the learner")
+            wait_until(
+                lambda: (
+                    edge.poll() is not None
+                    or (robot().get("transitions", 0) > 300 and robot().get("latest_version", -1) >= 1)
+                ),
+                240,
+                "the venv's edge to stream and take a policy from the learner",
+            )
         finally:
             if edge.poll() is None:
                 edge.send_signal(signal.SIGINT)
@@ -105,21 +137,56 @@ def test_the_edge_only_install_streams_to_a_learner_and_takes_its_policy(edge_ve
         assert robot()["latest_version"] >= 1
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (["train", "configs/reach.yaml"], "user-rl train needs the cluster extra (ray is not installed here): "
-                                      "pip install -e '.[cluster,sim]' in the user-rl checkout"),
-    (["edge", "configs/reach.yaml", "--robot", "arm-0", "--learner", "tcp://127.0.0.1:9", "--weights",
-      "tcp://127.0.0.1:9"], "user-rl edge needs the sim extra (mujoco is not installed here): "
-                            "pip install -e '.[sim]' in the user-rl checkout"),
-    (["edge", "configs/inverted_pendulum.yaml", "--robot", "pole-0", "--learner", "tcp://127.0.0.1:9", "--weights",
-      "tcp://127.0.0.1:9"], "user-rl edge needs the sim extra (mujoco is not installed here): "
-                            "pip install -e '.[sim]' in the user-rl checkout"),
-])
-def test_a_command_whose_extra_is_missing_names_the_extra_to_install(edge_venv: Path, tmp_path: Path,
-                                                                      args: list[str], expected: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["train", "configs/reach.yaml"],
+            "user-rl train needs the cluster extra (ray is not installed here): "
+            "pip install -e '.[cluster,sim]' in the user-rl checkout",
+        ),
+        (
+            [
+                "edge",
+                "configs/reach.yaml",
+                "--robot",
+                "arm-0",
+                "--learner",
+                "tcp://127.0.0.1:9",
+                "--weights",
+                "tcp://127.0.0.1:9",
+            ],
+            "user-rl edge needs the sim extra (mujoco is not installed here): "
+            "pip install -e '.[sim]' in the user-rl checkout",
+        ),
+        (
+            [
+                "edge",
+                "configs/inverted_pendulum.yaml",
+                "--robot",
+                "pole-0",
+                "--learner",
+                "tcp://127.0.0.1:9",
+                "--weights",
+                "tcp://127.0.0.1:9",
+            ],
+            "user-rl edge needs the sim extra (mujoco is not installed here): "
+            "pip install -e '.[sim]' in the user-rl checkout",
+        ),
+    ],
+)
+def test_a_command_whose_extra_is_missing_names_the_extra_to_install(
+    edge_venv: Path, tmp_path: Path, args: list[str], expected: str
+) -> None:
     """`mujoco_reach` (our MuJoCo arm) and a gymnasium MuJoCo env both need the sim extra; train needs Ray."""
     spool = ["--spool", str(tmp_path / "spool")] if args[0] == "edge" else []
-    done = subprocess.run([edge_venv / "bin" / "user-rl", *args, *spool], cwd=REPO, env=_venv_env(),
-                          capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [edge_venv / "bin" / "user-rl", *args, *spool],
+        cwd=REPO,
+        env=_venv_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.strip().splitlines()[-1] == f"user-rl: {expected}"

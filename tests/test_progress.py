@@ -10,8 +10,15 @@ from user_rl.progress import ProgressPrinter
 
 
 def status(env_steps: int, updates: int, backlogs: list[int], **extra) -> dict:
-    return {"env_steps": env_steps, "updates": updates, "policy_version": 7, "recent_success": 0.5,
-            "recent_return": 1.0, "robots": {f"r{i}": {"backlog_batches": b} for i, b in enumerate(backlogs)}, **extra}
+    return {
+        "env_steps": env_steps,
+        "updates": updates,
+        "policy_version": 7,
+        "recent_success": 0.5,
+        "recent_return": 1.0,
+        "robots": {f"r{i}": {"backlog_batches": b} for i, b in enumerate(backlogs)},
+        **extra,
+    }
 
 
 def test_resumed_run_rates_count_only_new_work_and_backlog_is_shown(tmp_path: Path) -> None:
@@ -35,4 +42,5 @@ def test_a_failing_learner_thread_is_printed_under_the_progress_line(tmp_path: P
     assert lines[1] == "ERROR checkpointer: OSError: [Errno 28] No space left on device"
     assert len(lines) == 3 and not lines[2].startswith("ERROR")  # gone once the thread is healthy again
     assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])["errors"] == {
-        "checkpointer": "OSError: [Errno 28] No space left on device"}
+        "checkpointer": "OSError: [Errno 28] No space left on device"
+    }

@@ -34,10 +34,22 @@ def test_readme_train_command_works_from_a_fresh_clone(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     train_cmd = readme_commands()[0]
-    env = {**os.environ, "PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "VIRTUAL_ENV": str(venv),
-           "MUJOCO_GL": "egl", "PYTHONPATH": ""}
-    proc = subprocess.Popen(["bash", "-c", train_cmd], cwd=clone, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    env = {
+        **os.environ,
+        "PATH": f"{venv / 'bin'}:{os.environ['PATH']}",
+        "VIRTUAL_ENV": str(venv),
+        "MUJOCO_GL": "egl",
+        "PYTHONPATH": "",
+    }
+    proc = subprocess.Popen(
+        ["bash", "-c", train_cmd],
+        cwd=clone,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     seen: list[str] = []
     deadline = time.monotonic() + 480
     try:
@@ -57,6 +69,11 @@ def test_readme_train_command_works_from_a_fresh_clone(tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
     # It ran the clone's code, installed into the fresh venv.
     assert (clone / "runs").is_dir() and any((clone / "runs").glob("reach-*/config.yaml"))
-    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import user_rl; print(user_rl.__file__)"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path)
+    site = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import user_rl; print(user_rl.__file__)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     assert str(clone) in site.stdout, site.stdout + site.stderr

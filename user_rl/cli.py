@@ -33,15 +33,16 @@ def _learner(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from user_rl.evaluation import evaluate_checkpoint
 
-    result = evaluate_checkpoint(args.checkpoint, episodes=args.episodes, seed=args.seed,
-                                 overrides=args.overrides)
+    result = evaluate_checkpoint(args.checkpoint, episodes=args.episodes, seed=args.seed, overrides=args.overrides)
     if args.json:
         print(json.dumps(result))
     else:
         success = "-" if result["success_rate"] is None else f"{result['success_rate']:.2f}"
-        print(f"policy v{result['policy_version']} on {result['robot']}: success {success}, "
-              f"mean return {result['mean_return']:.1f}, mean length {result['mean_length']:.0f} "
-              f"over {result['episodes']} episodes")
+        print(
+            f"policy v{result['policy_version']} on {result['robot']}: success {success}, "
+            f"mean return {result['mean_return']:.1f}, mean length {result['mean_length']:.0f} "
+            f"over {result['episodes']} episodes"
+        )
     return 0
 
 
@@ -59,11 +60,22 @@ def _buffer_export(args: argparse.Namespace) -> int:
     from user_rl.cloud.buffer.episodes import EpisodeFilter
     from user_rl.interop.lerobot_dataset import export_lerobot, print_progress
 
-    which = EpisodeFilter(robots=args.robot or None, tasks=args.task or None, with_interventions=args.with_interventions,
-                          with_discarded=args.with_discarded)
+    which = EpisodeFilter(
+        robots=args.robot or None,
+        tasks=args.task or None,
+        with_interventions=args.with_interventions,
+        with_discarded=args.with_discarded,
+    )
     try:
-        done = export_lerobot(args.directory, args.out, which, repo_id=args.repo_id, fps=args.fps,
-                              robot_type=args.robot_type, progress=print_progress("exported"))
+        done = export_lerobot(
+            args.directory,
+            args.out,
+            which,
+            repo_id=args.repo_id,
+            fps=args.fps,
+            robot_type=args.robot_type,
+            progress=print_progress("exported"),
+        )
     except (FileExistsError, ValueError, RuntimeError) as exc:
         print(f"user-rl buffer export: {exc}", file=sys.stderr)
         return 2
@@ -79,8 +91,10 @@ def _buffer_import(args: argparse.Namespace) -> int:
     except (FileExistsError, ValueError, RuntimeError) as exc:
         print(f"user-rl buffer import: {exc}", file=sys.stderr)
         return 2
-    print(f"imported {done['episodes']:,} episodes ({done['frames']:,} frames) into {done['buffer']}; use it with "
-          f"'buffer.attach=[{{path: {done['buffer']}, source: demo}}]'")
+    print(
+        f"imported {done['episodes']:,} episodes ({done['frames']:,} frames) into {done['buffer']}; use it with "
+        f"'buffer.attach=[{{path: {done['buffer']}, source: demo}}]'"
+    )
     return 0
 
 
@@ -89,9 +103,17 @@ def _reward_train(args: argparse.Namespace) -> int:
     from user_rl.rewards.training import train_classifier
 
     try:
-        result = train_classifier(args.path, args.keys, args.out, positives=args.positives, holdout=args.holdout,
-                                  updates=args.updates, threshold=args.threshold, seed=args.seed,
-                                  hidden=args.hidden)
+        result = train_classifier(
+            args.path,
+            args.keys,
+            args.out,
+            positives=args.positives,
+            holdout=args.holdout,
+            updates=args.updates,
+            threshold=args.threshold,
+            seed=args.seed,
+            hidden=args.hidden,
+        )
     except (NoLabelledFrames, ValueError) as exc:
         print(f"user-rl: {exc}", file=sys.stderr)
         return 2
@@ -115,8 +137,9 @@ def _edge(args: argparse.Namespace) -> int:
         learner, weights = addresses["data"], addresses["weights"]
         run_policy = load_config(str(run_dir / "config.yaml"), []).policy
         if run_policy != cfg.policy:  # the edge could not load the learner's weights
-            raise ConfigError(f"config error: policy: the run trains {run_policy.summary()}, "
-                              f"this config says {cfg.policy.summary()}")
+            raise ConfigError(
+                f"config error: policy: the run trains {run_policy.summary()}, this config says {cfg.policy.summary()}"
+            )
     if not learner:
         raise ConfigError("config error: say where the learner is: --learner tcp://HOST:PORT or --run-dir RUN_DIR")
     status = serve_edge(cfg, args.robot, learner, weights, args.spool, args.max_steps)
@@ -137,8 +160,18 @@ def _node_start(args: argparse.Namespace) -> int:
     from user_rl.nodes import start_node
 
     labels = dict(_key_value(item) for item in args.label)
-    return start_node(_optional_config(args), args.head, args.address, args.name, labels, args.sim_slots,
-                      args.port, args.num_cpus, args.block, args.dry_run)
+    return start_node(
+        _optional_config(args),
+        args.head,
+        args.address,
+        args.name,
+        labels,
+        args.sim_slots,
+        args.port,
+        args.num_cpus,
+        args.block,
+        args.dry_run,
+    )
 
 
 def _keys(args: argparse.Namespace) -> int:
@@ -148,8 +181,11 @@ def _keys(args: argparse.Namespace) -> int:
         written = keys.generate(args.directory, args.robots)
         for path in written:
             print(f"wrote {path}")
-        print(f"{len(written)} files; robots need {args.directory}/learner.key and their robots/<id>.key_secret"
-              if written else "nothing to do: every key exists (keys are never overwritten)")
+        print(
+            f"{len(written)} files; robots need {args.directory}/learner.key and their robots/<id>.key_secret"
+            if written
+            else "nothing to do: every key exists (keys are never overwritten)"
+        )
     elif args.action == "revoke":
         print(f"revoked {args.robot}: {keys.revoke(args.directory, args.robot)} (a running learner refuses it now)")
     elif args.action == "enroll":
@@ -168,8 +204,10 @@ def _estop(args: argparse.Namespace) -> int:
     root = Path(args.run_dir) / "spool" if args.run_dir else Path(args.spool or default_spool_root())
     robots = sorted(p.name for p in root.iterdir() if p.is_dir()) if args.all and root.is_dir() else args.robots
     if not robots:
-        raise ConfigError(f"name the robots, or --all (robots under {root}: "
-                          f"{', '.join(sorted(p.name for p in root.glob('*') if p.is_dir())) or 'none'})")
+        raise ConfigError(
+            f"name the robots, or --all (robots under {root}: "
+            f"{', '.join(sorted(p.name for p in root.glob('*') if p.is_dir())) or 'none'})"
+        )
     user = getpass.getuser()
     for robot_id in robots:
         latch = EStopLatch.for_robot(root, robot_id)
@@ -213,8 +251,10 @@ def _status(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(dict(statuses), default=str))
         else:
-            print("\n\n".join((f"== {name}\n" if name else "") + fleet_table(status) for name, status in statuses),
-                  flush=True)
+            print(
+                "\n\n".join((f"== {name}\n" if name else "") + fleet_table(status) for name, status in statuses),
+                flush=True,
+            )
         if not args.watch:
             return 0
         time.sleep(args.watch)
@@ -245,8 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="user-rl", description="Online policy learning on robot fleets.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    train = sub.add_parser("train", aliases=["launch"], help="train a policy: place the learner and one edge per "
-                           "robot on the nodes that own them (launch is the same command)")
+    train = sub.add_parser(
+        "train",
+        aliases=["launch"],
+        help="train a policy: place the learner and one edge per "
+        "robot on the nodes that own them (launch is the same command)",
+    )
     train.add_argument("config", help="YAML config, e.g. configs/reach.yaml")
     train.add_argument("overrides", nargs="*", help="key=value overrides, e.g. fleet.num_robots=2")
     train.add_argument("--address", default=None, help="Ray cluster address (default: a fresh local instance)")
@@ -254,8 +298,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint on fresh episodes")
     ev.add_argument("checkpoint")
-    ev.add_argument("overrides", nargs="*", help="key=value changes to the run's config, e.g. "
-                    "robot.options.reward=sparse (the task's sparse variant)")
+    ev.add_argument(
+        "overrides",
+        nargs="*",
+        help="key=value changes to the run's config, e.g. robot.options.reward=sparse (the task's sparse variant)",
+    )
     ev.add_argument("--episodes", type=int, default=20)
     ev.add_argument("--seed", type=int, default=1, help="evaluation seed set (training evals use the run's seed)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -269,14 +316,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     buffer = sub.add_parser("buffer", help="persistent replay buffer tools")
     actions = buffer.add_subparsers(dest="action", required=True)
-    inspect = actions.add_parser("inspect", help="summarize a buffer directory and verify its segment checksums "
-                                 "(read-only; exit 1 if a segment is corrupt)")
+    inspect = actions.add_parser(
+        "inspect",
+        help="summarize a buffer directory and verify its segment checksums "
+        "(read-only; exit 1 if a segment is corrupt)",
+    )
     inspect.add_argument("directory", help="the buffer directory (holds index.sqlite)")
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
-    inspect.add_argument("--no-verify", action="store_true", help="skip the checksums (headers and sizes are still checked)")
+    inspect.add_argument(
+        "--no-verify", action="store_true", help="skip the checksums (headers and sizes are still checked)"
+    )
     inspect.set_defaults(func=_buffer_inspect)
-    export = actions.add_parser("export", help="write a slice of a buffer as a dataset another tool loads "
-                                "(LeRobotDataset v3; needs user-rl[lerobot])")
+    export = actions.add_parser(
+        "export",
+        help="write a slice of a buffer as a dataset another tool loads (LeRobotDataset v3; needs user-rl[lerobot])",
+    )
     export.add_argument("directory", help="the buffer directory (holds index.sqlite); read-only")
     export.add_argument("out", help="the dataset directory to create (must not exist)")
     export.add_argument("--format", choices=["lerobot"], default="lerobot")
@@ -288,8 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--repo-id", default="local/user-rl", help="the dataset's name (nothing is uploaded)")
     export.add_argument("--robot-type", help="recorded in the dataset's info, e.g. so101_follower")
     export.set_defaults(func=_buffer_export)
-    imp = actions.add_parser("import", help="a local LeRobotDataset as a new buffer directory, to attach as "
-                             "demonstrations (needs user-rl[lerobot])")
+    imp = actions.add_parser(
+        "import",
+        help="a local LeRobotDataset as a new buffer directory, to attach as demonstrations (needs user-rl[lerobot])",
+    )
     imp.add_argument("dataset", help="the LeRobotDataset's root directory (meta/info.json inside; no hub)")
     imp.add_argument("out", help="the buffer directory to create")
     imp.add_argument("--repo-id", default="local/user-rl", help="the dataset's name")
@@ -297,23 +353,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     reward = sub.add_parser("reward", help="rewards learned from people: the success classifier")
     reward_actions = reward.add_subparsers(dest="action", required=True)
-    rtrain = reward_actions.add_parser("train", help="train a success classifier on the labelled frames of a run's "
-                                       "buffer and print its accuracy on held-out episodes")
+    rtrain = reward_actions.add_parser(
+        "train",
+        help="train a success classifier on the labelled frames of a run's "
+        "buffer and print its accuracy on held-out episodes",
+    )
     rtrain.add_argument("path", help="a run directory (its buffer/) or a buffer directory")
     rtrain.add_argument("--keys", nargs="+", default=["image"], help="observation keys it reads (default: image)")
     rtrain.add_argument("--out", default="classifier.pt", help="where to save it (reward.classifier)")
-    rtrain.add_argument("--positives", type=int, default=1,
-                        help="the last N frames of a success episode are successes (default 1)")
+    rtrain.add_argument(
+        "--positives", type=int, default=1, help="the last N frames of a success episode are successes (default 1)"
+    )
     rtrain.add_argument("--holdout", type=float, default=0.2, help="share of labelled episodes held out")
     rtrain.add_argument("--updates", type=int, default=1500, help="gradient steps")
     rtrain.add_argument("--threshold", type=float, default=0.5, help="P(success) judged a success")
-    rtrain.add_argument("--hidden", type=int, nargs="+", default=None,
-                        help="hidden layer sizes of its head (default: 64)")
+    rtrain.add_argument(
+        "--hidden", type=int, nargs="+", default=None, help="hidden layer sizes of its head (default: 64)"
+    )
     rtrain.add_argument("--seed", type=int, default=0)
     rtrain.set_defaults(func=_reward_train)
 
-    for name, text in (("edge", "run one robot's edge daemon outside the Ray cluster (e.g. behind NAT)"),
-                       ("attach", "add a robot to a running training; Ctrl-C detaches it cleanly")):
+    for name, text in (
+        ("edge", "run one robot's edge daemon outside the Ray cluster (e.g. behind NAT)"),
+        ("attach", "add a robot to a running training; Ctrl-C detaches it cleanly"),
+    ):
         edge = sub.add_parser(name, help=text)
         edge.add_argument("config")
         if name == "attach":
@@ -324,15 +387,18 @@ def build_parser() -> argparse.ArgumentParser:
         edge.add_argument("--learner", help="the learner's data address, tcp://HOST:PORT")
         edge.add_argument("--weights", help="the learner's weights address (default: HOST and learner.weights_port)")
         edge.add_argument("--run-dir", help="a training on this machine to attach to (reads its addresses.json)")
-        edge.add_argument("--embodiment", help="which of the config's embodiments the robot is (configs with embodiments)")
+        edge.add_argument(
+            "--embodiment", help="which of the config's embodiments the robot is (configs with embodiments)"
+        )
         edge.add_argument("--spool", help="spool directory (default: ~/.local/state/user-rl/spool)")
         edge.add_argument("--max-steps", type=int, help="detach after this many steps")
         edge.set_defaults(func=_edge)
 
     keys = sub.add_parser("keys", help="CurveZMQ keys: the learner's, one per robot, and who is enrolled")
     key_actions = keys.add_subparsers(dest="action", required=True)
-    generate = key_actions.add_parser("generate", help="make the learner's keypair and one per robot, enrolling "
-                                      "new robots (existing keys are kept)")
+    generate = key_actions.add_parser(
+        "generate", help="make the learner's keypair and one per robot, enrolling new robots (existing keys are kept)"
+    )
     generate.add_argument("directory", help="the keys directory (security.keys_dir)")
     generate.add_argument("robots", nargs="*", help="robot ids, e.g. arm-0 arm-1")
     revoke = key_actions.add_parser("revoke", help="refuse a robot's key from now on (no learner restart)")
@@ -344,8 +410,10 @@ def build_parser() -> argparse.ArgumentParser:
     enroll.add_argument("public_key", help="the robot's public .key file")
     keys.set_defaults(func=_keys)
 
-    for name, text in (("estop", "emergency stop: robots hold and take no step until re-armed (latched, "
-                                 "survives edge restarts)"), ("rearm", "clear an emergency stop")):
+    for name, text in (
+        ("estop", "emergency stop: robots hold and take no step until re-armed (latched, survives edge restarts)"),
+        ("rearm", "clear an emergency stop"),
+    ):
         stop = sub.add_parser(name, help=text)
         stop.add_argument("robots", nargs="*", help="robot ids")
         stop.add_argument("--all", action="store_true", help="every robot with a spool under the root")
@@ -355,35 +423,54 @@ def build_parser() -> argparse.ArgumentParser:
             stop.add_argument("--reason", default="operator emergency stop")
         stop.set_defaults(func=_estop)
 
-    teleop = sub.add_parser("teleop", help="the fleet page: every robot with a link to its teleop page "
-                            "(runs launched with teleop.enabled=true)")
-    teleop.add_argument("targets", nargs="+", metavar="RUN_DIR|ADDRESS",
-                        help="a run directory, or a robot page's address as its edge printed it (http://HOST:PORT/?token=...)")
+    teleop = sub.add_parser(
+        "teleop",
+        help="the fleet page: every robot with a link to its teleop page (runs launched with teleop.enabled=true)",
+    )
+    teleop.add_argument(
+        "targets",
+        nargs="+",
+        metavar="RUN_DIR|ADDRESS",
+        help="a run directory, or a robot page's address as its edge printed it (http://HOST:PORT/?token=...)",
+    )
     teleop.add_argument("--list", action="store_true", help="print each robot's page address and exit")
     teleop.add_argument("--host", default="127.0.0.1", help="where the fleet page listens")
     teleop.add_argument("--port", type=int, default=0, help="the fleet page's port (default: a free one)")
     teleop.set_defaults(func=_teleop)
 
-    status = sub.add_parser("status", help="the live fleet table: each robot's health, policy version, steps/s, "
-                            "spool, backlog and last error")
-    status.add_argument("target", metavar="RUN_DIR|ADDRESS",
-                        help="a run directory, or a running learner's data address (tcp://host:port)")
+    status = sub.add_parser(
+        "status",
+        help="the live fleet table: each robot's health, policy version, steps/s, spool, backlog and last error",
+    )
+    status.add_argument(
+        "target",
+        metavar="RUN_DIR|ADDRESS",
+        help="a run directory, or a running learner's data address (tcp://host:port)",
+    )
     status.add_argument("--keys", help="keys directory, for a learner whose links are encrypted")
     status.add_argument("--robot", default="", help="the enrolled robot whose key asks (with --keys)")
     status.add_argument("--watch", type=float, default=0.0, metavar="S", help="print the table again every S seconds")
-    status.add_argument("--timeout", type=float, default=5.0, metavar="S", help="how long to wait for a learner's answer")
+    status.add_argument(
+        "--timeout", type=float, default=5.0, metavar="S", help="how long to wait for a learner's answer"
+    )
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     status.set_defaults(func=_status)
 
-    plot = sub.add_parser("plot", help="draw a run's learning curve and per-robot contribution as PNG files "
-                          "in its directory (train does this at its end)")
+    plot = sub.add_parser(
+        "plot",
+        help="draw a run's learning curve and per-robot contribution as PNG files "
+        "in its directory (train does this at its end)",
+    )
     plot.add_argument("run_dir", help="the run directory")
     plot.set_defaults(func=_plot)
 
     hal = sub.add_parser("hal", help="the devices of this node")
     hal_actions = hal.add_subparsers(dest="action", required=True)
-    discover = hal_actions.add_parser("discover", help="list robots (probed), sim slots, GPUs, serial ports, "
-                                      "cameras and LeRobot robot types of this node (exit 1 if a configured robot does not answer)")
+    discover = hal_actions.add_parser(
+        "discover",
+        help="list robots (probed), sim slots, GPUs, serial ports, "
+        "cameras and LeRobot robot types of this node (exit 1 if a configured robot does not answer)",
+    )
     _config_args(discover)
     discover.add_argument("--json", action="store_true", help="print devices and Ray resources as JSON")
     discover.add_argument("--no-probe", action="store_true", help="do not connect to configured robots")

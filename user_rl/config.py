@@ -1,6 +1,6 @@
 """Typed configuration: YAML plus `key=value` overrides, validated once, errors on one line.
 
-    cfg = load_config("configs/reach.yaml", ["fleet.num_robots=2", "algo.lr=1e-3"])
+cfg = load_config("configs/reach.yaml", ["fleet.num_robots=2", "algo.lr=1e-3"])
 """
 
 from __future__ import annotations
@@ -14,11 +14,25 @@ from pydantic import Field, ValidationError, model_validator
 
 # Other modules import the sections (and the plugin names) from here, where the whole config lives.
 from user_rl.config_plugins import BUILTIN_ALGOS, BUILTIN_POLICIES, BUILTIN_REWARDS  # noqa: F401
-from user_rl.config_sections import (TELEOP_TOKEN, AlgoConfig, AttachConfig, BufferConfig,  # noqa: F401
-                                     ConfigError, EdgeConfig, EmbodimentConfig, FleetConfig, InterventionConfig,
-                                     LearnerConfig, PolicyConfig, RewardConfig, RobotConfig, SafetyConfig, Section,
-                                     SecurityConfig, StopConfig, TeleopConfig, without_secrets)
-
+from user_rl.config_sections import (
+    AlgoConfig,
+    BufferConfig,  # noqa: F401
+    ConfigError,
+    EdgeConfig,
+    EmbodimentConfig,
+    FleetConfig,
+    InterventionConfig,
+    LearnerConfig,
+    PolicyConfig,
+    RewardConfig,
+    RobotConfig,
+    SafetyConfig,
+    Section,
+    SecurityConfig,
+    StopConfig,
+    TeleopConfig,
+    without_secrets,
+)
 
 EMBODIMENT_NAME = re.compile(r"[a-z0-9][a-z0-9_]*")
 
@@ -42,7 +56,8 @@ class Config(Section):
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     safety: SafetyConfig = Field(default_factory=SafetyConfig)
     embodiments: dict[str, EmbodimentConfig] = Field(
-        default_factory=dict, description="robot models with different spaces in one run, each with its own policy")
+        default_factory=dict, description="robot models with different spaces in one run, each with its own policy"
+    )
 
     def public_dump(self) -> dict[str, Any]:
         """The config as plain data without its secrets: for files others can read (config.yaml,
@@ -50,16 +65,21 @@ class Config(Section):
         return without_secrets(self.model_dump())
 
     @model_validator(mode="after")
-    def _policy_suits_the_algorithm(self) -> "Config":
+    def _policy_suits_the_algorithm(self) -> Config:
         """Chunk policies train with bc or qc, which see chunks through the buffer's sampler."""
         policy, algo = self.policy.type, self.algo.type
         algos = ("bc",) if policy == "lerobot" else ("bc", "qc")  # qc needs a flow policy's chunk critic
         if self.policy.chunked and algo not in algos:
             raise ValueError(f"policy.type {policy} trains with algo.type {' or '.join(algos)}, not {algo}")
         if algo == "qc" and (not self.policy.chunked or self.policy.best_of < 2):
-            raise ValueError("algo.type qc picks the best of several sampled chunks: it needs policy.type flow "
-                             "or vla with policy.best_of of 2 or more")
-        for key, wanted in (("action_horizon", self.policy.chunk), ("n_step", self.policy.chunk if algo == "qc" else None)):
+            raise ValueError(
+                "algo.type qc picks the best of several sampled chunks: it needs policy.type flow "
+                "or vla with policy.best_of of 2 or more"
+            )
+        for key, wanted in (
+            ("action_horizon", self.policy.chunk),
+            ("n_step", self.policy.chunk if algo == "qc" else None),
+        ):
             if wanted is None:
                 continue
             if key in self.buffer.model_fields_set and getattr(self.buffer, key) not in (1, wanted):
@@ -68,31 +88,41 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
-    def _watchdog_outlasts_a_control_period(self) -> "Config":
+    def _watchdog_outlasts_a_control_period(self) -> Config:
         hz, deadline = self.fleet.control_hz, self.safety.deadline_s
         if hz > 0 and 0 < deadline <= 1.0 / hz:
-            raise ValueError(f"safety.deadline_s: {deadline:g} s is not longer than one control period at "
-                             f"fleet.control_hz={hz:g}; the watchdog would hold every step")
+            raise ValueError(
+                f"safety.deadline_s: {deadline:g} s is not longer than one control period at "
+                f"fleet.control_hz={hz:g}; the watchdog would hold every step"
+            )
         return self
 
     @model_validator(mode="after")
-    def _embodiments_own_their_robots(self) -> "Config":
+    def _embodiments_own_their_robots(self) -> Config:
         if not self.embodiments:
             return self
         for name in self.embodiments:
             if not EMBODIMENT_NAME.fullmatch(name):
-                raise ValueError(f"embodiments: name {name!r} must be lower-case letters, digits and _ "
-                                 "(it names a directory and the robots' ids)")
+                raise ValueError(
+                    f"embodiments: name {name!r} must be lower-case letters, digits and _ "
+                    "(it names a directory and the robots' ids)"
+                )
         if self.robot != RobotConfig():
-            raise ValueError("robot: a run with embodiments takes each robot from its embodiment; "
-                             "move this section to embodiments.<name>.robot")
+            raise ValueError(
+                "robot: a run with embodiments takes each robot from its embodiment; "
+                "move this section to embodiments.<name>.robot"
+            )
         total = sum(e.num_robots for e in self.embodiments.values())
         if "num_robots" in self.fleet.model_fields_set and self.fleet.num_robots != total:
-            raise ValueError(f"fleet.num_robots: the embodiments have {total} robots, not {self.fleet.num_robots}; "
-                             "leave fleet.num_robots out and set embodiments.<name>.num_robots")
+            raise ValueError(
+                f"fleet.num_robots: the embodiments have {total} robots, not {self.fleet.num_robots}; "
+                "leave fleet.num_robots out and set embodiments.<name>.num_robots"
+            )
         if self.learner.data_port or self.learner.weights_port:
-            raise ValueError("learner.data_port: each embodiment has a learner of its own, so fixed ports would "
-                             "clash; leave learner.data_port and learner.weights_port at 0")
+            raise ValueError(
+                "learner.data_port: each embodiment has a learner of its own, so fixed ports would "
+                "clash; leave learner.data_port and learner.weights_port at 0"
+            )
         self.fleet.num_robots = total
         return self
 
@@ -101,7 +131,7 @@ class Config(Section):
         prefix = self.fleet.robot_id_prefix or self.robot.type
         return {**self.robot.options, "robot_id": f"{prefix}-{index}", "seed": self.seed + 1000 * index}
 
-    def embodiment_configs(self) -> dict[str, "Config"]:
+    def embodiment_configs(self) -> dict[str, Config]:
         """Each embodiment as the config of a one-model fleet, in config order. A plain run is its
         own only embodiment, named "". Robot ids are `<embodiment>-<index>` and seeds stay unique."""
         if not self.embodiments:
@@ -120,14 +150,16 @@ class Config(Section):
             robots_before += embodiment.num_robots
         return configs
 
-    def embodiment(self, name: str | None) -> "Config":
+    def embodiment(self, name: str | None) -> Config:
         """The one-model config a single edge or attach uses; `name` is required with embodiments."""
         configs = self.embodiment_configs()
         if name is None and not self.embodiments:
             return self
         if name not in configs or not name:
             choices = ", ".join(n for n in configs if n) or "none (this config has one robot model)"
-            raise ConfigError(f"config error: embodiment {name!r}: say which with --embodiment; this config has: {choices}")
+            raise ConfigError(
+                f"config error: embodiment {name!r}: say which with --embodiment; this config has: {choices}"
+            )
         return configs[name]
 
 

@@ -22,8 +22,10 @@ def installed(kind: str, group: str, builtins: tuple[str, ...], name: str) -> st
     """`name` if it is a built-in or an installed package's entry point in `group`, else a ValueError listing them."""
     names = plugins.known_names(group, builtins)
     if name not in names:
-        raise ValueError(f"unknown {kind}; known: {', '.join(names)}; an installed package adds more through "
-                         f"the entry-point group {group!r}")
+        raise ValueError(
+            f"unknown {kind}; known: {', '.join(names)}; an installed package adds more through "
+            f"the entry-point group {group!r}"
+        )
     return name
 
 
@@ -44,8 +46,10 @@ def checked_plugin_options(name: str, options: dict[str, Any], algo_keys: set[st
     own = [f.name for f in dataclasses.fields(settings) if f.name not in algo_keys] if settings else []
     unknown = sorted(set(options) - set(own))
     if unknown:
-        raise ValueError(f"unknown key {unknown[0]!r} for algo.type {name}; allowed: "
-                         f"{', '.join(own) or 'none (its settings are keys of algo itself)'}")
+        raise ValueError(
+            f"unknown key {unknown[0]!r} for algo.type {name}; allowed: "
+            f"{', '.join(own) or 'none (its settings are keys of algo itself)'}"
+        )
     try:
         checked = TypeAdapter(settings).validate_python(options)
     except ValidationError as exc:

@@ -70,8 +70,9 @@ def evaluate(robot: Robot, actor: nn.Module, episodes: int, seed: int = 0) -> Ev
     )
 
 
-def evaluate_checkpoint(path: str | Path, episodes: int = 20, seed: int = 1,
-                        overrides: list[str] | None = None) -> dict:
+def evaluate_checkpoint(
+    path: str | Path, episodes: int = 20, seed: int = 1, overrides: list[str] | None = None
+) -> dict:
     """Rebuild a run's robot and actor from its checkpoint and evaluate them. `overrides` change the
     run's config first (e.g. `robot.options.reward=sparse`: judge on the task's sparse variant)."""
     from user_rl.cloud.checkpoint import load_checkpoint

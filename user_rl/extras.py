@@ -8,7 +8,11 @@ one on a machine without it says what to install instead of printing a traceback
 
 from __future__ import annotations
 
-EXTRA_OF_MODULE = {"ray": "cluster", "mujoco": "sim", "aiohttp": "teleop"}  # top-level module -> the extra that installs it
+EXTRA_OF_MODULE = {
+    "ray": "cluster",
+    "mujoco": "sim",
+    "aiohttp": "teleop",
+}  # top-level module -> the extra that installs it
 COMMAND_EXTRAS = {  # what a command needs in all (the missing module's extra is always named)
     "train": ("cluster", "sim"),
     "launch": ("cluster", "sim"),
@@ -34,7 +38,7 @@ def missing_module(exc: BaseException) -> str | None:
 
 
 def missing_extra_message(command: str, exc: BaseException) -> str | None:
-    """"user-rl train needs the cluster extra (ray is not installed here): pip install -e '.[cluster,sim]'
+    """ "user-rl train needs the cluster extra (ray is not installed here): pip install -e '.[cluster,sim]'
     in the user-rl checkout", or None when `exc` is not about a missing optional package."""
     module = missing_module(exc)
     if module is None:
@@ -42,5 +46,7 @@ def missing_extra_message(command: str, exc: BaseException) -> str | None:
     extra = EXTRA_OF_MODULE[module]
     extras = COMMAND_EXTRAS.get(command, ())
     extras = extras if extra in extras else (extra, *extras)
-    return (f"user-rl {command} needs the {extra} extra ({module} is not installed here): "
-            f"pip install -e '.[{','.join(extras)}]' in the user-rl checkout")
+    return (
+        f"user-rl {command} needs the {extra} extra ({module} is not installed here): "
+        f"pip install -e '.[{','.join(extras)}]' in the user-rl checkout"
+    )

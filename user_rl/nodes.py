@@ -12,7 +12,7 @@ import importlib.util
 import json
 import os
 import subprocess
-from typing import Callable
+from collections.abc import Callable
 
 from user_rl.config import Config
 from user_rl.hal.discovery import ConfiguredRobot, Device, discover, format_table, node_resources
@@ -26,13 +26,17 @@ def configured_robots(cfg: Config | None) -> list[ConfiguredRobot]:
     """The real robots a config drives (simulators are counted as slots, not probed one by one)."""
     if cfg is None:
         return []
-    return [ConfiguredRobot(one.robot.type, opts.pop("robot_id"), opts)
-            for one in cfg.embodiment_configs().values() if driver_kind(one.robot.type) == "robot"
-            for opts in (one.robot_options(i) for i in range(one.fleet.num_robots))]
+    return [
+        ConfiguredRobot(one.robot.type, opts.pop("robot_id"), opts)
+        for one in cfg.embodiment_configs().values()
+        if driver_kind(one.robot.type) == "robot"
+        for opts in (one.robot_options(i) for i in range(one.fleet.num_robots))
+    ]
 
 
-def discover_node(cfg: Config | None, sim_slots: int | None = None, probe: bool = True,
-                  lerobot: bool = False) -> list[Device]:
+def discover_node(
+    cfg: Config | None, sim_slots: int | None = None, probe: bool = True, lerobot: bool = False
+) -> list[Device]:
     return discover(configured_robots(cfg), sim_slots=sim_slots, probe=probe, lerobot=lerobot)
 
 
@@ -46,17 +50,28 @@ def print_discovery(cfg: Config | None, as_json: bool, sim_slots: int | None, pr
     return 0 if all(d.status in ("ok", "candidate", "not probed") for d in devices) else 1
 
 
-def start_node(cfg: Config | None, head: bool, address: str | None, name: str | None, labels: dict[str, str],
-               sim_slots: int | None, port: int | None, num_cpus: int | None, block: bool, dry_run: bool,
-               out: Printer = print) -> int:
+def start_node(
+    cfg: Config | None,
+    head: bool,
+    address: str | None,
+    name: str | None,
+    labels: dict[str, str],
+    sim_slots: int | None,
+    port: int | None,
+    num_cpus: int | None,
+    block: bool,
+    dry_run: bool,
+    out: Printer = print,
+) -> int:
     """Discover this node's devices and start a Ray node that advertises them."""
     devices = discover_node(cfg, sim_slots)
     unreachable = [d for d in devices if d.resource and d.status != "ok"]
     for d in unreachable:
         out(f"warning: {d.kind} {d.name} is left out: {d.status}")
     labels = {**labels, NODE_LABEL: name or os.uname().nodename}
-    cmd = ray_start_command(node_resources(devices), labels, head=head, address=address, port=port,
-                            num_cpus=num_cpus, block=block)
+    cmd = ray_start_command(
+        node_resources(devices), labels, head=head, address=address, port=port, num_cpus=num_cpus, block=block
+    )
     out("$ " + " ".join(cmd))
     if dry_run:
         return 0

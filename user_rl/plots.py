@@ -73,7 +73,8 @@ def _learning_curve(progress: list[dict], evals: list[dict], out: Path, title: s
     """Success and return against env steps: each evaluation (fresh episodes, deterministic policy)
     as points, and the rollouts' recent episodes (the acting policy, people's help included) as a line."""
     has_success = any(e.get("success_rate") is not None for e in evals) or any(
-        p.get("recent_success") is not None for p in progress)
+        p.get("recent_success") is not None for p in progress
+    )
     plt, fig, axes = _figure(2 if has_success else 1)
     panels = [("mean_return", "recent_return", "return")]
     if has_success:
@@ -97,7 +98,9 @@ def _robot_shares(progress: list[dict], out: Path, title: str) -> Path:
     plt, fig, axes = _figure(2)
     over_time, shares = axes[0, 0], axes[1, 0]
     for rid in robots:
-        points = [(p["time_s"], p["robot_transitions"][rid]) for p in progress if rid in (p.get("robot_transitions") or {})]
+        points = [
+            (p["time_s"], p["robot_transitions"][rid]) for p in progress if rid in (p.get("robot_transitions") or {})
+        ]
         over_time.plot(*zip(*points), label=rid)
     over_time.set_xlabel("time (s)")
     over_time.set_ylabel("transitions stored")

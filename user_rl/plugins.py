@@ -18,9 +18,10 @@ This module imports nothing of ours, so any part of user_rl may use it.
 from __future__ import annotations
 
 import sys
+from collections.abc import Collection
 from functools import lru_cache
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any, Collection
+from typing import Any
 
 POLICIES = "user_rl.policies"
 ALGOS = "user_rl.algos"

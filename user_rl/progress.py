@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 
 def _fmt(value: float | None, spec: str = ".2f") -> str:
@@ -85,11 +85,14 @@ class ProgressPrinter:
         steps_rate = (status["env_steps"] - steps0) / dt
         update_rate = (status["updates"] - updates0) / dt
         self._last = (elapsed, status["env_steps"], status["updates"])
-        record = {"time_s": round(elapsed, 2), "env_steps_per_s": round(steps_rate, 1),
-                  "updates_per_s": round(update_rate, 1),
-                  **{k: v for k, v in status.items() if k not in ("robots", "error")},
-                  # each robot's stored transitions: the end-of-run plot of who contributed what
-                  "robot_transitions": {rid: r.get("transitions", 0) for rid, r in status.get("robots", {}).items()}}
+        record = {
+            "time_s": round(elapsed, 2),
+            "env_steps_per_s": round(steps_rate, 1),
+            "updates_per_s": round(update_rate, 1),
+            **{k: v for k, v in status.items() if k not in ("robots", "error")},
+            # each robot's stored transitions: the end-of-run plot of who contributed what
+            "robot_transitions": {rid: r.get("transitions", 0) for rid, r in status.get("robots", {}).items()},
+        }
         self._record(record)
         if elapsed - self._last_print >= self.every_s:
             self._last_print = elapsed
@@ -140,15 +143,21 @@ def _print_fleet(fleet: dict, wall: float, out: Callable[[str], None]) -> None:
     """One policy's part of the summary: its learner, final evaluation, robots and checkpoint."""
     learner = fleet.get("learner", {})
     final = fleet.get("final_eval") or {}
-    out(f"  env steps {learner.get('env_steps', 0):,} ({learner.get('env_steps', 0) / wall:.0f}/s), "
+    out(
+        f"  env steps {learner.get('env_steps', 0):,} ({learner.get('env_steps', 0) / wall:.0f}/s), "
         f"updates {learner.get('updates', 0):,} ({learner.get('updates', 0) / wall:.0f}/s), "
-        f"policy versions {learner.get('policy_version', 0)}")
+        f"policy versions {learner.get('policy_version', 0)}"
+    )
     if final:
-        out(f"  final eval (policy v{final['policy_version']}): success {_fmt(final['success_rate'])}, "
-            f"return {final['mean_return']:.1f} over {final['episodes']} episodes")
+        out(
+            f"  final eval (policy v{final['policy_version']}): success {_fmt(final['success_rate'])}, "
+            f"return {final['mean_return']:.1f} over {final['episodes']} episodes"
+        )
     for robot_id, robot in sorted(learner.get("robots", {}).items()):
-        out(f"  {robot_id}: {robot['transitions']:,} transitions, {robot['episodes']} episodes, "
-            f"{robot['policy_versions']} policy versions")
+        out(
+            f"  {robot_id}: {robot['transitions']:,} transitions, {robot['episodes']} episodes, "
+            f"{robot['policy_versions']} policy versions"
+        )
     rejected = learner.get("rejected") or {}
     if rejected:
         out(f"  rejected messages: {rejected}")

@@ -16,8 +16,9 @@ from user_rl.config import Config
 
 
 def _quiet_logging() -> None:
-    logging.basicConfig(level=os.environ.get("USER_RL_LOG_LEVEL", "WARNING"),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("USER_RL_LOG_LEVEL", "WARNING"), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
 
 
 class _Threaded(abc.ABC):
@@ -63,8 +64,9 @@ class LearnerService(_Threaded):
             reason = self.learner.status().get("failure")
             self.learner = reopened(self.learner)
             self._restarting = False
-            logging.getLogger(__name__).warning("the disk has room again: learner restarted on its buffer "
-                                                "(was: %s)", reason)
+            logging.getLogger(__name__).warning(
+                "the disk has room again: learner restarted on its buffer (was: %s)", reason
+            )
 
     def addresses(self) -> dict[str, str]:
         return self.learner.addresses
@@ -116,7 +118,9 @@ class EdgeService(_Threaded):
     the edge starts (a loaded box can take longer than any status timeout to import and build a robot):
     `starting` with the stage it is at and for how long, which tells a slow start from a hung one."""
 
-    def __init__(self, cfg: dict[str, Any], index: int, addresses: dict[str, str], spool_root: str | None = None) -> None:
+    def __init__(
+        self, cfg: dict[str, Any], index: int, addresses: dict[str, str], spool_root: str | None = None
+    ) -> None:
         _quiet_logging()
         self.cfg, self.index, self.addresses = Config.model_validate(cfg), index, addresses
         self.spool_root = spool_root
@@ -132,8 +136,14 @@ class EdgeService(_Threaded):
     def _loop(self) -> None:
         from user_rl.edge.factory import make_edge
 
-        self.daemon = make_edge(self.cfg, self.index, self.addresses["data"], self.addresses["weights"],
-                                self.spool_root, progress=self._progress)
+        self.daemon = make_edge(
+            self.cfg,
+            self.index,
+            self.addresses["data"],
+            self.addresses["weights"],
+            self.spool_root,
+            progress=self._progress,
+        )
         if self._finishing.is_set():  # finished while it was starting
             self.daemon.close()
             return
@@ -144,8 +154,12 @@ class EdgeService(_Threaded):
 
     def status(self) -> dict:
         if self.daemon is None:
-            base = {"robot_id": self.cfg.robot_options(self.index)["robot_id"], "starting": self.error is None,
-                    "stage": self.stage, "stage_s": round(time.monotonic() - self._stage_since, 1)}
+            base = {
+                "robot_id": self.cfg.robot_options(self.index)["robot_id"],
+                "starting": self.error is None,
+                "stage": self.stage,
+                "stage_s": round(time.monotonic() - self._stage_since, 1),
+            }
         else:
             base = self.daemon.status()
         return {**base, "error": self.error, "pid": os.getpid()}

@@ -37,11 +37,17 @@ def read_run_status(run_dir: Path) -> list[tuple[str, dict[str, Any]]]:
         raise NoStatus(f"{run_dir} is not a directory (give a run directory or a learner's tcp:// address)")
     found = [(run_dir, name) for name in RUN_FILES if (run_dir / name).is_file()][:1]
     if not found:
-        found = [(d, name) for d in sorted(p for p in run_dir.iterdir() if p.is_dir())
-                 for name in RUN_FILES if (d / name).is_file()]
+        found = [
+            (d, name)
+            for d in sorted(p for p in run_dir.iterdir() if p.is_dir())
+            for name in RUN_FILES
+            if (d / name).is_file()
+        ]
     if not found:
-        raise NoStatus(f"{run_dir} holds no {' or '.join(RUN_FILES)}: is it the run directory of "
-                       "`user-rl train` or `user-rl learner`?")
+        raise NoStatus(
+            f"{run_dir} holds no {' or '.join(RUN_FILES)}: is it the run directory of "
+            "`user-rl train` or `user-rl learner`?"
+        )
     statuses = []
     for directory, name in found:
         path = directory / name
@@ -88,8 +94,10 @@ def ask_learner(address: str, keys: ClientKeys | None = None, robot_id: str = ""
         socket.connect(address)
         socket.send_multipart(encode(envelope(robot_id, status_request=pb.StatusRequest())))
         if not socket.poll(int(timeout_s * 1000)):
-            raise NoStatus(f"no learner answered at {address} within {timeout_s:g} s "
-                           "(is it running, and is that its data port? keys needed?)")
+            raise NoStatus(
+                f"no learner answered at {address} within {timeout_s:g} s "
+                "(is it running, and is that its data port? keys needed?)"
+            )
         msg = decode(socket.recv_multipart(copy=False))
     finally:
         socket.close()
@@ -105,31 +113,45 @@ COLUMNS = ("robot", "health", "policy", "lag", "steps/s", "spool", "backlog", "s
 
 def fleet_table(status: dict[str, Any]) -> str:
     """The run's counters on one line, then one row per robot."""
-    head = (f"env steps {status.get('env_steps') or 0:,} | updates {status.get('updates') or 0:,} | "
-            f"policy v{status.get('policy_version', -1)} | buffer {status.get('buffer') or 0:,}")
+    head = (
+        f"env steps {status.get('env_steps') or 0:,} | updates {status.get('updates') or 0:,} | "
+        f"policy v{status.get('policy_version', -1)} | buffer {status.get('buffer') or 0:,}"
+    )
     if "updated_s_ago" in status:
         head += " | finished" if status.get("finished") else f" | updated {status['updated_s_ago']:g} s ago"
     head = "\n".join([head, *error_lines(status)])  # why the learner is failing (e.g. a full disk), before the rows
     rows = [COLUMNS]
     for robot_id, robot in sorted((status.get("robots") or {}).items()):
         acting, lag = robot.get("acting_version"), robot.get("policy_lag")
-        rows.append((robot_id, robot.get("health") or "unknown", "-" if acting is None or acting < 0 else f"v{acting}",
-                     "-" if lag is None else str(lag), f"{robot.get('steps_per_second') or 0.0:.1f}",
-                     format_bytes(robot.get("backlog_bytes") or 0), str(robot.get("backlog_batches") or 0),
-                     f"{robot.get('transitions') or 0:,}", str(robot.get("quarantined_batches") or 0),
-                     robot.get("last_error") or "-"))
+        rows.append(
+            (
+                robot_id,
+                robot.get("health") or "unknown",
+                "-" if acting is None or acting < 0 else f"v{acting}",
+                "-" if lag is None else str(lag),
+                f"{robot.get('steps_per_second') or 0.0:.1f}",
+                format_bytes(robot.get("backlog_bytes") or 0),
+                str(robot.get("backlog_batches") or 0),
+                f"{robot.get('transitions') or 0:,}",
+                str(robot.get("quarantined_batches") or 0),
+                robot.get("last_error") or "-",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS) - 1)]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1] for row in rows]
     if len(rows) == 1:
         lines.append("(no robot has connected)")
-    lines += [f"{robot_id} re-armed {robot['rearmed']}" for robot_id, robot in sorted((status.get("robots") or {}).items())
-              if robot.get("rearmed")]  # who cleared its last emergency stop (docs/safety.md)
+    lines += [
+        f"{robot_id} re-armed {robot['rearmed']}"
+        for robot_id, robot in sorted((status.get("robots") or {}).items())
+        if robot.get("rearmed")
+    ]  # who cleared its last emergency stop (docs/safety.md)
     return "\n".join([head, *lines])
 
 
-
-def learner_statuses(target: str, keys_dir: str | None = None, robot_id: str = "",
-                     timeout_s: float = 5.0) -> list[tuple[str, dict]]:
+def learner_statuses(
+    target: str, keys_dir: str | None = None, robot_id: str = "", timeout_s: float = 5.0
+) -> list[tuple[str, dict]]:
     """The status of a run directory's learners, or of the learner at a tcp:// address."""
     if target.startswith("tcp://"):
         if keys_dir and not robot_id:

@@ -12,8 +12,9 @@ extra): without it the learner says so once and trains on without logs.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -43,9 +44,16 @@ class TensorBoardLog:
         values = np.arange(len(counts), dtype=np.float64)
         present = np.flatnonzero(counts)
         self.writer.add_histogram_raw(
-            tag, min=float(present[0]), max=float(present[-1]), num=total, sum=float((values * counts).sum()),
-            sum_squares=float((values ** 2 * counts).sum()), bucket_limits=(values + 0.5).tolist(),
-            bucket_counts=counts.astype(np.float64).tolist(), global_step=step)
+            tag,
+            min=float(present[0]),
+            max=float(present[-1]),
+            num=total,
+            sum=float((values * counts).sum()),
+            sum_squares=float((values**2 * counts).sum()),
+            bucket_limits=(values + 0.5).tolist(),
+            bucket_counts=counts.astype(np.float64).tolist(),
+            global_step=step,
+        )
 
     def flush(self) -> None:
         self.writer.flush()
@@ -73,14 +81,22 @@ class LearnerCurves:
     def write(self, status: Mapping[str, Any]) -> None:
         step = int(status.get("env_steps", 0))
         robots: Mapping[str, Mapping[str, Any]] = status.get("robots") or {}
-        now = {"time": float(status.get("time", 0.0)), "env_steps": step, "updates": int(status.get("updates", 0)),
-               "robots": {rid: int(r.get("transitions", 0)) for rid, r in robots.items()},
-               "lags": np.asarray(status.get("policy_lag_counts") or [], np.int64)}
+        now = {
+            "time": float(status.get("time", 0.0)),
+            "env_steps": step,
+            "updates": int(status.get("updates", 0)),
+            "robots": {rid: int(r.get("transitions", 0)) for rid, r in robots.items()},
+            "lags": np.asarray(status.get("policy_lag_counts") or [], np.int64),
+        }
         values: dict[str, float | None] = {
-            "rollout/return": status.get("recent_return"), "rollout/success": status.get("recent_success"),
-            "interventions/rate": status.get("intervention_rate"), "buffer/transitions": status.get("buffer"),
-            "buffer/stale_transitions": status.get("stale_transitions"), "policy/version": status.get("policy_version"),
-            "policy/updates": now["updates"], "robots/active": len(robots),
+            "rollout/return": status.get("recent_return"),
+            "rollout/success": status.get("recent_success"),
+            "interventions/rate": status.get("intervention_rate"),
+            "buffer/transitions": status.get("buffer"),
+            "buffer/stale_transitions": status.get("stale_transitions"),
+            "policy/version": status.get("policy_version"),
+            "policy/updates": now["updates"],
+            "robots/active": len(robots),
             **{f"loss/{name}": value for name, value in (status.get("metrics") or {}).items()},
         }
         last = self._last

@@ -12,18 +12,26 @@ from user_rl.algos import DrQSettings, make_algo
 from user_rl.algos.augment import random_shift
 from user_rl.policies import make_actor
 
-OBS_SPACE = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (16, 16, 3), np.uint8),
-                             "state": gym.spaces.Box(-1, 1, (4,), np.float32)})
+OBS_SPACE = gym.spaces.Dict(
+    {"image": gym.spaces.Box(0, 255, (16, 16, 3), np.uint8), "state": gym.spaces.Box(-1, 1, (4,), np.float32)}
+)
 ACTION_SPACE = gym.spaces.Box(-2, 2, (3,), np.float32)
 
 
 def batch(rng: np.random.Generator, size: int = 8) -> dict:
     def obs() -> dict[str, torch.Tensor]:
-        return {"image": torch.from_numpy(rng.integers(0, 256, (size, 16, 16, 3), dtype=np.uint8)),
-                "state": torch.from_numpy(rng.uniform(-1, 1, (size, 4)).astype(np.float32))}
-    return {"obs": obs(), "next_obs": obs(), "action": torch.from_numpy(rng.uniform(-2, 2, (size, 3)).astype(np.float32)),
-            "reward": torch.from_numpy(rng.normal(size=size).astype(np.float32)),
-            "terminated": torch.zeros(size, dtype=torch.bool)}
+        return {
+            "image": torch.from_numpy(rng.integers(0, 256, (size, 16, 16, 3), dtype=np.uint8)),
+            "state": torch.from_numpy(rng.uniform(-1, 1, (size, 4)).astype(np.float32)),
+        }
+
+    return {
+        "obs": obs(),
+        "next_obs": obs(),
+        "action": torch.from_numpy(rng.uniform(-2, 2, (size, 3)).astype(np.float32)),
+        "reward": torch.from_numpy(rng.normal(size=size).astype(np.float32)),
+        "terminated": torch.zeros(size, dtype=torch.bool),
+    }
 
 
 def test_random_shift_moves_each_image_by_at_most_pad_pixels_and_repeats_its_edges() -> None:
@@ -34,8 +42,12 @@ def test_random_shift_moves_each_image_by_at_most_pad_pixels_and_repeats_its_edg
     padded = np.pad(images.numpy(), ((0, 0), (2, 2), (2, 2), (0, 0)), mode="edge")
     offsets = set()
     for i in range(len(images)):  # each is one of the 25 crops of the edge-padded image
-        crops = [(dy, dx) for dy in range(5) for dx in range(5)
-                 if np.array_equal(padded[i, dy:dy + 10, dx:dx + 12], shifted[i].numpy())]
+        crops = [
+            (dy, dx)
+            for dy in range(5)
+            for dx in range(5)
+            if np.array_equal(padded[i, dy : dy + 10, dx : dx + 12], shifted[i].numpy())
+        ]
         assert crops, f"image {i} is not a shifted crop"
         offsets.add(crops[0])
     assert len(offsets) > 10  # shifts differ from image to image
@@ -44,8 +56,9 @@ def test_random_shift_moves_each_image_by_at_most_pad_pixels_and_repeats_its_edg
 
 def test_the_encoder_is_the_critics_and_the_actor_loss_leaves_it_alone() -> None:
     torch.manual_seed(0)
-    drq = make_algo("drq", OBS_SPACE, ACTION_SPACE, policy_options={"hidden": [32]},
-                    settings=DrQSettings(critic_lr=0.0))  # only the actor's loss may move anything
+    drq = make_algo(
+        "drq", OBS_SPACE, ACTION_SPACE, policy_options={"hidden": [32]}, settings=DrQSettings(critic_lr=0.0)
+    )  # only the actor's loss may move anything
     assert drq.actor.encoder is drq.critic.encoder and drq.critic_target.encoder is not drq.critic.encoder
     encoder = {k: v.clone() for k, v in drq.critic.encoder.state_dict().items()}
     head = {k: v.clone() for k, v in drq.actor.trunk.state_dict().items()}
@@ -74,6 +87,9 @@ def test_the_critic_loss_trains_the_encoder_and_the_edge_runs_the_published_acto
 
 def test_drq_needs_camera_observations() -> None:
     state_only = gym.spaces.Dict({"state": gym.spaces.Box(-1, 1, (4,), np.float32)})
-    with pytest.raises(ValueError, match=r"drq learns from camera images, and this robot's observations have none "
-                                         r"\(state\): use algo.type sac"):
+    with pytest.raises(
+        ValueError,
+        match=r"drq learns from camera images, and this robot's observations have none "
+        r"\(state\): use algo.type sac",
+    ):
         make_algo("drq", state_only, ACTION_SPACE)

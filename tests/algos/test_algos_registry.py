@@ -19,11 +19,16 @@ from user_rl.cloud.trainer import training_batch
 from user_rl.config import BUILTIN_ALGOS, AlgoConfig, ConfigError, build_config
 from user_rl.wire import user_rl_pb2 as pb
 
-OBS_SPACE = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (24, 24, 3), np.uint8),
-                             "state": gym.spaces.Box(-1, 1, (4,), np.float32)})
+OBS_SPACE = gym.spaces.Dict(
+    {"image": gym.spaces.Box(0, 255, (24, 24, 3), np.uint8), "state": gym.spaces.Box(-1, 1, (4,), np.float32)}
+)
 ACTION_SPACE = gym.spaces.Box(-1, 1, (3,), np.float32)
-METRICS = {"sac": {"critic_loss", "actor_loss", "alpha", "q"}, "drq": {"critic_loss", "actor_loss", "alpha", "q"},
-           "bc": {"bc_loss", "action_nll", "action_mse", "imitated_rows"}, "qc": {"critic_loss", "flow_loss", "q"}}
+METRICS = {
+    "sac": {"critic_loss", "actor_loss", "alpha", "q"},
+    "drq": {"critic_loss", "actor_loss", "alpha", "q"},
+    "bc": {"bc_loss", "action_nll", "action_mse", "imitated_rows"},
+    "qc": {"critic_loss", "flow_loss", "q"},
+}
 CHUNK = 2
 # the policy each algorithm is tested with (qc needs a flow chunk policy with a critic to choose)
 POLICIES = {"qc": ("flow", {"chunk": CHUNK, "flow_steps": 2, "best_of": 3})}
@@ -42,18 +47,29 @@ def build(name: str, seed: int):
 
 def buffer_batch(rng: np.random.Generator, size: int = 16) -> dict[str, np.ndarray]:
     """A batch as the buffer's `sample` gives it, actor column included (every actor kind)."""
+
     def obs() -> dict[str, np.ndarray]:
-        return {"image": rng.integers(0, 256, (size, 24, 24, 3), dtype=np.uint8),
-                "state": rng.uniform(-1, 1, (size, 4)).astype(np.float32)}
-    return {**{f"obs/{k}": v for k, v in obs().items()}, **{f"next_obs/{k}": v for k, v in obs().items()},
-            "action": rng.uniform(-1, 1, (size, 3)).astype(np.float32),
-            "reward": rng.normal(size=size).astype(np.float32), "terminated": rng.random(size) < 0.1,
-            "policy_version": np.ones(size, np.int64), "robot": np.zeros(size, np.int64),
-            "actor": np.resize(np.array([pb.ACTOR_POLICY, pb.ACTOR_HUMAN, pb.ACTOR_SCRIPTED], np.uint8), size),
-            "discount": np.full(size, 0.99 ** CHUNK, np.float32),
-            "action_chunk": rng.uniform(-1, 1, (size, CHUNK, 3)).astype(np.float32),
-            "chunk_mask": np.arange(CHUNK)[None] < rng.integers(1, CHUNK + 1, (size, 1)),
-            "chunk_actor": np.resize(np.array([pb.ACTOR_POLICY, pb.ACTOR_SCRIPTED, pb.ACTOR_WARMUP], np.uint8), (size, CHUNK))}
+        return {
+            "image": rng.integers(0, 256, (size, 24, 24, 3), dtype=np.uint8),
+            "state": rng.uniform(-1, 1, (size, 4)).astype(np.float32),
+        }
+
+    return {
+        **{f"obs/{k}": v for k, v in obs().items()},
+        **{f"next_obs/{k}": v for k, v in obs().items()},
+        "action": rng.uniform(-1, 1, (size, 3)).astype(np.float32),
+        "reward": rng.normal(size=size).astype(np.float32),
+        "terminated": rng.random(size) < 0.1,
+        "policy_version": np.ones(size, np.int64),
+        "robot": np.zeros(size, np.int64),
+        "actor": np.resize(np.array([pb.ACTOR_POLICY, pb.ACTOR_HUMAN, pb.ACTOR_SCRIPTED], np.uint8), size),
+        "discount": np.full(size, 0.99**CHUNK, np.float32),
+        "action_chunk": rng.uniform(-1, 1, (size, CHUNK, 3)).astype(np.float32),
+        "chunk_mask": np.arange(CHUNK)[None] < rng.integers(1, CHUNK + 1, (size, 1)),
+        "chunk_actor": np.resize(
+            np.array([pb.ACTOR_POLICY, pb.ACTOR_SCRIPTED, pb.ACTOR_WARMUP], np.uint8), (size, CHUNK)
+        ),
+    }
 
 
 def learner_batch(name: str, rng: np.random.Generator) -> dict:
@@ -63,8 +79,12 @@ def learner_batch(name: str, rng: np.random.Generator) -> dict:
 
 
 def test_an_unknown_algo_type_is_a_config_error_that_names_the_choices() -> None:
-    with pytest.raises(ConfigError, match=re.escape("config error: algo.type: unknown algorithm; known: sac, drq, bc, qc")
-                       + ".*" + re.escape("the entry-point group 'user_rl.algos' (got 'ppo')")):  # plugins, if any, after qc
+    with pytest.raises(
+        ConfigError,
+        match=re.escape("config error: algo.type: unknown algorithm; known: sac, drq, bc, qc")
+        + ".*"
+        + re.escape("the entry-point group 'user_rl.algos' (got 'ppo')"),
+    ):  # plugins, if any, after qc
         build_config({"algo": {"type": "ppo"}})
     assert BUILTIN_ALGOS == tuple(ALGOS)  # the config lists the registry (without importing torch)
     with pytest.raises(ValueError, match="unknown algorithm 'ppo'; known: sac, drq, bc, qc"):
@@ -72,9 +92,13 @@ def test_an_unknown_algo_type_is_a_config_error_that_names_the_choices() -> None
 
 
 def test_a_setting_of_another_algorithm_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="policy_row_weight is a setting of algo.type bc or qc; this run's algo.type is sac"):
+    with pytest.raises(
+        ConfigError, match="policy_row_weight is a setting of algo.type bc or qc; this run's algo.type is sac"
+    ):
         build_config({"algo": {"policy_row_weight": 0.5}})
-    with pytest.raises(ConfigError, match="critic_layer_norm is a setting of algo.type sac or drq; this run's algo.type is bc"):
+    with pytest.raises(
+        ConfigError, match="critic_layer_norm is a setting of algo.type sac or drq; this run's algo.type is bc"
+    ):
         build_config({"algo": {"type": "bc", "critic_layer_norm": True}})
     with pytest.raises(ConfigError, match="algo.policy_row_weight: Input should be greater than or equal to 0"):
         build_config({"algo": {"type": "bc", "policy_row_weight": -1}})
@@ -84,7 +108,9 @@ def test_a_setting_of_another_algorithm_is_a_config_error() -> None:
 def test_every_setting_comes_from_the_config_by_name(name: str) -> None:
     cfg = build_config(algo_config(name, actor_lr=1e-3))
     fields = {f.name for f in dataclasses.fields(ALGOS[name].Settings)}
-    assert fields <= set(AlgoConfig.model_fields), f"{name} settings missing from AlgoConfig: {fields - set(AlgoConfig.model_fields)}"
+    assert fields <= set(AlgoConfig.model_fields), (
+        f"{name} settings missing from AlgoConfig: {fields - set(AlgoConfig.model_fields)}"
+    )
     settings = algo_settings(name, cfg.algo.model_dump())
     assert isinstance(settings, ALGOS[name].Settings) and settings.actor_lr == 1e-3
 

@@ -19,16 +19,28 @@ def train_on_bandit(critic_layer_norm: bool = False) -> SAC:
     rng = np.random.default_rng(0)
     obs_space = gym.spaces.Dict({"state": gym.spaces.Box(-1, 1, (2,), np.float32)})
     action_space = gym.spaces.Box(-2, 2, (1,), np.float32)  # non-unit bounds: scaling is exercised
-    sac = SAC(obs_space, action_space, policy_options={"hidden": [64, 64]},
-              settings=SACSettings(gamma=0.0, actor_lr=3e-3, critic_lr=3e-3, init_alpha=0.01,
-                                   critic_layer_norm=critic_layer_norm))
+    sac = SAC(
+        obs_space,
+        action_space,
+        policy_options={"hidden": [64, 64]},
+        settings=SACSettings(
+            gamma=0.0, actor_lr=3e-3, critic_lr=3e-3, init_alpha=0.01, critic_layer_norm=critic_layer_norm
+        ),
+    )
     for _ in range(600):
         state = torch.as_tensor(rng.uniform(-1, 1, (128, 2)), dtype=torch.float32)
         action = torch.as_tensor(rng.uniform(-2, 2, (128, 1)), dtype=torch.float32)
         best = state[:, :1] * 1.5  # the reward peaks at action = 1.5 * state[0]
         reward = -((action - best) ** 2).squeeze(-1)
-        sac.update({"obs": {"state": state}, "next_obs": {"state": state}, "action": action,
-                    "reward": reward, "terminated": torch.ones(128)})
+        sac.update(
+            {
+                "obs": {"state": state},
+                "next_obs": {"state": state},
+                "action": action,
+                "reward": reward,
+                "terminated": torch.ones(128),
+            }
+        )
     return sac
 
 
@@ -57,15 +69,22 @@ def test_sac_with_layer_norm_critics_rlpd_learns_the_same_bandit() -> None:
 
 
 def test_sac_state_dict_round_trip_and_image_observations() -> None:
-    obs_space = gym.spaces.Dict({
-        "image": gym.spaces.Box(0, 255, (32, 32, 3), np.uint8),
-        "state": gym.spaces.Box(-1, 1, (4,), np.float32),
-    })
+    obs_space = gym.spaces.Dict(
+        {
+            "image": gym.spaces.Box(0, 255, (32, 32, 3), np.uint8),
+            "state": gym.spaces.Box(-1, 1, (4,), np.float32),
+        }
+    )
     action_space = gym.spaces.Box(-1, 1, (3,), np.float32)
     sac = SAC(obs_space, action_space, policy_options={"hidden": [32]})
     obs = {"image": torch.randint(0, 256, (8, 32, 32, 3), dtype=torch.uint8), "state": torch.rand(8, 4)}
-    batch = {"obs": obs, "next_obs": obs, "action": torch.rand(8, 3), "reward": torch.rand(8),
-             "terminated": torch.zeros(8)}
+    batch = {
+        "obs": obs,
+        "next_obs": obs,
+        "action": torch.rand(8, 3),
+        "reward": torch.rand(8),
+        "terminated": torch.zeros(8),
+    }
     metrics = metrics_to_floats(sac.update(batch))
     assert set(metrics) == {"critic_loss", "actor_loss", "alpha", "q"} and np.isfinite(list(metrics.values())).all()
     clone = SAC(obs_space, action_space, policy_options={"hidden": [32]})
@@ -84,15 +103,22 @@ def test_td_target_bootstraps_truncated_and_n_step_rows_and_not_terminated_ones(
     gamma = 0.9
     obs_space = gym.spaces.Dict({"state": gym.spaces.Box(-1, 1, (3,), np.float32)})
     action_space = gym.spaces.Box(-1, 1, (2,), np.float32)
-    sac = SAC(obs_space, action_space, policy_options={"hidden": [16]}, settings=SACSettings(gamma=gamma, init_alpha=0.3))
+    sac = SAC(
+        obs_space, action_space, policy_options={"hidden": [16]}, settings=SACSettings(gamma=gamma, init_alpha=0.3)
+    )
     with torch.no_grad():  # target critics that differ from the online ones, as after training
         for p in sac.critic_target.parameters():
             p.add_(0.1 * torch.randn_like(p))
     obs, next_obs = {"state": torch.rand(4, 3) * 2 - 1}, {"state": torch.rand(4, 3) * 2 - 1}
     reward = torch.tensor([1.0, 2.0, -0.5, 0.25])
-    terminated = torch.tensor([1.0, 0.0, 0.0, 0.0])   # row 0 ends for real; row 1 was truncated
-    batch = {"obs": obs, "next_obs": next_obs, "action": torch.rand(4, 2) * 2 - 1, "reward": reward,
-             "terminated": terminated}
+    terminated = torch.tensor([1.0, 0.0, 0.0, 0.0])  # row 0 ends for real; row 1 was truncated
+    batch = {
+        "obs": obs,
+        "next_obs": next_obs,
+        "action": torch.rand(4, 2) * 2 - 1,
+        "reward": reward,
+        "terminated": terminated,
+    }
 
     torch.manual_seed(123)  # the same a' ~ pi(s') for the hand computation and for SAC
     with torch.no_grad():
@@ -100,18 +126,20 @@ def test_td_target_bootstraps_truncated_and_n_step_rows_and_not_terminated_ones(
         q1_next, q2_next = sac.critic_target(next_obs, next_action)
         alpha = 0.3  # init_alpha: no update has changed it yet
         soft_v = [min(float(q1_next[i]), float(q2_next[i])) - alpha * float(next_logp[i]) for i in range(4)]
-    by_hand = [1.0,                              # terminated: the reward alone
-               2.0 + gamma * soft_v[1],          # truncated: bootstraps
-               -0.5 + gamma * soft_v[2]]         # an ordinary step
+    by_hand = [
+        1.0,  # terminated: the reward alone
+        2.0 + gamma * soft_v[1],  # truncated: bootstraps
+        -0.5 + gamma * soft_v[2],
+    ]  # an ordinary step
     torch.manual_seed(123)
     target = sac.td_target(batch).squeeze(-1)
     assert torch.allclose(target[:3], torch.tensor(by_hand), atol=1e-5), (target, by_hand)
     assert torch.allclose(target[3], torch.tensor(0.25 + gamma * soft_v[3]), atol=1e-5)
 
-    n_step = {**batch, "discount": torch.tensor([gamma, gamma, gamma ** 3, gamma ** 2])}
+    n_step = {**batch, "discount": torch.tensor([gamma, gamma, gamma**3, gamma**2])}
     torch.manual_seed(123)
     target = sac.td_target(n_step).squeeze(-1)
-    expected = torch.tensor([1.0, 2.0 + gamma * soft_v[1], -0.5 + gamma ** 3 * soft_v[2], 0.25 + gamma ** 2 * soft_v[3]])
+    expected = torch.tensor([1.0, 2.0 + gamma * soft_v[1], -0.5 + gamma**3 * soft_v[2], 0.25 + gamma**2 * soft_v[3]])
     assert torch.allclose(target, expected, atol=1e-5), (target, expected)
 
     # And `update` regresses both critics on exactly that target.
@@ -120,5 +148,7 @@ def test_td_target_bootstraps_truncated_and_n_step_rows_and_not_terminated_ones(
         loss_by_hand = F.mse_loss(q1.squeeze(-1), expected) + F.mse_loss(q2.squeeze(-1), expected)
     torch.manual_seed(123)
     metrics = metrics_to_floats(sac.update(n_step))
-    print(f"td targets {expected.tolist()}, critic loss {metrics['critic_loss']:.6f} (by hand {float(loss_by_hand):.6f})")
+    print(
+        f"td targets {expected.tolist()}, critic loss {metrics['critic_loss']:.6f} (by hand {float(loss_by_hand):.6f})"
+    )
     assert abs(metrics["critic_loss"] - float(loss_by_hand)) < 1e-5

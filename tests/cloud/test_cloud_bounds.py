@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import time
 import tracemalloc
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import cv2
 import gymnasium as gym
@@ -27,8 +27,9 @@ from user_rl.wire.codec import Message, decode, encode, envelope
 from user_rl.wire.spaces import MAX_OBSERVATION_KEYS, box_to_proto, dict_space_to_proto
 
 MiB = 2**20
-OBS_SPACE = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (480, 640, 3), np.uint8),
-                             "state": gym.spaces.Box(-1.0, 1.0, (3,), np.float32)})
+OBS_SPACE = gym.spaces.Dict(
+    {"image": gym.spaces.Box(0, 255, (480, 640, 3), np.uint8), "state": gym.spaces.Box(-1.0, 1.0, (3,), np.float32)}
+)
 SMALL_OBS = gym.spaces.Dict({"state": gym.spaces.Box(-1.0, 1.0, (3,), np.float32)})
 ACTION_SPACE = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
 
@@ -52,8 +53,10 @@ def measured(label: str) -> Iterator[dict]:
     finally:
         tracemalloc.stop()
     numbers["rss_growth_mib"] = rss_mib() - rss
-    print(f"\n{label}: tracemalloc peak {numbers['peak_mib']:.2f} MiB, RSS {rss:.0f} -> "
-          f"{rss + numbers['rss_growth_mib']:.0f} MiB (+{numbers['rss_growth_mib']:.1f})")
+    print(
+        f"\n{label}: tracemalloc peak {numbers['peak_mib']:.2f} MiB, RSS {rss:.0f} -> "
+        f"{rss + numbers['rss_growth_mib']:.0f} MiB (+{numbers['rss_growth_mib']:.1f})"
+    )
 
 
 @pytest.fixture
@@ -98,8 +101,12 @@ class Peer:
 
 
 def hello(robot_id: str, epoch: int, obs: dict[str, pb.BoxSpace], action: pb.BoxSpace) -> list[bytes]:
-    body = pb.Hello(descriptor=pb.Descriptor(kind="sim", model="test", id=robot_id), observation_space=obs,
-                    action_space=action, stream_epoch=epoch)
+    body = pb.Hello(
+        descriptor=pb.Descriptor(kind="sim", model="test", id=robot_id),
+        observation_space=obs,
+        action_space=action,
+        stream_epoch=epoch,
+    )
     return [bytes(f) for f in encode(envelope(robot_id, hello=body))]
 
 
@@ -113,6 +120,7 @@ def huge(dtype: str = "uint8", shape=(2048, 2048, 4)) -> pb.BoxSpace:
 
 
 # -- hellos --------------------------------------------------------------------------------------
+
 
 def test_hostile_hellos_are_refused_before_anything_their_size_is_built(context, tmp_path) -> None:
     ingest = Ingest(context, "tcp://127.0.0.1:0", tmp_path / "buffer")
@@ -162,6 +170,7 @@ def test_a_fresh_ingest_takes_no_spaces_bigger_than_a_message_can_carry(context,
 
 # -- compressed images ---------------------------------------------------------------------------
 
+
 def png(height: int, width: int) -> np.ndarray:
     ok, data = cv2.imencode(".png", np.zeros((height, width, 3), np.uint8), [cv2.IMWRITE_PNG_COMPRESSION, 9])
     assert ok
@@ -170,13 +179,21 @@ def png(height: int, width: int) -> np.ndarray:
 
 def png_batch(count: int, frames: list[np.ndarray], seq: int = 1) -> list[bytes]:
     """`count` valid rows whose obs/image travels as these PNG frames."""
-    cols = {"obs/state": np.zeros((count, 3), np.float32), "action": np.zeros((count, 2), np.float32),
-            "reward": np.zeros(count, np.float32), "terminated": np.zeros(count, bool),
-            "truncated": np.zeros(count, bool), "episode": np.zeros(count, np.uint64),
-            "step": np.arange(count, dtype=np.int64) + (seq - 1) * count,
-            "policy_version": np.zeros(count, np.int64), "actor": np.zeros(count, np.uint8),
-            "label": np.zeros(count, np.uint8), "sensor_time": np.zeros(count, np.float64),
-            "obs/image#png": np.concatenate(frames), "obs/image#sizes": np.array([len(f) for f in frames], np.int64)}
+    cols = {
+        "obs/state": np.zeros((count, 3), np.float32),
+        "action": np.zeros((count, 2), np.float32),
+        "reward": np.zeros(count, np.float32),
+        "terminated": np.zeros(count, bool),
+        "truncated": np.zeros(count, bool),
+        "episode": np.zeros(count, np.uint64),
+        "step": np.arange(count, dtype=np.int64) + (seq - 1) * count,
+        "policy_version": np.zeros(count, np.int64),
+        "actor": np.zeros(count, np.uint8),
+        "label": np.zeros(count, np.uint8),
+        "sensor_time": np.zeros(count, np.float64),
+        "obs/image#png": np.concatenate(frames),
+        "obs/image#sizes": np.array([len(f) for f in frames], np.int64),
+    }
     body = pb.TransitionBatch(stream_epoch=1, seq=seq, count=count)
     return [bytes(f) for f in encode(envelope("cam-0", batch=body), cols)]
 
@@ -189,9 +206,14 @@ def test_png_batches_decode_no_more_than_their_count_and_the_limit_allow(context
     limit = 4 * 8 * MiB  # what one message may decode to: 4x max_message_bytes
     cases = {  # each refused for its content: quarantined, its seq taken
         "2 rows, 300 frames": (png_batch(2, [frame] * 300, seq=1), "300 frames in a batch of 2 rows"),
-        "2 rows, 4000x4000 frames": (png_batch(2, [png(4000, 4000)] * 2, seq=2),
-                                     "is not an 8-bit png image of 480x640"),
-        "100 rows, 100 frames": (png_batch(100, [frame] * 100, seq=3), "would decode to 87.9 MiB, more than the 32 MiB"),
+        "2 rows, 4000x4000 frames": (
+            png_batch(2, [png(4000, 4000)] * 2, seq=2),
+            "is not an 8-bit png image of 480x640",
+        ),
+        "100 rows, 100 frames": (
+            png_batch(100, [frame] * 100, seq=3),
+            "would decode to 87.9 MiB, more than the 32 MiB",
+        ),
     }
     try:
         assert peer.ask(good_hello("cam-0", 1)).kind == "ack"
@@ -214,6 +236,7 @@ def test_png_batches_decode_no_more_than_their_count_and_the_limit_allow(context
 
 # -- messages over the limit -----------------------------------------------------------------------
 
+
 def test_a_message_over_the_limit_in_many_frames_is_dropped_and_the_peer_told(context, tmp_path) -> None:
     wide = gym.spaces.Dict({f"s{i}": gym.spaces.Box(-1.0, 1.0, (32768,), np.float32) for i in range(8)})
     ingest = Ingest(context, "tcp://127.0.0.1:0", tmp_path / "buffer", max_message_bytes=4 * MiB)
@@ -221,13 +244,23 @@ def test_a_message_over_the_limit_in_many_frames_is_dropped_and_the_peer_told(co
 
     def batch(rows: int) -> list[bytes]:  # 1 MiB per row over 8 frames of 128 KiB per row
         cols = {f"obs/s{i}": np.zeros((rows, 32768), np.float32) for i in range(8)}
-        cols |= {"action": np.zeros((rows, 2), np.float32), "reward": np.zeros(rows, np.float32),
-                 "terminated": np.zeros(rows, bool), "truncated": np.zeros(rows, bool),
-                 "episode": np.zeros(rows, np.uint64), "step": np.arange(rows, dtype=np.int64),
-                 "policy_version": np.zeros(rows, np.int64), "actor": np.zeros(rows, np.uint8),
-                 "label": np.zeros(rows, np.uint8), "sensor_time": np.zeros(rows, np.float64)}
-        return [bytes(f) for f in encode(envelope("wide-0", batch=pb.TransitionBatch(stream_epoch=1, seq=1,
-                                                                                     count=rows)), cols)]
+        cols |= {
+            "action": np.zeros((rows, 2), np.float32),
+            "reward": np.zeros(rows, np.float32),
+            "terminated": np.zeros(rows, bool),
+            "truncated": np.zeros(rows, bool),
+            "episode": np.zeros(rows, np.uint64),
+            "step": np.arange(rows, dtype=np.int64),
+            "policy_version": np.zeros(rows, np.int64),
+            "actor": np.zeros(rows, np.uint8),
+            "label": np.zeros(rows, np.uint8),
+            "sensor_time": np.zeros(rows, np.float64),
+        }
+        return [
+            bytes(f)
+            for f in encode(envelope("wide-0", batch=pb.TransitionBatch(stream_epoch=1, seq=1, count=rows)), cols)
+        ]
+
     try:
         assert peer.ask(good_hello("wide-0", 1, wide)).kind == "ack"
         frames = batch(6)  # every frame under 4 MiB, 6 MiB in all
@@ -247,10 +280,12 @@ def test_a_message_over_the_limit_in_many_frames_is_dropped_and_the_peer_told(co
 
 # -- many robots, many keys ----------------------------------------------------------------------
 
+
 def test_ten_thousand_robot_epochs_leave_the_ingest_bounded(context, tmp_path) -> None:
     max_robots, forget_idle_s, n = 100, 2.0, 10_000
-    ingest = Ingest(context, "tcp://127.0.0.1:0", tmp_path / "buffer", max_robots=max_robots,
-                    forget_idle_s=forget_idle_s)
+    ingest = Ingest(
+        context, "tcp://127.0.0.1:0", tmp_path / "buffer", max_robots=max_robots, forget_idle_s=forget_idle_s
+    )
     ingest.open_buffer(SMALL_OBS, ACTION_SPACE)
     peers = [Peer(context, ingest) for _ in range(20)]  # 500 hellos each, within each peer's message budget
     rss_before, started = rss_mib(), time.monotonic()
@@ -269,9 +304,11 @@ def test_ten_thousand_robot_epochs_leave_the_ingest_bounded(context, tmp_path) -
             assert len(ingest.robots) <= max_robots
         report = json.dumps(ingest.report())
         streams = len(ingest.buffer.streams)
-        print(f"\n{n} robot epochs in {time.monotonic() - started:.1f} s: RSS {rss_before:.0f} -> {rss_mib():.0f} MiB; "
-              f"robots kept {len(ingest.robots)}, forgotten {ingest.forgotten}, status {len(report) / 1024:.0f} KiB, "
-              f"buffer.streams {streams}")
+        print(
+            f"\n{n} robot epochs in {time.monotonic() - started:.1f} s: RSS {rss_before:.0f} -> {rss_mib():.0f} MiB; "
+            f"robots kept {len(ingest.robots)}, forgotten {ingest.forgotten}, status {len(report) / 1024:.0f} KiB, "
+            f"buffer.streams {streams}"
+        )
         assert len(ingest.robots) == max_robots and ingest.forgotten == n - max_robots
         assert len(report) < max_robots * 1024 + 16 * 1024  # per robot ~0.7 KiB in the status
         if hasattr(ingest.buffer, "release_stream"):  # forgotten robots' streams leave the buffer's memory too
@@ -282,11 +319,19 @@ def test_ten_thousand_robot_epochs_leave_the_ingest_bounded(context, tmp_path) -
         back = peers[0]
         assert "r-0" not in ingest.robots
         assert back.ask(good_hello("r-0", 1, SMALL_OBS)).kind == "ack"
-        rows = {"obs/state": np.zeros((4, 3), np.float32), "action": np.zeros((4, 2), np.float32),
-                "reward": np.zeros(4, np.float32), "terminated": np.zeros(4, bool), "truncated": np.zeros(4, bool),
-                "episode": np.zeros(4, np.uint64), "step": np.arange(4, dtype=np.int64),
-                "policy_version": np.zeros(4, np.int64), "actor": np.zeros(4, np.uint8),
-                "label": np.zeros(4, np.uint8), "sensor_time": np.zeros(4, np.float64)}
+        rows = {
+            "obs/state": np.zeros((4, 3), np.float32),
+            "action": np.zeros((4, 2), np.float32),
+            "reward": np.zeros(4, np.float32),
+            "terminated": np.zeros(4, bool),
+            "truncated": np.zeros(4, bool),
+            "episode": np.zeros(4, np.uint64),
+            "step": np.arange(4, dtype=np.int64),
+            "policy_version": np.zeros(4, np.int64),
+            "actor": np.zeros(4, np.uint8),
+            "label": np.zeros(4, np.uint8),
+            "sensor_time": np.zeros(4, np.float64),
+        }
         ack = back.ask(encode(envelope("r-0", batch=pb.TransitionBatch(stream_epoch=1, seq=1, count=4)), rows))
         assert ack.kind == "ack" and ack.body.seq == 1 and ingest.robots["r-0"].transitions == 4
 
@@ -335,8 +380,10 @@ def test_ten_thousand_unknown_keys_leave_the_gatekeeper_bounded(context, tmp_pat
         shown, total = gate.denied_report()
         report = ingest.report()
         size = len(json.dumps(report))
-        print(f"\n{n} unknown keys in {time.monotonic() - started:.1f} s: RSS {rss_before:.0f} -> {rss_mib():.0f} MiB; "
-              f"refusals {total}, keys named {len(shown)}, status {size / 1024:.1f} KiB")
+        print(
+            f"\n{n} unknown keys in {time.monotonic() - started:.1f} s: RSS {rss_before:.0f} -> {rss_mib():.0f} MiB; "
+            f"refusals {total}, keys named {len(shown)}, status {size / 1024:.1f} KiB"
+        )
         assert total >= n and len(gate.denied) <= MAX_DENIED_SHOWN and len(report["keys_refused"]) <= MAX_DENIED_SHOWN
         assert report["keys_refused_total"] >= n and size < 16 * 1024
         assert ingest.robots == {} and report["rejected"] == {}  # nothing got past the handshake

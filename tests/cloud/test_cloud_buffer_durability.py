@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_cloud_store import (
+    ACTION_SPACE,
+    OBS_SPACE,
     Robot,
     Writer,
     all_transitions,
@@ -34,16 +36,21 @@ from user_rl.cloud.buffer.segment import read_layout
 from user_rl.cloud.buffer.store import BufferWriteError
 from user_rl.testing.wait import wait_until
 from user_rl.wire.transitions import DISCARD
-from test_cloud_store import ACTION_SPACE, OBS_SPACE
 
 SLOT_MB = 256 * row_bytes(segment_schema(OBS_SPACE, ACTION_SPACE)) / 2**20
 
 
 def stream_state(store, robot: str, epoch: int = 1) -> dict:
     s = store.streams[(robot, epoch)]
-    return {"last_seq": s.record.last_seq, "durable_seq": s.durable_seq, "pending_at": s.pending_at,
-            "pending": None if s.pending is None else {k: v.copy() for k, v in s.pending.items()},
-            "episodes": copy.deepcopy(s.episodes), "records": s.records, "dropped": s.dropped}
+    return {
+        "last_seq": s.record.last_seq,
+        "durable_seq": s.durable_seq,
+        "pending_at": s.pending_at,
+        "pending": None if s.pending is None else {k: v.copy() for k, v in s.pending.items()},
+        "episodes": copy.deepcopy(s.episodes),
+        "records": s.records,
+        "dropped": s.dropped,
+    }
 
 
 def assert_same_state(before: dict, after: dict) -> None:
@@ -79,6 +86,7 @@ def committed_pairs(robots: list[Robot], emitted: dict[int, int]) -> set:
 
 
 # -- acked means durable ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
 def test_a_failed_append_changes_nothing_and_stops_the_buffer(tmp_path: Path, monkeypatch, code: int) -> None:
@@ -145,6 +153,7 @@ def check_committed_only(directory: Path, failed_store, keys: set, pairs: set) -
 
 # -- eviction ---------------------------------------------------------------------------------------
 
+
 def test_eviction_marks_the_index_before_it_deletes_a_file(tmp_path: Path, monkeypatch) -> None:
     size = segment_bytes(tmp_path)
     directory = tmp_path / "buf"
@@ -180,6 +189,7 @@ def test_eviction_marks_the_index_before_it_deletes_a_file(tmp_path: Path, monke
 
 
 # -- an episode cut by an edge restart stays cut --------------------------------------------------
+
 
 def cut_then_crash(directory: str) -> None:
     store = open_store(Path(directory))
@@ -217,6 +227,7 @@ def test_an_episode_cut_by_an_edge_restart_stays_cut_across_crashes(tmp_path: Pa
 
 
 # -- per-stream records, lost batches, releasing streams ---------------------------------------
+
 
 def commit_then_crash(directory: str) -> None:
     store = open_store(Path(directory))
@@ -315,6 +326,7 @@ def test_released_streams_leave_ram_and_come_back_from_the_index(tmp_path: Path)
 
 # -- background threads ----------------------------------------------------------------------------
 
+
 def test_a_prefetch_error_shows_in_thread_errors_and_the_thread_goes_on(tmp_path: Path, monkeypatch) -> None:
     store = open_store(tmp_path, ram_budget_mb=2.5 * SLOT_MB)
     writer = Writer(store)
@@ -352,6 +364,7 @@ def test_a_prefetch_error_shows_in_thread_errors_and_the_thread_goes_on(tmp_path
 
 # -- lazy crc checks and the scrub -----------------------------------------------------------------
 
+
 def test_open_reads_only_what_it_loads_and_the_scrub_finds_a_cold_corrupt_segment(tmp_path: Path, monkeypatch) -> None:
     store = open_store(tmp_path)
     writer = Writer(store)
@@ -372,6 +385,7 @@ def test_open_reads_only_what_it_loads_and_the_scrub_finds_a_cold_corrupt_segmen
 
     verified = []
     real_read = recovery.read_segment
+
     def counting_read(path, verify: bool = True):
         if verify:
             verified.append(Path(path).name)

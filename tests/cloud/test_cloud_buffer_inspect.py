@@ -22,10 +22,12 @@ from user_rl.config import BufferConfig
 from user_rl.edge.batching import BatchBuilder
 from user_rl.wire import user_rl_pb2 as pb
 
-OBS_SPACE = gym.spaces.Dict({
-    "image": gym.spaces.Box(0, 255, (4, 4, 3), np.uint8),
-    "state": gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
-})
+OBS_SPACE = gym.spaces.Dict(
+    {
+        "image": gym.spaces.Box(0, 255, (4, 4, 3), np.uint8),
+        "state": gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
+    }
+)
 ACTION_SPACE = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
 SMALL = BufferConfig(segment_mb=0.001)  # 256-row segments: a few hundred records span several
 
@@ -42,13 +44,18 @@ class Robot:
         self.episodes: dict[int, dict] = {}
 
     def obs(self) -> dict[str, np.ndarray]:
-        return {"image": np.full((4, 4, 3), self.t % 256, np.uint8), "state": np.full(3, (self.t % 100) / 100, np.float32)}
+        return {
+            "image": np.full((4, 4, 3), self.t % 256, np.uint8),
+            "state": np.full(3, (self.t % 100) / 100, np.float32),
+        }
 
     def batch(self, rows: int) -> dict[str, np.ndarray]:
         self.version += 1
         builder = BatchBuilder(OBS_SPACE, ACTION_SPACE, capacity=rows)
         for _ in range(rows):
-            ep = self.episodes.setdefault(self.episode, {"length": 0, "interventions": 0, "status": "open", "success": None})
+            ep = self.episodes.setdefault(
+                self.episode, {"length": 0, "interventions": 0, "status": "open", "success": None}
+            )
             ends = self.step == self.length - 1
             kind = self.episode % 3
             terminated, truncated = ends and kind == 0, ends and kind != 0
@@ -58,10 +65,20 @@ class Robot:
             human = self.human_every and self.t % self.human_every == 0
             obs = self.obs()
             self.t += 1
-            builder.add(obs, np.array([0.5, -0.5], np.float32), 1.0, terminated, truncated,
-                        episode=self.episode, step=self.step, policy_version=self.version,
-                        actor=pb.ACTOR_HUMAN if human else pb.ACTOR_POLICY, label=label, sensor_time=0.0,
-                        final_obs=self.obs() if ends else None)
+            builder.add(
+                obs,
+                np.array([0.5, -0.5], np.float32),
+                1.0,
+                terminated,
+                truncated,
+                episode=self.episode,
+                step=self.step,
+                policy_version=self.version,
+                actor=pb.ACTOR_HUMAN if human else pb.ACTOR_POLICY,
+                label=label,
+                sensor_time=0.0,
+                final_obs=self.obs() if ends else None,
+            )
             ep["length"] += 1
             ep["interventions"] += int(bool(human))
             self.step += 1
@@ -114,7 +131,9 @@ def write(store: PersistentReplay, plan: list[tuple[str, int, str, Robot, int]],
 def standard_buffer(directory: Path, settings: BufferConfig = SMALL) -> tuple[dict, dict[str, list[Robot]], int]:
     store = PersistentReplay(directory, OBS_SPACE, ACTION_SPACE, settings)
     a, b1, b2 = Robot(7, human_every=5), Robot(6), Robot(6)
-    written = write(store, [("robot-a", 1, "reach", a, 30), ("robot-b", 1, "push", b1, 8), ("robot-b", 2, "push", b2, 8)])
+    written = write(
+        store, [("robot-a", 1, "reach", a, 30), ("robot-b", 1, "push", b1, 8), ("robot-b", 2, "push", b2, 8)]
+    )
     store.close()
     return written, {"robot-a": [a], "robot-b": [b1, b2]}, store.transitions
 
@@ -128,8 +147,9 @@ def snapshot(directory: Path) -> dict[str, bytes]:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "user_rl.cli", "buffer", "inspect", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "user_rl.cli", "buffer", "inspect", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def sealed(directory: Path) -> list[Path]:
@@ -348,5 +368,6 @@ def test_evicted_and_unindexed_segments(tmp_path: Path) -> None:
     with open(stray, "r+b") as f:
         f.truncate(5000)
     report = inspect_buffer(directory)
-    assert not report["ok"] and [(c["file"], c["reason"], c["indexed"]) for c in report["corrupt"]] == \
-        [(stray.name, "short", False)]
+    assert not report["ok"] and [(c["file"], c["reason"], c["indexed"]) for c in report["corrupt"]] == [
+        (stray.name, "short", False)
+    ]

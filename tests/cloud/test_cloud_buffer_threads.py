@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from test_cloud_store import OBS_SPACE, ACTION_SPACE, Robot, Writer, check_batch, open_store, segment_bytes
+from test_cloud_store import ACTION_SPACE, OBS_SPACE, Robot, Writer, check_batch, open_store, segment_bytes
 
 from user_rl.cloud.buffer.rows import row_bytes, segment_schema
 
@@ -67,9 +67,11 @@ def test_ingest_and_sampling_threads_never_see_a_torn_or_wrong_transition(tmp_pa
     stop.set()
     for t in threads:
         t.join(30)
-    print(f"{counts['batches']} batches written, {counts['samples']} batches sampled "
-          f"({counts['transitions']} transitions checked), {store.prefetcher.swaps} prefetch swaps, "
-          f"{len(store.index.segments(status='evicted'))} segments evicted, catalog rebuilt {store.cache.version} times")
+    print(
+        f"{counts['batches']} batches written, {counts['samples']} batches sampled "
+        f"({counts['transitions']} transitions checked), {store.prefetcher.swaps} prefetch swaps, "
+        f"{len(store.index.segments(status='evicted'))} segments evicted, catalog rebuilt {store.cache.version} times"
+    )
     assert not errors, repr(errors[0])
     assert counts["batches"] >= 1500 and counts["samples"] >= 1500
     assert store.prefetcher.swaps > 0 and store.index.segments(status="evicted"), "rotation and eviction both ran"

@@ -43,7 +43,8 @@ def test_snapshot_is_independent_of_later_updates() -> None:
     assert not torch.equal(state["net"]["weight"], net.weight)
 
 
-KILLED_WRITER = """
+KILLED_WRITER = (
+    """
 import sys, time, torch
 from pathlib import Path
 from user_rl.cloud.checkpoint import BackgroundCheckpointer, save_checkpoint
@@ -53,7 +54,9 @@ writer = BackgroundCheckpointer(path)
 writer.submit({"n": 2, "weights": torch.zeros(%d)})
 print("submitted", flush=True)
 time.sleep(600)
-""" % BIG
+"""
+    % BIG
+)
 
 
 def test_a_crash_mid_write_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
@@ -104,8 +107,16 @@ def test_spaces_text_is_the_same_in_every_process_and_old_orders_still_match(tmp
     from user_rl.cloud.checkpoint import same_spaces, spaces_from_text
     from user_rl.wire import user_rl_pb2 as pb
 
-    texts = {subprocess.run([sys.executable, "-c", SPACES_TEXT], capture_output=True, text=True, check=True,
-                            env={**os.environ, "MUJOCO_GL": "egl"}).stdout.strip() for _ in range(4)}
+    texts = {
+        subprocess.run(
+            [sys.executable, "-c", SPACES_TEXT],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "MUJOCO_GL": "egl"},
+        ).stdout.strip()
+        for _ in range(4)
+    }
     assert len(texts) == 1, texts
     (text,) = texts
     obs_space, action_space = spaces_from_text({"hello_hex": text})
@@ -114,7 +125,9 @@ def test_spaces_text_is_the_same_in_every_process_and_old_orders_still_match(tmp
 
     # A buffer written before the text was sorted keeps whatever order its learner wrote: still a match.
     hello = pb.Hello.FromString(bytes.fromhex(text))
-    parts = [pb.Hello(observation_space={key: hello.observation_space[key]}).SerializeToString()
-             for key in sorted(hello.observation_space, reverse=True)]
+    parts = [
+        pb.Hello(observation_space={key: hello.observation_space[key]}).SerializeToString()
+        for key in sorted(hello.observation_space, reverse=True)
+    ]
     unsorted = (b"".join(parts) + pb.Hello(action_space=hello.action_space).SerializeToString()).hex()
     assert unsorted != text and same_spaces({"hello_hex": unsorted}, obs_space, action_space)

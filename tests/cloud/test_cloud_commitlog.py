@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -42,7 +42,7 @@ def cut_mid_payload(data: bytes) -> bytes:
 
 
 def cut_mid_frame(data: bytes) -> bytes:
-    return data[:-(len(RECORDS[-1]) + 5)]
+    return data[: -(len(RECORDS[-1]) + 5)]
 
 
 def flip_last_payload_byte(data: bytes) -> bytes:
@@ -57,15 +57,19 @@ def append_zeros(data: bytes) -> bytes:  # what a file system may leave after a 
     return data + bytes(4096)
 
 
-@pytest.mark.parametrize("damage, survivors", [
-    (cut_mid_payload, RECORDS[:-1]),
-    (cut_mid_frame, RECORDS[:-1]),
-    (flip_last_payload_byte, RECORDS[:-1]),
-    (append_garbage, RECORDS),
-    (append_zeros, RECORDS),
-])
-def test_torn_tail_keeps_earlier_records(tmp_path: Path, damage: Callable[[bytes], bytes],
-                                         survivors: list[bytes]) -> None:
+@pytest.mark.parametrize(
+    "damage, survivors",
+    [
+        (cut_mid_payload, RECORDS[:-1]),
+        (cut_mid_frame, RECORDS[:-1]),
+        (flip_last_payload_byte, RECORDS[:-1]),
+        (append_garbage, RECORDS),
+        (append_zeros, RECORDS),
+    ],
+)
+def test_torn_tail_keeps_earlier_records(
+    tmp_path: Path, damage: Callable[[bytes], bytes], survivors: list[bytes]
+) -> None:
     path = tmp_path / "commits.log"
     write_log(path)
     path.write_bytes(damage(path.read_bytes()))

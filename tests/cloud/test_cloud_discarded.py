@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import zmq
 
 from tests.cloud.test_cloud_ingest import wait_until
@@ -29,8 +28,19 @@ def steps(episode: int, count: int, actor: int = pb.ACTOR_WARMUP) -> tuple[int, 
     obs_space, action_space = SPACES
     builder = BatchBuilder(obs_space, action_space, capacity=count)
     for step in range(count):
-        builder.add(obs_space.sample(), action_space.sample(), 0.0, False, False, episode=episode, step=step,
-                    policy_version=-1, actor=actor, label=pb.LABEL_NONE, sensor_time=time.time())
+        builder.add(
+            obs_space.sample(),
+            action_space.sample(),
+            0.0,
+            False,
+            False,
+            episode=episode,
+            step=step,
+            policy_version=-1,
+            actor=actor,
+            label=pb.LABEL_NONE,
+            sensor_time=time.time(),
+        )
     return builder.take()
 
 
@@ -38,8 +48,9 @@ class Edge:
     """A real edge link to the learner's data port."""
 
     def __init__(self, context: zmq.Context, learner) -> None:
-        self.link = DataLink(context, learner.addresses["data"], DeviceDescriptor("sim", "mujoco_reach", "edge-0"),
-                             *SPACES, epoch=1)
+        self.link = DataLink(
+            context, learner.addresses["data"], DeviceDescriptor("sim", "mujoco_reach", "edge-0"), *SPACES, epoch=1
+        )
         try:
             self.link.hello()
             wait_until(lambda: self.link.welcomed, 30, pump=lambda: self.link.poll(20))
@@ -91,8 +102,11 @@ def test_discarded_rows_do_not_start_learning_and_an_empty_draw_never_stops_the_
 def test_a_mix_with_nothing_in_ram_to_draw_makes_training_wait_not_stop(tmp_path: Path) -> None:
     """The mix asks for demonstrations only; the RAM holds online rows: each draw finds nothing.
     The sampler thread waits (and says so in the log) until demonstrations arrive."""
-    config = {**REACH, "algo": {**REACH["algo"], "learning_starts": 10, "batch_size": 8},
-              "buffer": {"mix": {"intervention": 1.0}}}
+    config = {
+        **REACH,
+        "algo": {**REACH["algo"], "learning_starts": 10, "batch_size": 8},
+        "buffer": {"mix": {"intervention": 1.0}},
+    }
     with learner_with_edge(tmp_path, config) as (learner, loop, edge):
         edge.link.send_batch(*steps(0, 40))
         edge.acked()

@@ -19,11 +19,13 @@ from user_rl.config import build_config
 from user_rl.testing.wait import wait_until
 
 DISK_MB = 16
-CONFIG = {"robot": {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 50}},
-          "policy": {"type": "mlp", "hidden": [16]},
-          "algo": {"learning_starts": 100000},  # no training: the test is about the data path
-          "fleet": {"num_robots": 1, "pace_to_learner": False, "control_hz": 200, "batch_transitions": 16},
-          "learner": {"torch_threads": 1}}
+CONFIG = {
+    "robot": {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 50}},
+    "policy": {"type": "mlp", "hidden": [16]},
+    "algo": {"learning_starts": 100000},  # no training: the test is about the data path
+    "fleet": {"num_robots": 1, "pace_to_learner": False, "control_hz": 200, "batch_transitions": 16},
+    "learner": {"torch_threads": 1},
+}
 
 
 @pytest.fixture
@@ -32,8 +34,9 @@ def small_disk(tmp_path: Path):
     is a real full filesystem."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     assert done.returncode == 0, f"cannot mount a tmpfs (the test needs root): {done.stderr}"
     try:
         yield mount
@@ -61,8 +64,9 @@ def status_text(target: str, capsys) -> str:
 
 
 @pytest.mark.timeout(240)
-def test_a_full_disk_is_reported_and_the_learner_resumes_when_room_returns(small_disk: Path, tmp_path: Path,
-                                                                          capsys) -> None:
+def test_a_full_disk_is_reported_and_the_learner_resumes_when_room_returns(
+    small_disk: Path, tmp_path: Path, capsys
+) -> None:
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(CONFIG))
     run_dir = small_disk / "run"
     with open(tmp_path / "learner.log", "w") as log:
@@ -118,8 +122,11 @@ def test_a_launched_learner_resumes_when_room_returns(small_disk: Path, tmp_path
         wait_until(lambda: service.status()["buffer"] >= 100, 60, "the first rows stored")
 
         filler = fill(small_disk)
-        wait_until(lambda: "No space left on device" in (service.status().get("failure") or ""), 60,
-                   "the full disk in the learner's status")
+        wait_until(
+            lambda: "No space left on device" in (service.status().get("failure") or ""),
+            60,
+            "the full disk in the learner's status",
+        )
         stuck = service.status()["buffer"]
         unacked = edges.edges[0].link.unacked
         wait_until(lambda: edges.edges[0].link.unacked > unacked + 1, 30, "the edge spooling unacked batches")

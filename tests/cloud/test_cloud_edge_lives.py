@@ -81,8 +81,11 @@ def test_lives_that_die_while_the_learner_is_down_keep_complete_episodes_complet
 
     episodes = episodes_by_epoch(buffer_dir)
     summary = {e: [(x.episode, x.length, x.status, x.end_reason) for x in eps] for e, eps in episodes.items()}
-    assert summary[life_a.epoch] == [(0, 50, "truncated", ""), (1, 50, "truncated", ""),
-                                     (2, 40, "truncated", "edge_restart")], summary
+    assert summary[life_a.epoch] == [
+        (0, 50, "truncated", ""),
+        (1, 50, "truncated", ""),
+        (2, 40, "truncated", "edge_restart"),
+    ], summary
     assert summary[life_a2.epoch] == [(0, 50, "truncated", ""), (1, 20, "truncated", "edge_restart")], summary
     assert summary[life_b.epoch] == [(0, 10, "open", "")], summary
     report = inspect_buffer(buffer_dir)
@@ -153,8 +156,9 @@ def test_a_hello_ends_only_older_epochs_it_no_longer_names(context, tmp_path: Pa
         in_ram = {s.record.id for s in store.streams.values()}
         ram = {s.record.epoch for s in store.streams.values() if any(e.status == "open" for e in s.episodes.values())}
         epochs = {s.id: s.epoch for s in store.index.streams()}
-        indexed = {epochs[ep.stream] for ep in store.index.episodes() if ep.status == "open"
-                   and ep.stream not in in_ram}
+        indexed = {
+            epochs[ep.stream] for ep in store.index.episodes() if ep.status == "open" and ep.stream not in in_ram
+        }
         return ram | indexed
 
     try:

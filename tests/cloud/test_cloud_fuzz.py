@@ -27,9 +27,12 @@ ACTION_SPACE = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
 
 
 def hello(robot_id: str, epoch: int) -> list[bytes]:
-    body = pb.Hello(descriptor=pb.Descriptor(kind="sim", model="fuzz", id=robot_id),
-                    observation_space=dict_space_to_proto(OBS_SPACE), action_space=box_to_proto(ACTION_SPACE),
-                    stream_epoch=epoch)
+    body = pb.Hello(
+        descriptor=pb.Descriptor(kind="sim", model="fuzz", id=robot_id),
+        observation_space=dict_space_to_proto(OBS_SPACE),
+        action_space=box_to_proto(ACTION_SPACE),
+        stream_epoch=epoch,
+    )
     return [bytes(f) for f in encode(envelope(robot_id, hello=body))]
 
 
@@ -39,9 +42,20 @@ def batch(robot_id: str, epoch: int, seq: int, rows: int = 4, start: int = 0) ->
     for t in range(start, start + rows):
         ends = t % 10 == 9
         obs = {"state": np.full(3, (t % 100) / 100, np.float32)}
-        builder.add(obs, np.array([0.5, -0.5], np.float32), 1.0, False, ends, episode=t // 10, step=t % 10,
-                    policy_version=0, actor=pb.ACTOR_POLICY, label=pb.LABEL_NONE, sensor_time=0.0,
-                    final_obs=obs if ends else None)
+        builder.add(
+            obs,
+            np.array([0.5, -0.5], np.float32),
+            1.0,
+            False,
+            ends,
+            episode=t // 10,
+            step=t % 10,
+            policy_version=0,
+            actor=pb.ACTOR_POLICY,
+            label=pb.LABEL_NONE,
+            sensor_time=0.0,
+            final_obs=obs if ends else None,
+        )
     count, cols = builder.take()
     body = pb.TransitionBatch(stream_epoch=epoch, seq=seq, count=count)
     return [bytes(f) for f in encode(envelope(robot_id, batch=body), cols)]
@@ -60,12 +74,21 @@ bounds = st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=6)
 def absurd_hellos(draw) -> list[bytes]:
     """Hellos whose spaces, ids and strings are anything at all."""
     robot_id = draw(st.one_of(st.text(max_size=300), st.just("fuzz-0")))
-    obs = {draw(st.text(max_size=200)): pb.BoxSpace(dtype=draw(dtypes), shape=draw(shapes), low=draw(bounds),
-                                                   high=draw(bounds)) for _ in range(draw(st.integers(0, 3)))}
+    obs = {
+        draw(st.text(max_size=200)): pb.BoxSpace(
+            dtype=draw(dtypes), shape=draw(shapes), low=draw(bounds), high=draw(bounds)
+        )
+        for _ in range(draw(st.integers(0, 3)))
+    }
     action = pb.BoxSpace(dtype=draw(dtypes), shape=draw(shapes), low=draw(bounds), high=draw(bounds))
-    body = pb.Hello(descriptor=pb.Descriptor(kind=draw(st.text(max_size=50)), id=robot_id,
-                                             instruction=draw(st.text(max_size=5000))),
-                    observation_space=obs, action_space=action, stream_epoch=draw(st.integers(0, 2**64 - 1)))
+    body = pb.Hello(
+        descriptor=pb.Descriptor(
+            kind=draw(st.text(max_size=50)), id=robot_id, instruction=draw(st.text(max_size=5000))
+        ),
+        observation_space=obs,
+        action_space=action,
+        stream_epoch=draw(st.integers(0, 2**64 - 1)),
+    )
     env = envelope(robot_id, hello=body)
     env.protocol_version = draw(st.sampled_from([PROTOCOL_VERSION, PROTOCOL_VERSION, 0, 2, 2**31 - 1]))
     return [env.SerializeToString()]
@@ -78,8 +101,9 @@ def mutated_batches(draw) -> list[bytes]:
     seq = draw(st.one_of(st.just(NEXT_SEQ["fuzz-0"]), st.just(NEXT_SEQ["fuzz-0"]), st.integers(0, 40)))
     frames = batch("fuzz-0", 1, seq, rows=draw(st.integers(1, 12)))
     for _ in range(draw(st.integers(1, 3))):
-        how = draw(st.sampled_from(["truncate", "flip", "drop", "extra", "respec", "nan", "version", "count",
-                                    "spoof", "kind"]))
+        how = draw(
+            st.sampled_from(["truncate", "flip", "drop", "extra", "respec", "nan", "version", "count", "spoof", "kind"])
+        )
         if not frames:
             break
         env = pb.Envelope()
@@ -155,11 +179,11 @@ fuzz_messages = st.one_of(raw_frames, absurd_hellos(), mutated_batches(), poison
 
 # -- the live ingest -----------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     context = zmq.Context()
-    ingest = Ingest(context, "tcp://127.0.0.1:0", tmp_path_factory.mktemp("fuzz") / "buffer",
-                    max_messages_per_s=1e6)
+    ingest = Ingest(context, "tcp://127.0.0.1:0", tmp_path_factory.mktemp("fuzz") / "buffer", max_messages_per_s=1e6)
     with serving(lambda: ingest.poll(20)) as crashed:  # the test fails if the serving loop ever dies
         fuzzer = context.socket(zmq.DEALER)
         fuzzer.setsockopt(zmq.LINGER, 0)
@@ -181,9 +205,12 @@ def drain(socket: zmq.Socket) -> None:
         socket.recv_multipart()
 
 
-@settings(max_examples=3000, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.data_too_large])
+@settings(
+    max_examples=3000,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(message=fuzz_messages)
 def test_generated_hostile_messages(live, message: list[bytes]) -> None:
     live["fuzzer"].send_multipart(message)
@@ -202,8 +229,15 @@ def test_after_the_fuzz_the_ingest_serves_an_honest_robot_and_stored_only_valid_
     assert not live["crashed"], live["crashed"]
     assert sum(ingest.rejected.values()) >= 1000, dict(ingest.rejected)
     # Every kind of damage was met and named.
-    for reason in ("undecodable", "wrong_version", "frame_count", "frame_size", "bad_hello", "non_finite",
-                   "bad_episode"):
+    for reason in (
+        "undecodable",
+        "wrong_version",
+        "frame_count",
+        "frame_size",
+        "bad_hello",
+        "non_finite",
+        "bad_episode",
+    ):
         assert ingest.rejected[reason] > 0, (reason, dict(ingest.rejected))
 
     honest.send_multipart(hello("good-0", 7))

@@ -22,7 +22,7 @@ from user_rl.cloud.lives import MAX_SPOOLED_EPOCHS
 
 REPO = Path(__file__).resolve().parents[2]
 HELLOS, IDENTITIES, DATA_EPOCHS = 10_000, 3_000, 20
-WINDOW = 1_000   # per-message p99 is checked over every window of this many messages ("throughout")
+WINDOW = 1_000  # per-message p99 is checked over every window of this many messages ("throughout")
 
 PEERS = r"""
 import json, sys, threading, time
@@ -100,8 +100,9 @@ for wave in range(0, identities, 200):  # fresh identities, each a new connectio
         s.close()
 done.set()
 thread.join()
-print(json.dumps({"flood_s": flood_s, "junk_answered": answered, "honest_seq": honest.seq, "honest_unacked": honest.unacked,
-                  "honest_epoch": honest.epoch}), flush=True)
+outcome = {"flood_s": flood_s, "junk_answered": answered}
+outcome.update(honest_seq=honest.seq, honest_unacked=honest.unacked, honest_epoch=honest.epoch)
+print(json.dumps(outcome), flush=True)
 honest.close()
 for s in flooders:
     s.close()
@@ -128,9 +129,24 @@ def test_hostile_hellos_and_fresh_identities_cost_bounded_memory_and_time(contex
     rss_before = rss_mib()
     log = open(tmp_path / "peers.log", "w")  # not a pipe: a full pipe would stall the peers
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    peers = subprocess.Popen([sys.executable, "-c", PEERS, ingest.endpoint, str(tmp_path / "spool"), str(HELLOS),
-                              str(IDENTITIES), str(DATA_EPOCHS), str(MAX_SPOOLED_EPOCHS)],
-                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+    peers = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            PEERS,
+            ingest.endpoint,
+            str(tmp_path / "spool"),
+            str(HELLOS),
+            str(IDENTITIES),
+            str(DATA_EPOCHS),
+            str(MAX_SPOOLED_EPOCHS),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+    )
     started, rss_peak = time.monotonic(), rss_before
     try:
         while peers.poll() is None:
@@ -157,12 +173,16 @@ def test_hostile_hellos_and_fresh_identities_cost_bounded_memory_and_time(contex
         honest_batches = sum(1 for r, _, _ in index.batch_keys() if r == "honest")
     finally:
         index.close()
-    windows = [float(np.percentile(times[i:i + WINDOW], 99)) * 1000 for i in range(0, len(times) - WINDOW + 1, WINDOW)]
-    print(f"\nhostile peers: {handled} messages in {time.monotonic() - started:.1f} s (flood sent in "
-          f"{result['flood_s']:.1f} s); per-message p99 by window of {WINDOW}: max {max(windows):.2f} ms, "
-          f"median {np.median(windows):.2f} ms, max single {max(times) * 1000:.1f} ms; RSS {rss_before:.0f} -> "
-          f"peak {rss_peak:.0f} MiB (+{rss_peak - rss_before:.1f}); streams made {len(streams)}; rate-limited "
-          f"{sum(c.get('rate_limited', 0) for c in report['rejected_by_peer'].values())}")
+    windows = [
+        float(np.percentile(times[i : i + WINDOW], 99)) * 1000 for i in range(0, len(times) - WINDOW + 1, WINDOW)
+    ]
+    print(
+        f"\nhostile peers: {handled} messages in {time.monotonic() - started:.1f} s (flood sent in "
+        f"{result['flood_s']:.1f} s); per-message p99 by window of {WINDOW}: max {max(windows):.2f} ms, "
+        f"median {np.median(windows):.2f} ms, max single {max(times) * 1000:.1f} ms; RSS {rss_before:.0f} -> "
+        f"peak {rss_peak:.0f} MiB (+{rss_peak - rss_before:.1f}); streams made {len(streams)}; rate-limited "
+        f"{sum(c.get('rate_limited', 0) for c in report['rejected_by_peer'].values())}"
+    )
     assert result["honest_unacked"] == 0 and honest_batches == result["honest_seq"], "the honest robot was starved"
     assert handled >= HELLOS + IDENTITIES, f"only {handled} messages reached the ingest: {result}"
     assert len(streams) <= 1 + DATA_EPOCHS, f"{len(streams)} streams for {1 + DATA_EPOCHS} epochs that sent data"

@@ -5,7 +5,7 @@ stored exactly once."""
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -20,15 +20,19 @@ from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import PROTOCOL_VERSION, Message, decode, encode, envelope
 from user_rl.wire.spaces import box_to_proto, dict_space_to_proto
 
-OBS_SPACE = gym.spaces.Dict({
-    "image": gym.spaces.Box(0, 255, (4, 4, 3), np.uint8),
-    "state": gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
-})
+OBS_SPACE = gym.spaces.Dict(
+    {
+        "image": gym.spaces.Box(0, 255, (4, 4, 3), np.uint8),
+        "state": gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
+    }
+)
 ACTION_SPACE = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
 TIMEOUT = 5.0
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = TIMEOUT, pump: Callable[[], object] | None = None) -> None:
+def wait_until(
+    condition: Callable[[], bool], timeout: float = TIMEOUT, pump: Callable[[], object] | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -59,9 +63,18 @@ class Episodes:
             self.t += 1
             ends = self.step == self.length - 1
             builder.add(
-                obs, np.array([0.5, -0.5], np.float32), 1.0, False, ends,
-                episode=self.episode, step=self.step, policy_version=0, actor=pb.ACTOR_POLICY,
-                label=pb.LABEL_NONE, sensor_time=time.time(), final_obs=self.obs() if ends else None,
+                obs,
+                np.array([0.5, -0.5], np.float32),
+                1.0,
+                False,
+                ends,
+                episode=self.episode,
+                step=self.step,
+                policy_version=0,
+                actor=pb.ACTOR_POLICY,
+                label=pb.LABEL_NONE,
+                sensor_time=time.time(),
+                final_obs=self.obs() if ends else None,
             )
             self.step += 1
             if ends:
@@ -79,11 +92,11 @@ def hello_envelope(robot_id: str, epoch: int, obs_space: gym.spaces.Dict = OBS_S
     return envelope(robot_id, hello=hello)
 
 
-
 def welcomed_link(context: zmq.Context, ingest: Ingest, robot_id: str, epoch: int) -> DataLink:
     """A real edge link to the ingest, introduced and welcomed."""
-    link = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", robot_id), OBS_SPACE, ACTION_SPACE,
-                    epoch=epoch)
+    link = DataLink(
+        context, ingest.endpoint, DeviceDescriptor("sim", "test", robot_id), OBS_SPACE, ACTION_SPACE, epoch=epoch
+    )
     link.hello()
     wait_until(lambda: link.welcomed, pump=lambda: link.poll(20))
     return link
@@ -125,6 +138,7 @@ class RawPeer:
 def test_bad_input_is_rejected_and_ingest_keeps_serving(context: zmq.Context, ingest: Ingest) -> None:
     peer = RawPeer(context, ingest.endpoint)
     try:
+
         def rejected_once(reason: str) -> None:
             peer.expect_reject(reason)
             assert ingest.rejected[reason] == 1, dict(ingest.rejected)
@@ -242,14 +256,18 @@ def test_duplicate_batch_is_acked_but_stored_once(context: zmq.Context, ingest: 
 
 
 def test_hello_with_other_spaces_is_rejected(context: zmq.Context, ingest: Ingest) -> None:
-    first = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-a"),
-                     OBS_SPACE, ACTION_SPACE, epoch=1)
-    other_obs = gym.spaces.Dict({
-        "image": gym.spaces.Box(0, 255, (4, 4, 3), np.uint8),
-        "state": gym.spaces.Box(-1.0, 1.0, (5,), np.float32),
-    })
-    odd = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-b"),
-                   other_obs, ACTION_SPACE, epoch=1)
+    first = DataLink(
+        context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-a"), OBS_SPACE, ACTION_SPACE, epoch=1
+    )
+    other_obs = gym.spaces.Dict(
+        {
+            "image": gym.spaces.Box(0, 255, (4, 4, 3), np.uint8),
+            "state": gym.spaces.Box(-1.0, 1.0, (5,), np.float32),
+        }
+    )
+    odd = DataLink(
+        context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-b"), other_obs, ACTION_SPACE, epoch=1
+    )
     try:
         first.hello()
         wait_until(lambda: first.welcomed, pump=lambda: first.poll(20))
@@ -264,9 +282,19 @@ def test_hello_with_other_spaces_is_rejected(context: zmq.Context, ingest: Inges
         assert odd.refused is not None and "spaces differ" in odd.refused
         odd_builder = BatchBuilder(other_obs, ACTION_SPACE, capacity=2)
         for step in range(2):
-            odd_builder.add({"image": np.zeros((4, 4, 3), np.uint8), "state": np.zeros(5, np.float32)},
-                            np.zeros(2, np.float32), 0.0, False, False, episode=0, step=step,
-                            policy_version=0, actor=0, label=0, sensor_time=0.0)
+            odd_builder.add(
+                {"image": np.zeros((4, 4, 3), np.uint8), "state": np.zeros(5, np.float32)},
+                np.zeros(2, np.float32),
+                0.0,
+                False,
+                False,
+                episode=0,
+                step=step,
+                policy_version=0,
+                actor=0,
+                label=0,
+                sensor_time=0.0,
+            )
         odd.send_batch(*odd_builder.take())
         for _ in range(30):
             odd.poll(20)
@@ -313,8 +341,9 @@ def test_heartbeat_is_answered(context: zmq.Context, ingest: Ingest) -> None:
         peer.expect_reject("no_hello")
         # A real link holds its heartbeats until it is welcomed: a hello sent while TCP still
         # connects is dropped, and a heartbeat overtaking its retry must not be rejected.
-        link = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-h"),
-                        OBS_SPACE, ACTION_SPACE, epoch=3)
+        link = DataLink(
+            context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-h"), OBS_SPACE, ACTION_SPACE, epoch=3
+        )
         for _ in range(20):  # connected, not yet introduced
             link.heartbeat(env_steps=5)
             link.socket.poll(10)
@@ -332,8 +361,9 @@ def test_heartbeat_is_answered(context: zmq.Context, ingest: Ingest) -> None:
 
 def test_restarted_edge_starts_a_new_stream(context: zmq.Context, ingest: Ingest) -> None:
     robot = Episodes(100)
-    old = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-r"),
-                   OBS_SPACE, ACTION_SPACE, epoch=1)
+    old = DataLink(
+        context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-r"), OBS_SPACE, ACTION_SPACE, epoch=1
+    )
     try:
         old.hello()
         wait_until(lambda: old.welcomed, pump=lambda: old.poll(20))
@@ -343,8 +373,9 @@ def test_restarted_edge_starts_a_new_stream(context: zmq.Context, ingest: Ingest
         assert len(ingest.buffer) == 19
     finally:
         old.close()
-    new = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-r"),
-                   OBS_SPACE, ACTION_SPACE, epoch=2)
+    new = DataLink(
+        context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-r"), OBS_SPACE, ACTION_SPACE, epoch=2
+    )
     try:
         new.hello()
         wait_until(lambda: new.welcomed, pump=lambda: new.poll(20))
@@ -412,8 +443,9 @@ def hello_ack(peer: RawPeer, robot_id: str, epoch: int, spooled: tuple[int, ...]
     return replies
 
 
-def send_batch(peer: RawPeer, robot_id: str, epoch: int, seq: int, rows: tuple[int, dict] | None = None,
-               **marker) -> Message:
+def send_batch(
+    peer: RawPeer, robot_id: str, epoch: int, seq: int, rows: tuple[int, dict] | None = None, **marker
+) -> Message:
     """One batch (or a marker with no rows); waits for its ack."""
     body = pb.TransitionBatch(stream_epoch=epoch, seq=seq, count=rows[0] if rows else 0, **marker)
     peer.send(encode(envelope(robot_id, batch=body), rows[1] if rows else None))
@@ -441,8 +473,9 @@ def test_a_lost_batch_is_an_explicit_counted_gap_the_stream_moves_past(context: 
         assert send_batch(peer, "gap-0", 1, 2, lost=True).body.seq == 3 and ingest.lost_batches == 1
         # A marker that carries steps is refused, and the stream is not advanced by it.
         count, cols = robot.batch(4)
-        peer.send(encode(envelope("gap-0", batch=pb.TransitionBatch(stream_epoch=1, seq=4, count=count, lost=True)),
-                         cols))
+        peer.send(
+            encode(envelope("gap-0", batch=pb.TransitionBatch(stream_epoch=1, seq=4, count=count, lost=True)), cols)
+        )
         peer.expect_reject("bad_marker")
         assert ingest.robots["gap-0"].stream.record.last_seq == 3
     finally:
@@ -534,10 +567,12 @@ def test_spooled_epochs_named_in_the_hello_are_opened_and_take_batches(context: 
         peer.close()
 
 
-def test_a_replayed_hello_or_an_old_style_routing_id_cannot_silence_a_robot(context: zmq.Context,
-                                                                          ingest: Ingest) -> None:
-    link = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-v"),
-                    OBS_SPACE, ACTION_SPACE, epoch=11)
+def test_a_replayed_hello_or_an_old_style_routing_id_cannot_silence_a_robot(
+    context: zmq.Context, ingest: Ingest
+) -> None:
+    link = DataLink(
+        context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-v"), OBS_SPACE, ACTION_SPACE, epoch=11
+    )
     attackers = []
     try:
         link.hello()

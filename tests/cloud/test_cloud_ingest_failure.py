@@ -28,20 +28,36 @@ ROBOT, EPOCH = "disk-0", 5
 
 
 def hello() -> list[bytes]:
-    body = pb.Hello(descriptor=pb.Descriptor(kind="sim", model="test", id=ROBOT),
-                    observation_space=dict_space_to_proto(OBS_SPACE), action_space=box_to_proto(ACTION_SPACE),
-                    stream_epoch=EPOCH)
+    body = pb.Hello(
+        descriptor=pb.Descriptor(kind="sim", model="test", id=ROBOT),
+        observation_space=dict_space_to_proto(OBS_SPACE),
+        action_space=box_to_proto(ACTION_SPACE),
+        stream_epoch=EPOCH,
+    )
     return [bytes(f) for f in encode(envelope(ROBOT, hello=body))]
 
 
 def batch(seq: int, rows: int = 8) -> list[bytes]:
     builder = BatchBuilder(OBS_SPACE, ACTION_SPACE, capacity=rows)
     for t in range((seq - 1) * rows, seq * rows):
-        builder.add({"state": np.full(3, (t % 100) / 100, np.float32)}, np.zeros(2, np.float32), 1.0, False, False,
-                    episode=0, step=t, policy_version=0, actor=pb.ACTOR_POLICY, label=pb.LABEL_NONE, sensor_time=0.0)
+        builder.add(
+            {"state": np.full(3, (t % 100) / 100, np.float32)},
+            np.zeros(2, np.float32),
+            1.0,
+            False,
+            False,
+            episode=0,
+            step=t,
+            policy_version=0,
+            actor=pb.ACTOR_POLICY,
+            label=pb.LABEL_NONE,
+            sensor_time=0.0,
+        )
     count, cols = builder.take()
-    return [bytes(f) for f in encode(envelope(ROBOT, batch=pb.TransitionBatch(stream_epoch=EPOCH, seq=seq,
-                                                                               count=count)), cols)]
+    return [
+        bytes(f)
+        for f in encode(envelope(ROBOT, batch=pb.TransitionBatch(stream_epoch=EPOCH, seq=seq, count=count)), cols)
+    ]
 
 
 class Edge:
@@ -73,8 +89,10 @@ class Edge:
 
 def fail_pwrite(real):
     """The segment writer's writes: the disk is full."""
+
     def pwrite(fd, data, offset):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
     return pwrite
 
 
@@ -82,10 +100,12 @@ def fail_commit_log_sync(real):
     """Only the commit log's sync fails (the segment's succeeds): the batches' records were
     written, never made durable. A store that marks them durable before this sync must still
     not get them acked."""
+
     def fdatasync(fd):
         if os.readlink(f"/proc/self/fd/{fd}").endswith(".log"):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(fd)
+
     return fdatasync
 
 

@@ -97,8 +97,12 @@ def test_the_learner_names_its_device_in_the_status_and_its_first_line(tmp_path:
         learner.close()
     config = tmp_path / "reach.yaml"
     config.write_text(yaml.safe_dump(REACH))
-    proc = subprocess.Popen([sys.executable, "-m", "user_rl.cli", "learner", str(config), "--run-dir", str(tmp_path / "cli")],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "user_rl.cli", "learner", str(config), "--run-dir", str(tmp_path / "cli")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         first = proc.stdout.readline()
     finally:
@@ -111,9 +115,12 @@ def test_the_learner_names_its_device_in_the_status_and_its_first_line(tmp_path:
 # -- the fleet's spaces come from the config ---------------------------------------------------
 def hello(robot_id: str, spaces: tuple, epoch: int = 1) -> list[bytes]:
     obs_space, action_space = spaces
-    body = pb.Hello(descriptor=pb.Descriptor(kind="sim", model="mujoco_reach", id=robot_id),
-                    observation_space=dict_space_to_proto(obs_space), action_space=box_to_proto(action_space),
-                    stream_epoch=epoch)
+    body = pb.Hello(
+        descriptor=pb.Descriptor(kind="sim", model="mujoco_reach", id=robot_id),
+        observation_space=dict_space_to_proto(obs_space),
+        action_space=box_to_proto(action_space),
+        stream_epoch=epoch,
+    )
     return encode(envelope(robot_id, hello=body))
 
 
@@ -127,6 +134,7 @@ def test_a_strangers_first_hello_cannot_take_the_fleets_place(serving_learner) -
     peer.setsockopt(zmq.LINGER, 0)
     peer.connect(learner.addresses["data"])
     try:
+
         def reply():
             assert peer.poll(10_000), "no reply from the learner"
             return decode(peer.recv_multipart())
@@ -146,7 +154,8 @@ def test_a_strangers_first_hello_cannot_take_the_fleets_place(serving_learner) -
 
 
 def test_a_full_disk_stops_the_learner_taking_data_and_shows_in_the_status_and_progress_line(
-        tmp_path: Path, serving_learner, monkeypatch) -> None:
+    tmp_path: Path, serving_learner, monkeypatch
+) -> None:
     """The ingest's storage failure (tests/cloud/test_cloud_ingest_failure.py) as a user sees it."""
     import errno
     import os
@@ -169,11 +178,23 @@ def test_a_full_disk_stops_the_learner_taking_data_and_shows_in_the_status_and_p
         assert peer.poll(10_000) and decode(peer.recv_multipart()).kind == "ack"
         builder = BatchBuilder(*spaces, capacity=4)
         for step in range(4):
-            builder.add(spaces[0].sample(), spaces[1].sample(), 0.0, False, False, episode=0, step=step,
-                        policy_version=-1, actor=pb.ACTOR_SCRIPTED, label=pb.LABEL_NONE, sensor_time=0.0)
+            builder.add(
+                spaces[0].sample(),
+                spaces[1].sample(),
+                0.0,
+                False,
+                False,
+                episode=0,
+                step=step,
+                policy_version=-1,
+                actor=pb.ACTOR_SCRIPTED,
+                label=pb.LABEL_NONE,
+                sensor_time=0.0,
+            )
         count, columns = builder.take()
-        peer.send_multipart(encode(envelope("mujoco_reach-0", batch=pb.TransitionBatch(
-            stream_epoch=1, seq=1, count=count)), columns))
+        peer.send_multipart(
+            encode(envelope("mujoco_reach-0", batch=pb.TransitionBatch(stream_epoch=1, seq=1, count=count)), columns)
+        )
         assert peer.poll(10_000), "no reply from the learner"
         refused = decode(peer.recv_multipart())
         assert refused.kind == "reject" and refused.body.reason.startswith("learner_storage_failed"), refused.kind
@@ -213,8 +234,9 @@ def test_a_crashed_learner_never_publishes_a_version_number_again(tmp_path: Path
     config = tmp_path / "reach.yaml"
     config.write_text(yaml.safe_dump(REACH))
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-c", CRASHING_LEARNER, str(config), str(run_dir)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_LEARNER, str(config), str(run_dir)], stdout=subprocess.PIPE, text=True
+    )
     try:
         line = proc.stdout.readline()
     finally:
@@ -233,8 +255,10 @@ def test_a_crashed_learner_never_publishes_a_version_number_again(tmp_path: Path
     finally:
         receiver.close()
         context.term()
-    print(f"published before the crash {before_crash}; after it: served {served}, next {after}; "
-          f"lease file {(run_dir / LEASE_FILE).read_text().strip()}")
+    print(
+        f"published before the crash {before_crash}; after it: served {served}, next {after}; "
+        f"lease file {(run_dir / LEASE_FILE).read_text().strip()}"
+    )
     assert served > max(before_crash) and after > served
 
 
@@ -249,7 +273,8 @@ def test_a_clean_stop_gives_back_unused_versions_and_a_crash_skips_them(tmp_path
 
 # -- failing threads are reported --------------------------------------------------------------
 def test_a_failing_checkpointer_and_a_dead_sampler_show_in_the_status_and_progress_line(
-        tmp_path: Path, serving_learner, monkeypatch) -> None:
+    tmp_path: Path, serving_learner, monkeypatch
+) -> None:
     def broken_disk(path, payload):
         raise RuntimeError("the checkpoint disk is on fire")
 
@@ -267,7 +292,10 @@ def test_a_failing_checkpointer_and_a_dead_sampler_show_in_the_status_and_progre
     assert status["errors"]["sampler"] == "RuntimeError: the sampler cannot reach the buffer"
     loop = serving_learner.loop_of(learner)  # with no sampler no update can come: the learner stops, saying why
     loop.join(30)
-    assert loop.error == "RuntimeError: the learner's sampler thread stopped: RuntimeError: the sampler cannot reach the buffer"
+    assert (
+        loop.error
+        == "RuntimeError: the learner's sampler thread stopped: RuntimeError: the sampler cannot reach the buffer"
+    )
     lines: list[str] = []
     ProgressPrinter(tmp_path / "metrics.jsonl", lines.append, every_s=0.0).progress(1.0, status)
     print("\n".join(lines))
@@ -276,7 +304,8 @@ def test_a_failing_checkpointer_and_a_dead_sampler_show_in_the_status_and_progre
 
 
 def test_a_killed_trainer_process_shows_in_the_status_and_stops_the_learner_saying_why(
-        tmp_path: Path, serving_learner) -> None:
+    tmp_path: Path, serving_learner
+) -> None:
     learner = serving_learner(REACH)
     os.kill(learner.trainer.process.pid, signal.SIGKILL)  # e.g. the kernel's OOM killer
     loop = serving_learner.loop_of(learner)
@@ -304,11 +333,15 @@ def test_step_credit_is_a_per_robot_increment_that_never_stops_a_paced_fleet() -
 
 
 def test_a_paced_fleet_holds_at_each_eval_point_with_exactly_the_updates_its_steps_earn(
-        tmp_path: Path, serving_learner) -> None:
+    tmp_path: Path, serving_learner
+) -> None:
     """stop.eval_every_env_steps: a learning curve at exact env steps, each point with the updates a serial
     loop (one per step after learning_starts) would have made, for comparison with another library."""
-    paced = {**REACH, "fleet": {"num_robots": 1, "pace_to_learner": True, "batch_transitions": 16},
-             "stop": {"eval_every_env_steps": 150, "eval_every_s": None, "max_env_steps": 1000}}
+    paced = {
+        **REACH,
+        "fleet": {"num_robots": 1, "pace_to_learner": True, "batch_transitions": 16},
+        "stop": {"eval_every_env_steps": 150, "eval_every_s": None, "max_env_steps": 1000},
+    }
     cfg = build_config(paced)
     assert cfg.stop.next_eval_steps(0) == 150 and cfg.stop.next_eval_steps(150) == 300
     learner = serving_learner(paced)
@@ -319,8 +352,11 @@ def test_a_paced_fleet_holds_at_each_eval_point_with_exactly_the_updates_its_ste
     try:
         for point in (150, 300):
             earned = point - 100  # utd_ratio 1 after learning_starts 100
-            wait_until(lambda: (learner.env_steps, learner.updates) == (point, earned), 60,
-                       f"the fleet and the updates at {point} env steps")
+            wait_until(
+                lambda: (learner.env_steps, learner.updates) == (point, earned),
+                60,
+                f"the fleet and the updates at {point} env steps",
+            )
             assert not updates_caught_up(cfg, {"updates": earned - 1}, point)
             assert updates_caught_up(cfg, {"updates": earned}, point)
             time.sleep(0.5)  # held there until the launcher moves the point on

@@ -81,8 +81,7 @@ def test_a_real_edge_link_streams_on_past_a_refused_batch(context: zmq.Context, 
         link.close()
 
 
-def test_a_full_quarantine_keeps_the_line_not_the_frames_and_the_stream_goes_on(context: zmq.Context,
-                                                                                tmp_path) -> None:
+def test_a_full_quarantine_keeps_the_line_not_the_frames_and_the_stream_goes_on(context: zmq.Context, tmp_path) -> None:
     ingest = Ingest(context, "tcp://127.0.0.1:0", tmp_path / "buffer", max_quarantine_bytes=12_000)
     peer = RawPeer(context, ingest.endpoint)
     try:

@@ -115,14 +115,17 @@ def test_empty_catalog_or_empty_mixed_sources_raise(mix):
             draw(sampler, catalog(10, source=ONLINE), 8, version=2)
 
 
-@pytest.mark.parametrize(("settings", "problem"), [
-    (dict(strategy="newest"), "unknown strategy 'newest'; allowed: uniform, recency, task_balanced"),
-    (dict(recency_half_life=0), "recency_half_life must be a number >= 1"),
-    (dict(mix={"offline": 1.0}), "allowed: online, demo, intervention"),
-    (dict(mix={"online": -0.5, "demo": 1.0}), "finite numbers >= 0"),
-    (dict(mix={"online": 0.0}), "sum to more than 0"),
-    (dict(mix={}), "sum to more than 0"),
-])
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        (dict(strategy="newest"), "unknown strategy 'newest'; allowed: uniform, recency, task_balanced"),
+        (dict(recency_half_life=0), "recency_half_life must be a number >= 1"),
+        (dict(mix={"offline": 1.0}), "allowed: online, demo, intervention"),
+        (dict(mix={"online": -0.5, "demo": 1.0}), "finite numbers >= 0"),
+        (dict(mix={"online": 0.0}), "sum to more than 0"),
+        (dict(mix={}), "sum to more than 0"),
+    ],
+)
 def test_bad_settings_name_the_problem(settings, problem):
     with pytest.raises(ValueError, match=problem):
         SamplerSettings(**settings).validate()
@@ -188,7 +191,9 @@ def test_a_growing_catalog_extends_the_tables_without_rebuilding(strategy, mix, 
     order = np.cumsum(rng.integers(1, 3, n))  # increasing, with gaps
     source = rng.choice([ONLINE, DEMO, INTERVENTION], n, p=[0.8, 0.1, 0.1]).astype(np.uint8)
     task = rng.integers(0, 3, n).astype(np.int32)
-    grown = Sampler(SamplerSettings(strategy=strategy, recency_half_life=20, mix=mix))  # recency re-bases its weights twice
+    grown = Sampler(
+        SamplerSettings(strategy=strategy, recency_half_life=20, mix=mix)
+    )  # recency re-bases its weights twice
     builds = []
     real_build = grown._build
     monkeypatch.setattr(grown, "_build", lambda *a: builds.append(1) or real_build(*a))
@@ -210,5 +215,6 @@ def test_a_growing_catalog_extends_the_tables_without_rebuilding(strategy, mix, 
             a, b = g.cumulative[0, : g.count[0]], f.cumulative[0, : f.count[0]]
             np.testing.assert_allclose(np.diff(a) / a[-1], np.diff(b) / b[-1], rtol=1e-9, atol=1e-15)
         if strategy == "task_balanced":
-            assert {t: entries(x).tolist() for t, x in g.by_task.items()} == \
-                {t: entries(x).tolist() for t, x in f.by_task.items()}
+            assert {t: entries(x).tolist() for t, x in g.by_task.items()} == {
+                t: entries(x).tolist() for t, x in f.by_task.items()
+            }

@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 
 from user_rl.cloud.buffer.segment import (
-    HEADER_AREA, MAGIC, CorruptSegment, SegmentWriter, read_layout, read_segment, seal_open_file, verify_segment,
+    HEADER_AREA,
+    MAGIC,
+    CorruptSegment,
+    SegmentWriter,
+    read_layout,
+    read_segment,
+    seal_open_file,
+    verify_segment,
 )
 
 SCHEMA = {
@@ -58,7 +65,10 @@ def expect_corrupt(path: Path, *reasons: str) -> CorruptSegment:
 def test_round_trip_keeps_rows_meta_and_crcs(tmp_path: Path) -> None:
     writer = SegmentWriter(tmp_path / "open-000007.seg", SCHEMA, capacity=20, meta={"robot": "arm0"})
     assert [writer.append(rows(0, 5)), writer.append(rows(5, 7)), writer.append(rows(12, 1))] == [
-        (0, 5), (5, 12), (12, 13)]
+        (0, 5),
+        (5, 12),
+        (12, 13),
+    ]
     assert (writer.rows, writer.capacity, writer.remaining) == (13, 20, 7)
     writer.sync()
     info = writer.seal(tmp_path / "000007.seg", meta={"episodes": [3, 4]})
@@ -94,14 +104,17 @@ def test_empty_sealed_segment_reads_as_zero_rows(tmp_path: Path) -> None:
     assert segment.rows == 0 and segment.columns["image"].shape == (0, 8, 8, 3)
 
 
-@pytest.mark.parametrize("damage, match", [
-    (lambda c: c.pop("action"), "action"),
-    (lambda c: c.update(step=c["step"].astype(np.int32)), "step"),
-    (lambda c: c.update(image=c["image"][:, :4]), "image"),
-    (lambda c: c.update(done=c["done"][:2]), "done"),
-    (lambda c: c.update(reward=np.zeros(3, np.float32)), "reward"),
-    (lambda c: c.update(rows(0, 30)), "exceeds"),
-])
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        (lambda c: c.pop("action"), "action"),
+        (lambda c: c.update(step=c["step"].astype(np.int32)), "step"),
+        (lambda c: c.update(image=c["image"][:, :4]), "image"),
+        (lambda c: c.update(done=c["done"][:2]), "done"),
+        (lambda c: c.update(reward=np.zeros(3, np.float32)), "reward"),
+        (lambda c: c.update(rows(0, 30)), "exceeds"),
+    ],
+)
 def test_bad_append_is_refused_and_writes_nothing(tmp_path: Path, damage, match: str) -> None:
     writer = SegmentWriter(tmp_path / "open.seg", SCHEMA, capacity=32)
     writer.append(rows(0, 3))
@@ -177,24 +190,33 @@ def write_raw_header(path: Path, body: bytes, size: int = 4 * HEADER_AREA) -> No
     path.write_bytes((struct.pack("<8sII", MAGIC, len(body), zlib.crc32(body)) + body).ljust(size, b"\0"))
 
 
-GOOD_HEADER = {"format": 1, "sealed": True, "rows": 1, "capacity": 2, "meta": {},
-               "columns": [{"name": "x", "dtype": "float32", "shape": [2], "offset": HEADER_AREA, "crc32": 0}]}
+GOOD_HEADER = {
+    "format": 1,
+    "sealed": True,
+    "rows": 1,
+    "capacity": 2,
+    "meta": {},
+    "columns": [{"name": "x", "dtype": "float32", "shape": [2], "offset": HEADER_AREA, "crc32": 0}],
+}
 
 
-@pytest.mark.parametrize("edit", [
-    lambda h: h.update(format=2),
-    lambda h: h.update(rows=3),
-    lambda h: h.update(rows=True),
-    lambda h: h.update(meta=[]),
-    lambda h: h.update(columns=[]),
-    lambda h: h["columns"][0].update(dtype="object"),
-    lambda h: h["columns"][0].update(dtype="no-such-type"),
-    lambda h: h["columns"][0].update(shape=[-1]),
-    lambda h: h["columns"][0].update(offset=100),
-    lambda h: h["columns"][0].update(crc32=None),
-    lambda h: h["columns"].append(dict(h["columns"][0], name="y")),  # overlapping regions
-    lambda h: h.clear(),
-])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda h: h.update(format=2),
+        lambda h: h.update(rows=3),
+        lambda h: h.update(rows=True),
+        lambda h: h.update(meta=[]),
+        lambda h: h.update(columns=[]),
+        lambda h: h["columns"][0].update(dtype="object"),
+        lambda h: h["columns"][0].update(dtype="no-such-type"),
+        lambda h: h["columns"][0].update(shape=[-1]),
+        lambda h: h["columns"][0].update(offset=100),
+        lambda h: h["columns"][0].update(crc32=None),
+        lambda h: h["columns"].append(dict(h["columns"][0], name="y")),  # overlapping regions
+        lambda h: h.clear(),
+    ],
+)
 def test_nonsense_header_is_bad_header(tmp_path: Path, edit) -> None:
     header = json.loads(json.dumps(GOOD_HEADER))
     edit(header)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import zmq
 
-from tests.cloud.test_cloud_ingest import ACTION_SPACE, OBS_SPACE, welcomed_link, wait_until
+from tests.cloud.test_cloud_ingest import ACTION_SPACE, OBS_SPACE, wait_until, welcomed_link
 from user_rl.cloud.buffer.store import AllStale, PersistentReplay
 from user_rl.cloud.ingest import Ingest
 from user_rl.config import BufferConfig
@@ -31,9 +31,20 @@ def episode_rows(policy_version: int, actor: int, first_episode: int, rows: int 
     for i in range(rows):
         episode, step = first_episode + i // 10, i % 10
         obs = {"image": np.zeros((4, 4, 3), np.uint8), "state": np.full(3, step / 10, np.float32)}
-        builder.add(obs, np.zeros(2, np.float32), 0.0, False, step == 9, episode=episode, step=step,
-                    policy_version=policy_version, actor=actor, label=pb.LABEL_NONE, sensor_time=time.time(),
-                    final_obs=obs if step == 9 else None)
+        builder.add(
+            obs,
+            np.zeros(2, np.float32),
+            0.0,
+            False,
+            step == 9,
+            episode=episode,
+            step=step,
+            policy_version=policy_version,
+            actor=actor,
+            label=pb.LABEL_NONE,
+            sensor_time=time.time(),
+            final_obs=obs if step == 9 else None,
+        )
     return builder.take()
 
 
@@ -45,8 +56,7 @@ def stale_share(buffer: PersistentReplay, seed: int = 0) -> float:
     return float(np.mean(np.concatenate(stale)))
 
 
-def test_rows_of_a_lagging_policy_are_counted_shown_and_weighted_as_configured(context: zmq.Context,
-                                                                               tmp_path) -> None:
+def test_rows_of_a_lagging_policy_are_counted_shown_and_weighted_as_configured(context: zmq.Context, tmp_path) -> None:
     settings = BufferConfig(max_policy_lag=MAX_LAG, stale_data="downweight", stale_weight=0.25)
     ingest = Ingest(context, "tcp://127.0.0.1:0", tmp_path / "buffer", settings)
     for version in (1, 2, 3, 4, 5):
@@ -55,14 +65,13 @@ def test_rows_of_a_lagging_policy_are_counted_shown_and_weighted_as_configured(c
         fresh = welcomed_link(context, ingest, "edge-fresh", epoch=1)
         behind = welcomed_link(context, ingest, "edge-behind", epoch=1)
         try:
-            fresh.send_batch(*episode_rows(5, pb.ACTOR_POLICY, 0))       # lag 0
-            fresh.send_batch(*episode_rows(3, pb.ACTOR_POLICY, 20))      # lag 2: still used as is
-            behind.send_batch(*episode_rows(-1, pb.ACTOR_WARMUP, 0))     # random warm-up: no policy lag
-            behind.send_batch(*episode_rows(1, pb.ACTOR_POLICY, 20))     # lag 4: stale
-            behind.send_batch(*episode_rows(1, pb.ACTOR_HUMAN, 40))      # a person acted: not the old policy's
+            fresh.send_batch(*episode_rows(5, pb.ACTOR_POLICY, 0))  # lag 0
+            fresh.send_batch(*episode_rows(3, pb.ACTOR_POLICY, 20))  # lag 2: still used as is
+            behind.send_batch(*episode_rows(-1, pb.ACTOR_WARMUP, 0))  # random warm-up: no policy lag
+            behind.send_batch(*episode_rows(1, pb.ACTOR_POLICY, 20))  # lag 4: stale
+            behind.send_batch(*episode_rows(1, pb.ACTOR_HUMAN, 40))  # a person acted: not the old policy's
             behind.heartbeat(env_steps=3 * ROWS, policy_version=1)
-            wait_until(lambda: not fresh.unacked and not behind.unacked,
-                       pump=lambda: (fresh.poll(10), behind.poll(10)))
+            wait_until(lambda: not fresh.unacked and not behind.unacked, pump=lambda: (fresh.poll(10), behind.poll(10)))
             wait_until(lambda: ingest.robots["edge-behind"].heartbeat.get("policy_lag") is not None)
             robots = {rid: s.summary() for rid, s in ingest.robots.items()}
             assert robots["edge-behind"]["stale_transitions"] == ROWS
@@ -100,7 +109,9 @@ def test_rows_of_a_lagging_policy_are_counted_shown_and_weighted_as_configured(c
 
 def test_a_buffer_of_only_dropped_rows_says_so_instead_of_sampling(context: zmq.Context, tmp_path) -> None:
     """The learner's batch thread waits on `AllStale` (batches.py) until fresh data comes."""
-    ingest = Ingest(context, "tcp://127.0.0.1:0", tmp_path / "buffer", BufferConfig(max_policy_lag=0, stale_data="drop"))
+    ingest = Ingest(
+        context, "tcp://127.0.0.1:0", tmp_path / "buffer", BufferConfig(max_policy_lag=0, stale_data="drop")
+    )
     ingest.publish(1)
     ingest.publish(2)
     with serving(lambda: ingest.poll(50)) as crashed:
@@ -166,8 +177,11 @@ def test_policy_lags_count_the_versions_published_before_a_learner_restart(tmp_p
     config = {**REACH, "buffer": {"max_policy_lag": MAX_LAG}}
     (tmp_path / "reach.yaml").write_text(yaml.safe_dump(config))
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-c", LAGGING_LEARNER, str(tmp_path / "reach.yaml"), str(run_dir)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LAGGING_LEARNER, str(tmp_path / "reach.yaml"), str(run_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
     finally:
@@ -183,8 +197,14 @@ def test_policy_lags_count_the_versions_published_before_a_learner_restart(tmp_p
     try:
         learner = serving(config, run_dir)  # resumes from the checkpoint and publishes a fifth version
         assert learner.resumed_from["policy_version"] == before[0] and learner.version > before[-1]
-        link = DataLink(context, learner.addresses["data"], DeviceDescriptor("sim", "mujoco_reach", "edge-0"),
-                        obs_space, action_space, epoch=1)
+        link = DataLink(
+            context,
+            learner.addresses["data"],
+            DeviceDescriptor("sim", "mujoco_reach", "edge-0"),
+            obs_space,
+            action_space,
+            epoch=1,
+        )
         link.hello()
         wait_until(lambda: link.welcomed, 30, pump=lambda: link.poll(20))
         rows = 20
@@ -192,9 +212,20 @@ def test_policy_lags_count_the_versions_published_before_a_learner_restart(tmp_p
             builder = BatchBuilder(obs_space, action_space, capacity=rows)
             for i in range(rows):
                 obs = obs_space.sample()
-                builder.add(obs, action_space.sample(), 0.0, False, i % 10 == 9, episode=first_episode + i // 10,
-                            step=i % 10, policy_version=version, actor=pb.ACTOR_POLICY, label=pb.LABEL_NONE,
-                            sensor_time=time.time(), final_obs=obs if i % 10 == 9 else None)
+                builder.add(
+                    obs,
+                    action_space.sample(),
+                    0.0,
+                    False,
+                    i % 10 == 9,
+                    episode=first_episode + i // 10,
+                    step=i % 10,
+                    policy_version=version,
+                    actor=pb.ACTOR_POLICY,
+                    label=pb.LABEL_NONE,
+                    sensor_time=time.time(),
+                    final_obs=obs if i % 10 == 9 else None,
+                )
             link.send_batch(*builder.take())
         link.heartbeat(env_steps=2 * rows, policy_version=before[0])
         wait_until(lambda: not link.unacked, 30, pump=lambda: link.poll(10))

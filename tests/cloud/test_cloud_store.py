@@ -29,10 +29,12 @@ from user_rl.edge.batching import BatchBuilder
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.transitions import OBS
 
-OBS_SPACE = gym.spaces.Dict({
-    "image": gym.spaces.Box(0, 255, (4, 4, 3), np.uint8),
-    "state": gym.spaces.Box(-1e6, 1e6, (3,), np.float32),
-})
+OBS_SPACE = gym.spaces.Dict(
+    {
+        "image": gym.spaces.Box(0, 255, (4, 4, 3), np.uint8),
+        "state": gym.spaces.Box(-1e6, 1e6, (3,), np.float32),
+    }
+)
 ACTION_SPACE = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
 GAMMA = 0.9
 Key = tuple[int, int, int]  # (robot, episode, step) of a transition's first observation
@@ -68,11 +70,13 @@ class Robot:
         self.version = 0
         self.actor = pb.ACTOR_POLICY
         self.emitted: list[tuple[int, int, bool]] = []  # (episode, step, episode ended here)
-        self.versions: list[int] = []                    # policy version of each emitted record
+        self.versions: list[int] = []  # policy version of each emitted record
 
     def obs(self, episode: int, step: int, final: bool = False) -> dict[str, np.ndarray]:
-        return {"image": np.full((4, 4, 3), int(final), np.uint8),
-                "state": np.array([self.rid, episode, step], np.float32)}
+        return {
+            "image": np.full((4, 4, 3), int(final), np.uint8),
+            "state": np.array([self.rid, episode, step], np.float32),
+        }
 
     def batch(self, rows: int) -> dict[str, np.ndarray]:
         builder = BatchBuilder(OBS_SPACE, ACTION_SPACE, capacity=rows)
@@ -80,9 +84,20 @@ class Robot:
             e, s = self.episode, self.step
             ends = s == episode_length(self.rid, e) - 1
             term = ends and terminates(e)
-            builder.add(self.obs(e, s), np.array([s / 1000, self.rid / 10], np.float32), float(reward_of(self.rid, s)),
-                        term, ends and not term, episode=e, step=s, policy_version=self.version, actor=self.actor,
-                        label=pb.LABEL_NONE, sensor_time=0.0, final_obs=self.obs(e, s + 1, final=True) if ends else None)
+            builder.add(
+                self.obs(e, s),
+                np.array([s / 1000, self.rid / 10], np.float32),
+                float(reward_of(self.rid, s)),
+                term,
+                ends and not term,
+                episode=e,
+                step=s,
+                policy_version=self.version,
+                actor=self.actor,
+                label=pb.LABEL_NONE,
+                sensor_time=0.0,
+                final_obs=self.obs(e, s + 1, final=True) if ends else None,
+            )
             self.emitted.append((e, s, ends))
             self.versions.append(self.version)
             self.step += 1
@@ -136,6 +151,7 @@ def interleave(writer: Writer, robots: list[Robot], sizes: list[int], commit_eve
 
 # -- checking transitions -------------------------------------------------------------------------
 
+
 def keys_of(batch: dict[str, np.ndarray]) -> list[Key]:
     return [tuple(int(v) for v in row) for row in batch[OBS + "state"]]
 
@@ -152,17 +168,21 @@ def check_batch(batch: dict[str, np.ndarray], n_step: int = 1) -> np.ndarray:
     length = np.array([episode_length(int(r), int(e)) for r, e in zip(rid, episode)])
     ended = last == length - 1
     assert (batch[OBS + "image"][:, 0, 0, 0] == 0).all(), "a final observation was sampled as an obs"
-    np.testing.assert_array_equal(batch[NEXT_OBS + "image"][:, 0, 0, 0] == 1, ended,
-                                  "next_obs must be the final observation exactly when the episode ended")
+    np.testing.assert_array_equal(
+        batch[NEXT_OBS + "image"][:, 0, 0, 0] == 1,
+        ended,
+        "next_obs must be the final observation exactly when the episode ended",
+    )
     expected_term = ended & np.array([terminates(int(e)) for e in episode])
     np.testing.assert_array_equal(batch["terminated"], expected_term, "terminated flag")
     np.testing.assert_array_equal(batch["action"][:, 0], (step / 1000).astype(np.float32), "action row")
     # Full n-step chains only stop early at an episode end (or a segment end, which tests allow).
-    expected_reward = sum(np.where(i < k, GAMMA ** i * reward_of(0, step + i) + GAMMA ** i * rid, 0.0)
-                          for i in range(n_step))
+    expected_reward = sum(
+        np.where(i < k, GAMMA**i * reward_of(0, step + i) + GAMMA**i * rid, 0.0) for i in range(n_step)
+    )
     np.testing.assert_allclose(batch["reward"], expected_reward, rtol=1e-5)
     if n_step > 1:
-        np.testing.assert_allclose(batch["discount"], GAMMA ** k, rtol=1e-5)
+        np.testing.assert_allclose(batch["discount"], GAMMA**k, rtol=1e-5)
     return k
 
 
@@ -199,6 +219,7 @@ def open_files(directory: Path) -> set[str]:
 
 
 # -- 1. transition correctness -------------------------------------------------------------------
+
 
 def test_pairs_are_consecutive_steps_across_batches_segments_and_episode_ends(tmp_path: Path) -> None:
     store = open_store(tmp_path)
@@ -280,6 +301,7 @@ def test_empty_store_refuses_to_sample(tmp_path: Path) -> None:
 
 
 # -- 2. durability and restart -------------------------------------------------------------------
+
 
 def test_close_and_reopen_keeps_everything_and_streams_continue(tmp_path: Path) -> None:
     store = open_store(tmp_path)
@@ -439,6 +461,7 @@ def test_crash_while_sealing_keeps_the_segment(tmp_path: Path) -> None:
 
 # -- 4. corruption -------------------------------------------------------------------------------
 
+
 def test_corrupt_and_truncated_segments_are_skipped(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     writer = Writer(store)
@@ -484,6 +507,7 @@ def test_corrupt_and_truncated_segments_are_skipped(tmp_path: Path) -> None:
 
 # -- 5. edge restart -----------------------------------------------------------------------------
 
+
 def test_new_epoch_ends_the_open_episode_and_never_pairs_across(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     writer = Writer(store)
@@ -523,6 +547,7 @@ def test_new_epoch_ends_the_open_episode_and_never_pairs_across(tmp_path: Path) 
 
 # -- 6. n-step -----------------------------------------------------------------------------------
 
+
 def test_n_step_returns_within_an_episode(tmp_path: Path) -> None:
     store = open_store(tmp_path, n_step=3)
     writer = Writer(store)
@@ -538,9 +563,12 @@ def test_n_step_returns_within_an_episode(tmp_path: Path) -> None:
     length = np.array([episode_length(1, int(e)) for e in episode])
     np.testing.assert_array_equal(k, np.minimum(3, length - step), "a chain stops only at the episode end")
     full = k == 3
-    np.testing.assert_allclose(batch["discount"][full], GAMMA ** 3, rtol=1e-6)
-    np.testing.assert_allclose(batch["reward"][full], reward_of(1, step[full]) + GAMMA * reward_of(1, step[full] + 1)
-                               + GAMMA ** 2 * reward_of(1, step[full] + 2), rtol=1e-5)
+    np.testing.assert_allclose(batch["discount"][full], GAMMA**3, rtol=1e-6)
+    np.testing.assert_allclose(
+        batch["reward"][full],
+        reward_of(1, step[full]) + GAMMA * reward_of(1, step[full] + 1) + GAMMA**2 * reward_of(1, step[full] + 2),
+        rtol=1e-5,
+    )
     ended = batch[NEXT_OBS + "image"][:, 0, 0, 0] == 1
     assert (batch["terminated"][ended] == np.array([terminates(int(e)) for e in episode[ended]])).all()
     assert ended.any() and (ended & ~batch["terminated"]).any() and batch["terminated"].any()
@@ -588,6 +616,7 @@ def test_action_chunks_are_the_next_actions_of_the_episode_with_who_executed_the
 
 
 # -- 7. disk limit -------------------------------------------------------------------------------
+
 
 def segment_bytes(tmp_path: Path) -> int:
     probe = open_store(tmp_path / "probe")
@@ -642,6 +671,7 @@ def test_disk_limit_evicts_oldest_online_segments_and_keeps_interventions(tmp_pa
 
 
 # -- 8. attached history -------------------------------------------------------------------------
+
 
 def snapshot(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
@@ -704,6 +734,7 @@ def test_attached_history_is_filtered_mixed_and_left_untouched(tmp_path: Path) -
 
 
 # -- 9. RAM budget smaller than the data ---------------------------------------------------------
+
 
 def test_ram_budget_smaller_than_the_data_rotates_segments(tmp_path: Path) -> None:
     slot_mb = 256 * row_bytes(segment_schema(OBS_SPACE, ACTION_SPACE)) / 2**20
@@ -776,6 +807,7 @@ def test_newest_sealed_segments_stay_in_ram(tmp_path: Path) -> None:
 
 
 # -- 10. sampling strategies ---------------------------------------------------------------------
+
 
 def test_task_balanced_gives_each_task_an_equal_share(tmp_path: Path) -> None:
     uniform = open_store(tmp_path / "u")

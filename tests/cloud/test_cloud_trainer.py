@@ -31,9 +31,18 @@ REACH_OPTIONS = {"obs_mode": "state", "episode_steps": 50}
 
 def spec(**changes) -> TrainerSpec:
     obs_space, action_space = robot_spaces("mujoco_reach", REACH_OPTIONS)
-    fields = {"obs_space": obs_space, "action_space": action_space, "policy": "mlp",
-              "policy_options": {"hidden": [32]}, "settings": SACSettings(), "device": "cpu", "threads": 1,
-              "seed": 3, "publish_every": 5, **changes}
+    fields = {
+        "obs_space": obs_space,
+        "action_space": action_space,
+        "policy": "mlp",
+        "policy_options": {"hidden": [32]},
+        "settings": SACSettings(),
+        "device": "cpu",
+        "threads": 1,
+        "seed": 3,
+        "publish_every": 5,
+        **changes,
+    }
     return TrainerSpec(**fields)
 
 
@@ -44,12 +53,21 @@ def batches(count: int, size: int = 16, wanted: tuple[str, ...] = SAC.batch_colu
     rng = np.random.default_rng(0)
     out = []
     for _ in range(count):
-        obs = {k: rng.uniform(-1, 1, (size, *space.shape)).astype(space.dtype) for k, space in s.obs_space.spaces.items()}
-        nxt = {k: rng.uniform(-1, 1, (size, *space.shape)).astype(space.dtype) for k, space in s.obs_space.spaces.items()}
-        out.append({**{f"obs/{k}": v for k, v in obs.items()}, **{f"next_obs/{k}": v for k, v in nxt.items()},
-                    "action": rng.uniform(-1, 1, (size, *s.action_space.shape)).astype(np.float32),
-                    "reward": rng.normal(size=size).astype(np.float32),
-                    "terminated": rng.random(size) < 0.1})
+        obs = {
+            k: rng.uniform(-1, 1, (size, *space.shape)).astype(space.dtype) for k, space in s.obs_space.spaces.items()
+        }
+        nxt = {
+            k: rng.uniform(-1, 1, (size, *space.shape)).astype(space.dtype) for k, space in s.obs_space.spaces.items()
+        }
+        out.append(
+            {
+                **{f"obs/{k}": v for k, v in obs.items()},
+                **{f"next_obs/{k}": v for k, v in nxt.items()},
+                "action": rng.uniform(-1, 1, (size, *s.action_space.shape)).astype(np.float32),
+                "reward": rng.normal(size=size).astype(np.float32),
+                "terminated": rng.random(size) < 0.1,
+            }
+        )
         out[-1]["actor"] = rng.choice([pb.ACTOR_POLICY, pb.ACTOR_HUMAN, pb.ACTOR_SCRIPTED], size).astype(np.uint8)
         out[-1]["policy_version"] = np.ones(size, np.int64)
     return [training_columns(batch, wanted) for batch in out]
@@ -155,8 +173,9 @@ def test_the_trainer_process_trains_and_resumes_behaviour_cloning() -> None:
     assert set(actors[-1].metrics) == {"bc_loss", "action_nll", "action_mse", "imitated_rows"}
     assert middle.state["algo"] == "bc" and straight.updates == 8
 
-    after = finish_resumed(spec(algo="bc", settings=BCSettings(actor_lr=1e-3), state=middle.state, rng=middle.rng),
-                           columns, done=4)
+    after = finish_resumed(
+        spec(algo="bc", settings=BCSettings(actor_lr=1e-3), state=middle.state, rng=middle.rng), columns, done=4
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the trainer
     try:
@@ -180,10 +199,18 @@ def test_a_state_of_another_algorithm_stops_the_trainer_saying_why() -> None:
 
 
 def test_the_learner_builds_the_configured_algorithm(tmp_path: Path) -> None:
-    learner = Learner(build_config({"robot": {"type": "mujoco_reach", "options": REACH_OPTIONS},
-                                    "fleet": {"num_robots": 1}, "policy": {"hidden": [32]},
-                                    "algo": {"type": "bc", "policy_row_weight": 0.1},
-                                    "learner": {"torch_threads": 1}}), tmp_path / "run")
+    learner = Learner(
+        build_config(
+            {
+                "robot": {"type": "mujoco_reach", "options": REACH_OPTIONS},
+                "fleet": {"num_robots": 1},
+                "policy": {"hidden": [32]},
+                "algo": {"type": "bc", "policy_row_weight": 0.1},
+                "learner": {"torch_threads": 1},
+            }
+        ),
+        tmp_path / "run",
+    )
     try:
         assert learner.trainer is not None and learner.trainer.batch_columns == BehaviourCloning.batch_columns
         assert learner.status()["updates"] == 0
@@ -213,10 +240,18 @@ KILLED_LEARNER = textwrap.dedent("""
 
 def test_the_trainer_never_outlives_a_killed_learner(tmp_path: Path) -> None:
     config = tmp_path / "reach.yaml"
-    config.write_text(yaml.safe_dump({"robot": {"type": "mujoco_reach", "options": REACH_OPTIONS},
-                                      "fleet": {"num_robots": 1}, "policy": {"hidden": [32]}}))
-    learner = subprocess.Popen([sys.executable, "-c", KILLED_LEARNER, str(config), str(tmp_path / "run")],
-                               stdout=subprocess.PIPE, text=True)
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "robot": {"type": "mujoco_reach", "options": REACH_OPTIONS},
+                "fleet": {"num_robots": 1},
+                "policy": {"hidden": [32]},
+            }
+        )
+    )
+    learner = subprocess.Popen(
+        [sys.executable, "-c", KILLED_LEARNER, str(config), str(tmp_path / "run")], stdout=subprocess.PIPE, text=True
+    )
     try:
         trainer_pid = int(learner.stdout.readline())
         assert Path(f"/proc/{trainer_pid}").exists()
@@ -224,9 +259,14 @@ def test_the_trainer_never_outlives_a_killed_learner(tmp_path: Path) -> None:
         learner.send_signal(signal.SIGKILL)  # no clean stop: nobody tells the trainer
         learner.wait(30)
     started = time.monotonic()
-    wait_until(lambda: not Path(f"/proc/{trainer_pid}").exists()
-               or "zombie" in Path(f"/proc/{trainer_pid}/status").read_text().lower(), 10,
-               "the orphaned trainer to exit")
+    wait_until(
+        lambda: (
+            not Path(f"/proc/{trainer_pid}").exists()
+            or "zombie" in Path(f"/proc/{trainer_pid}/status").read_text().lower()
+        ),
+        10,
+        "the orphaned trainer to exit",
+    )
     print(f"the trainer exited {time.monotonic() - started:.2f} s after its learner was killed")
 
 
@@ -256,8 +296,15 @@ def test_a_learner_killed_as_its_trainer_receives_the_slots_is_no_trainer_failur
     learners = []
     for delay, log in zip(delays, logs):
         with open(log, "w") as err:
-            learners.append(subprocess.Popen([sys.executable, str(script), str(delay)], stdout=subprocess.PIPE,
-                                             stderr=err, text=True, cwd=Path(__file__).resolve().parents[2]))
+            learners.append(
+                subprocess.Popen(
+                    [sys.executable, str(script), str(delay)],
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    text=True,
+                    cwd=Path(__file__).resolve().parents[2],
+                )
+            )
     trainers = [int(learner.stdout.readline()) for learner in learners]
     for learner in learners:
         assert learner.wait(60) == -signal.SIGKILL

@@ -11,7 +11,6 @@ by every process of the run (Ray workers, the trainer process, `user-rl eval`).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -30,8 +29,10 @@ from torch import nn
 from tests.docs.guide_blocks import REPO, commands, drift, file_blocks, outputs
 from user_rl.config import ConfigError, build_config, load_config
 
-GUIDES = [REPO / "docs" / "guides" / name for name in
-          ("add-a-task.md", "add-a-policy.md", "add-an-algorithm.md", "add-a-reward.md")]
+GUIDES = [
+    REPO / "docs" / "guides" / name
+    for name in ("add-a-task.md", "add-a-policy.md", "add-an-algorithm.md", "add-a-reward.md")
+]
 PACKAGE = "examples/user_rl_point_plugin"
 CONFIG = REPO / PACKAGE / "point.yaml"
 # The run's limits if it never reached its goal (it does in about 1,900 env steps); the goal and
@@ -52,8 +53,23 @@ def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("point-plugin")
     source, site = root / "src", root / "site"
     shutil.copytree(REPO / PACKAGE, source, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(site), str(source)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return site
 
 
@@ -75,11 +91,17 @@ def test_the_config_names_the_plugins_parts_and_checks_the_algorithms_options(pl
     # A SAC setting that REDQ's Settings has is REDQ's too; the same key is refused for bc.
     assert build_config({"algo": {"type": "redq", "critic_layer_norm": True}}).algo.critic_layer_norm
     for overrides, message in (
-        (["algo.options.num_critic=3"], "config error: algo.options: unknown key 'num_critic' for algo.type redq; "
-                                        "allowed: num_critics, target_critics"),
+        (
+            ["algo.options.num_critic=3"],
+            "config error: algo.options: unknown key 'num_critic' for algo.type redq; "
+            "allowed: num_critics, target_critics",
+        ),
         (["algo.options.num_critics=many"], "config error: algo.options: num_critics: Input should be a valid integer"),
         (["algo.options.target_critics=9"], "target_critics must be 1..num_critics (5), not 9"),
-        (["algo.options.gamma=0.9"], "unknown key 'gamma' for algo.type redq"),  # a key of algo: set there, checked there
+        (
+            ["algo.options.gamma=0.9"],
+            "unknown key 'gamma' for algo.type redq",
+        ),  # a key of algo: set there, checked there
         (["algo.type=bc"], "config error: algo.options: unknown key 'num_critics' for algo.type bc; allowed: none"),
     ):
         with pytest.raises(ConfigError, match=re.escape(message)):
@@ -97,8 +119,13 @@ def test_the_policy_trains_with_builtin_sac_and_the_reward_checks_its_robot(plug
     sac = make_algo("sac", obs_space, action_space, "residual_mlp", {"hidden": [32, 32]})
     assert type(sac.actor).__name__ == "ResidualActor" and type(sac.critic) is TwinQCritic
     assert sum(isinstance(m, nn.LayerNorm) for m in sac.actor.modules()) == 3  # two blocks and the head
-    batch = {"obs": {"state": torch.rand(8, 4)}, "next_obs": {"state": torch.rand(8, 4)},
-             "action": torch.rand(8, 2) * 2 - 1, "reward": torch.rand(8), "terminated": torch.zeros(8)}
+    batch = {
+        "obs": {"state": torch.rand(8, 4)},
+        "next_obs": {"state": torch.rand(8, 4)},
+        "action": torch.rand(8, 2) * 2 - 1,
+        "reward": torch.rand(8),
+        "terminated": torch.zeros(8),
+    }
     assert np.isfinite(list(metrics_to_floats(sac.update(batch)).values())).all()
     with pytest.raises(ValueError, match="policy.hidden repeats one width"):
         make_algo("sac", obs_space, action_space, "residual_mlp", {"hidden": [32, 64]})
@@ -144,9 +171,12 @@ def assert_rows_recorded_the_plugin_reward(buffer: Path) -> None:
 
 @pytest.mark.timeout(400)
 def test_the_guides_commands_train_the_plugin_parts_together_and_it_learns(plugin_site: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "MUJOCO_GL": "egl",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(plugin_site), os.environ.get("PYTHONPATH", "")) if p),
-           "PATH": os.pathsep.join((str(Path(sys.executable).parent), os.environ["PATH"]))}
+    env = {
+        **os.environ,
+        "MUJOCO_GL": "egl",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(plugin_site), os.environ.get("PYTHONPATH", "")) if p),
+        "PATH": os.pathsep.join((str(Path(sys.executable).parent), os.environ["PATH"])),
+    }
     assert shutil.which("user-rl", path=env["PATH"]), "user-rl is not installed beside this Python"
     every = [(guide, command) for guide in GUIDES for command in commands(guide)]
     installs = {command for _, command in every if command.startswith("pip install")}
@@ -159,8 +189,10 @@ def test_the_guides_commands_train_the_plugin_parts_together_and_it_learns(plugi
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
     (run_dir,) = (tmp_path / "runs").glob("point-*")
     summary = json.loads((run_dir / "summary.json").read_text())
-    print(f"\ntrain: {time.monotonic() - started:.0f} s, {summary['learner']['env_steps']} env steps, "
-          f"final eval {summary['final_eval']}")
+    print(
+        f"\ntrain: {time.monotonic() - started:.0f} s, {summary['learner']['env_steps']} env steps, "
+        f"final eval {summary['final_eval']}"
+    )
     assert summary["stop_reason"] == "goal_reached", train.stdout[-3000:]
     assert all(robot["transitions"] > 0 for robot in summary["learner"]["robots"].values())
     assert re.search(r"\| return -\d", train.stdout), "the rollouts' returns are in the recorded (shaped) reward"

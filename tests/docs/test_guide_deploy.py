@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from tests.docs.guide_blocks import commands, drift, file_blocks
-from user_rl.cloud.endpoints import this_machine_address
 from user_rl.cli import main
+from user_rl.cloud.endpoints import this_machine_address
 from user_rl.config import load_config
 from user_rl.status import NoStatus, ask_learner
 from user_rl.testing.example_arm import arm_controller, example_arm_env
@@ -44,7 +44,10 @@ LEARNER_HOST = "gpu-box.lab.example"
 def test_the_guides_files_are_the_deploy_examples() -> None:
     assert not drift(GUIDE)
     assert set(file_blocks(GUIDE)) == {
-        "examples/deploy/lab.yaml", "examples/deploy/user-rl-learner.service", "examples/deploy/user-rl-edge@.service"}
+        "examples/deploy/lab.yaml",
+        "examples/deploy/user-rl-learner.service",
+        "examples/deploy/user-rl-edge@.service",
+    }
 
 
 def guide_lines(containing: str) -> list[list[str]]:
@@ -102,8 +105,12 @@ def test_the_guides_deployment_runs_a_learner_and_an_encrypted_edge(tmp_path: Pa
     data_port, weights_port = free_port(), free_port()
     learner_address = f"tcp://127.0.0.1:{data_port}"
     with arm_controller() as controller:
-        ports = {f"{LEARNER_HOST}:5555": f"127.0.0.1:{data_port}", "5555": str(data_port),
-                 "5556": str(weights_port), "192.168.1.10:7700": controller}
+        ports = {
+            f"{LEARNER_HOST}:5555": f"127.0.0.1:{data_port}",
+            "5555": str(data_port),
+            "5556": str(weights_port),
+            "192.168.1.10:7700": controller,
+        }
         gpu_box, arm_0 = Machine(tmp_path / "gpu-box", ports), Machine(tmp_path / "arm-0", ports)
         for machine in (gpu_box, arm_0):
             machine.install_config()
@@ -129,13 +136,18 @@ def test_the_guides_deployment_runs_a_learner_and_an_encrypted_edge(tmp_path: Pa
             status_file = run_dir / "learner_status.json"
             wait_until(status_file.exists, 120, "the learner to start")
             here = this_machine_address()  # bound to every interface, it names the address robots dial
-            assert f"learner at tcp://{here}:{data_port} (weights tcp://{here}:{weights_port})" in learner_log.read_text()
+            assert (
+                f"learner at tcp://{here}:{data_port} (weights tcp://{here}:{weights_port})" in learner_log.read_text()
+            )
 
             def arm_0_status() -> dict:
                 return (json.loads(status_file.read_text()).get("robots") or {}).get("arm-0") or {}
 
-            wait_until(lambda: arm_0_status().get("transitions", 0) >= 64, 90,
-                       "arm-0's steps to reach the learner over the encrypted link")
+            wait_until(
+                lambda: arm_0_status().get("transitions", 0) >= 64,
+                90,
+                "arm-0's steps to reach the learner over the encrypted link",
+            )
             wait_until(lambda: arm_0_status().get("health") == "ok", 30, "arm-0's first heartbeat")
 
             laptop = tmp_path / "laptop" / "user-rl-keys"  # the ops key, in the layout the guide names
@@ -171,7 +183,9 @@ def test_the_guides_ray_cluster_commands(capsys) -> None:
     assert main(joins[1:] + ["--dry-run"]) == 0
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("$ ray start")]
     assert printed[0].startswith("$ ray start --head --port 6379 ") and "user-rl/node=gpu-box" in printed[0]
-    assert printed[1].startswith("$ ray start --address gpu-box.lab.example:6379 ") and "user-rl/node=sim-1" in printed[1]
+    assert (
+        printed[1].startswith("$ ray start --address gpu-box.lab.example:6379 ") and "user-rl/node=sim-1" in printed[1]
+    )
     assert '"sim:mujoco_reach"' in printed[1]
     (launch,) = guide_lines("user-rl launch")
     config, overrides = launch[2], [w for w in launch[3:] if "=" in w and not w.startswith("--")]

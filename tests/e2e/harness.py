@@ -59,11 +59,15 @@ def stored(run_dir: Path) -> tuple[list[tuple[str, int, int]], int]:
 
 
 def start_learner(config: Path, run_dir: Path, log) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "user_rl.cli", "learner", str(config), "--run-dir", str(run_dir)],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "user_rl.cli", "learner", str(config), "--run-dir", str(run_dir)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     status = run_dir / "learner_status.json"
-    wait_until(lambda: status.exists() and json.loads(status.read_text()).get("pid") == proc.pid, 60,
-               "the learner to come up")
+    wait_until(
+        lambda: status.exists() and json.loads(status.read_text()).get("pid") == proc.pid, 60, "the learner to come up"
+    )
     return proc
 
 
@@ -92,7 +96,11 @@ def run_cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
     env = {**os.environ, "MUJOCO_GL": "egl"}
     return subprocess.run(
         [sys.executable, "-m", "user_rl.cli", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -106,9 +114,12 @@ def train(config: str, run_root: Path, *overrides: str, timeout: float = 900) ->
 
 
 def evaluate(checkpoint: str, episodes: int, seed: int, *overrides: str) -> dict:
-    proc = run_cli("eval", checkpoint, *overrides, "--episodes", str(episodes), "--seed", str(seed), "--json", timeout=300)
+    proc = run_cli(
+        "eval", checkpoint, *overrides, "--episodes", str(episodes), "--seed", str(seed), "--json", timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
 
 # These runs are judged on fresh episodes after they end: evaluations on the way (the learning
 # curve every run draws) would only cost the suite time.

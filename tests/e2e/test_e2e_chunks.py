@@ -26,16 +26,25 @@ def test_q_chunking_improves_a_behaviour_cloned_flow_chunk_policy_online(tmp_pat
     bc_dir = Path(cloned["run_dir"])
     bc_fresh = evaluate(cloned["checkpoint"], episodes=FRESH_EPISODES, seed=11)
 
-    online = train("configs/reach_flow_qc.yaml", tmp_path / "qc", f"policy.weights={cloned['checkpoint']}",
-                   f"buffer.attach=[{{path: {bc_dir / 'buffer'}, source: demo}}]", *ONLY_THE_FINAL_EVALUATION)
+    online = train(
+        "configs/reach_flow_qc.yaml",
+        tmp_path / "qc",
+        f"policy.weights={cloned['checkpoint']}",
+        f"buffer.attach=[{{path: {bc_dir / 'buffer'}, source: demo}}]",
+        *ONLY_THE_FINAL_EVALUATION,
+    )
     qc_fresh = evaluate(online["checkpoint"], episodes=FRESH_EPISODES, seed=11)
-    print(f"\nflow chunk policy (H=5) on sparse reach, success on {FRESH_EPISODES} fresh episodes: "
-          f"behaviour cloning {bc_fresh['success_rate']:.2f} after {cloned['learner']['env_steps']:,} env steps, "
-          f"then Q-chunking online {qc_fresh['success_rate']:.2f} after {online['learner']['env_steps']:,} more")
+    print(
+        f"\nflow chunk policy (H=5) on sparse reach, success on {FRESH_EPISODES} fresh episodes: "
+        f"behaviour cloning {bc_fresh['success_rate']:.2f} after {cloned['learner']['env_steps']:,} env steps, "
+        f"then Q-chunking online {qc_fresh['success_rate']:.2f} after {online['learner']['env_steps']:,} more"
+    )
     assert qc_fresh["success_rate"] >= bc_fresh["success_rate"] + 0.1, (bc_fresh, qc_fresh)
 
     # The online run started from the cloned flow (its critic fresh) and took no help from the expert.
     checkpoint = torch.load(online["checkpoint"], weights_only=True)
-    assert checkpoint["policy"] == {"type": "flow", "options": {"hidden": [256, 256], "chunk": 5, "flow_steps": 5,
-                                                                "best_of": 8}}
+    assert checkpoint["policy"] == {
+        "type": "flow",
+        "options": {"hidden": [256, 256], "chunk": 5, "flow_steps": 5, "best_of": 8},
+    }
     assert not any(robot["take_overs"] for robot in online["learner"]["robots"].values())

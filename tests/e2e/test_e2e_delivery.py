@@ -25,8 +25,13 @@ from user_rl.testing.wait import free_port, wait_until
 
 BASE = {
     "robot": {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 50}},
-    "fleet": {"num_robots": 2, "pace_to_learner": False, "control_hz": 40, "batch_transitions": 16,
-              "resend_after_s": 1.0},
+    "fleet": {
+        "num_robots": 2,
+        "pace_to_learner": False,
+        "control_hz": 40,
+        "batch_transitions": 16,
+        "resend_after_s": 1.0,
+    },
     "policy": {"hidden": [32]},
     "algo": {"learning_starts": 200, "batch_size": 64},
     "learner": {"publish_every_updates": 20, "checkpoint_every_s": 1.0, "torch_threads": 1},
@@ -65,9 +70,11 @@ def test_sigkilled_learner_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     final = learner_status(run_dir)
     keys, records = stored(run_dir)
     produced = fleet.produced()
-    print(f"chaos: {len(produced)} batches produced, {len(keys)} stored ({len(set(keys))} distinct), "
-          f"{records} records for {sum(e.steps for e in fleet.edges)} steps; resumed from {resumed}; "
-          f"final updates {final['updates']}, version {final['policy_version']}")
+    print(
+        f"chaos: {len(produced)} batches produced, {len(keys)} stored ({len(set(keys))} distinct), "
+        f"{records} records for {sum(e.steps for e in fleet.edges)} steps; resumed from {resumed}; "
+        f"final updates {final['updates']}, version {final['policy_version']}"
+    )
     assert len(keys) == len(set(keys)), "a batch was stored twice"
     assert set(keys) == produced, f"lost {len(produced - set(keys))}, extra {len(set(keys) - produced)}"
     assert records == sum(e.steps for e in fleet.edges)  # every step stored exactly once
@@ -133,18 +140,31 @@ UPLINK_WINDOW_S = 60  # its second half (30 s, six samples) shows whether the ba
 
 
 def test_capped_uplink_carries_four_two_camera_robots_without_backlog(tmp_path: Path, learner_factory) -> None:
-    cfg = build_config({
-        **BASE,
-        "robot": {"type": "mujoco_reach",
-                  "options": {"obs_mode": "image", "image_size": 128, "extra_cameras": ["top"], "episode_steps": 50}},
-        "fleet": {**BASE["fleet"], "num_robots": 4, "control_hz": 10, "batch_transitions": 10,
-                  "compression": {"image": {"format": "jpeg", "quality": 90},
-                                  "image_top": {"format": "jpeg", "quality": 90}}},
-        "algo": {"learning_starts": 10**6},  # the link is under test, not learning: no updates on 2 cores
-    })
+    cfg = build_config(
+        {
+            **BASE,
+            "robot": {
+                "type": "mujoco_reach",
+                "options": {"obs_mode": "image", "image_size": 128, "extra_cameras": ["top"], "episode_steps": 50},
+            },
+            "fleet": {
+                **BASE["fleet"],
+                "num_robots": 4,
+                "control_hz": 10,
+                "batch_transitions": 10,
+                "compression": {
+                    "image": {"format": "jpeg", "quality": 90},
+                    "image_top": {"format": "jpeg", "quality": 90},
+                },
+            },
+            "algo": {"learning_starts": 10**6},  # the link is under test, not learning: no updates on 2 cores
+        }
+    )
     learner = learner_factory(cfg)
-    with FaultProxy(learner.addresses["data"], delay_s=0.05, bandwidth_bps=20e6) as up, \
-            FaultProxy(learner.addresses["weights"], delay_s=0.05, bandwidth_bps=20e6) as down:
+    with (
+        FaultProxy(learner.addresses["data"], delay_s=0.05, bandwidth_bps=20e6) as up,
+        FaultProxy(learner.addresses["weights"], delay_s=0.05, bandwidth_bps=20e6) as down,
+    ):
         fleet = EdgeThreads(cfg, up.address, down.address, tmp_path / "spool")
         started, samples = time.monotonic(), []
         while time.monotonic() - started < UPLINK_WINDOW_S:
@@ -176,8 +196,15 @@ def test_edge_killed_mid_episode_leaves_a_truncated_episode_and_clean_data(tmp_p
     config = tmp_path / "edge.yaml"
     config.write_text(yaml.safe_dump(cfg_dict))
     learner = learner_factory(cfg)
-    args = [sys.executable, "-c", EDGE_SCRIPT, str(config), learner.addresses["data"], learner.addresses["weights"],
-            str(tmp_path / "spool")]
+    args = [
+        sys.executable,
+        "-c",
+        EDGE_SCRIPT,
+        str(config),
+        learner.addresses["data"],
+        learner.addresses["weights"],
+        str(tmp_path / "spool"),
+    ]
     first = subprocess.Popen([*args, "100000"], stdout=subprocess.PIPE, text=True)
     first_epoch = int(first.stdout.readline().split()[1])
     wait_until(lambda: learner.env_steps > 150, 60, "the first edge to stream")

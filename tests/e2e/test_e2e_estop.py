@@ -22,10 +22,15 @@ from user_rl.testing.wait import wait_until
 
 
 def test_an_estop_ends_the_episode_as_truncated_and_nothing_pairs_across_it(tmp_path: Path) -> None:
-    cfg = build_config({"robot": {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 100}},
-                        "fleet": {"num_robots": 1, "pace_to_learner": False, "control_hz": 50, "batch_transitions": 16},
-                        "policy": {"hidden": [32]}, "algo": {"learning_starts": 10**6},  # the data is under test
-                        "learner": {"torch_threads": 1}})
+    cfg = build_config(
+        {
+            "robot": {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 100}},
+            "fleet": {"num_robots": 1, "pace_to_learner": False, "control_hz": 50, "batch_transitions": 16},
+            "policy": {"hidden": [32]},
+            "algo": {"learning_starts": 10**6},  # the data is under test
+            "learner": {"torch_threads": 1},
+        }
+    )
     with serving_learner(cfg, tmp_path / "run") as learner:
         spool_root, built = tmp_path / "spool", []
 
@@ -55,10 +60,17 @@ def test_an_estop_ends_the_episode_as_truncated_and_nothing_pairs_across_it(tmp_
             wait_until(lambda: edge.steps >= cut_length + 100 * cut + 60, 30, "the robot to act again after re-arming")
             # Who re-armed it, and which stop they cleared, reach `user-rl status` (asked over the wire).
             robot_id = edge.robot.descriptor.id
-            wait_until(lambda: (ask_learner(learner.addresses["data"])["robots"][robot_id].get("rearmed") or "")
-                       .startswith("by cli:alice"), 15, "the re-arm in the learner's status")
+            wait_until(
+                lambda: (ask_learner(learner.addresses["data"])["robots"][robot_id].get("rearmed") or "").startswith(
+                    "by cli:alice"
+                ),
+                15,
+                "the re-arm in the learner's status",
+            )
             table = fleet_table(ask_learner(learner.addresses["data"]))
-            assert f"{robot_id} re-armed by cli:alice" in table and "cleared the robot stop: operator: test" in table, table
+            assert f"{robot_id} re-armed by cli:alice" in table and "cleared the robot stop: operator: test" in table, (
+                table
+            )
             edge.stop()
             runner.join(90)
             assert edge.link.unacked == 0, edge.status()
@@ -74,8 +86,10 @@ def test_an_estop_ends_the_episode_as_truncated_and_nothing_pairs_across_it(tmp_
     finally:
         index.close()
     stopped = episodes[cut]
-    print(f"episode {cut}: {stopped.status} ({stopped.end_reason!r}) after {stopped.length} steps; "
-          f"next: {[(e.episode, e.status, e.length) for e in episodes.values() if e.episode > cut]}")
+    print(
+        f"episode {cut}: {stopped.status} ({stopped.end_reason!r}) after {stopped.length} steps; "
+        f"next: {[(e.episode, e.status, e.length) for e in episodes.values() if e.episode > cut]}"
+    )
     assert (stopped.status, stopped.end_reason, stopped.length) == ("truncated", "estop", cut_length)
     assert episodes[cut + 1].length >= 60  # a new episode after the re-arm
     spanning = 0

@@ -26,11 +26,30 @@ def read_status(run_dir: Path) -> dict:
 
 def test_killed_edge_restarts_rejoins_then_fails_alone_when_its_budget_is_spent(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "user_rl.cli", "train", "configs/reach.yaml", f"run_root={tmp_path}",
-         "fleet.num_robots=2", "fleet.max_restarts=1", "algo.learning_starts=300", "algo.batch_size=64",
-         "policy.hidden=[32]", "algo.utd_ratio=2", "stop.max_env_steps=7000", "stop.max_wall_s=300", "stop.eval_every_s=1000",
-         "stop.eval_episodes=2"],
-        cwd=REPO, env={**os.environ, "MUJOCO_GL": "egl"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "user_rl.cli",
+            "train",
+            "configs/reach.yaml",
+            f"run_root={tmp_path}",
+            "fleet.num_robots=2",
+            "fleet.max_restarts=1",
+            "algo.learning_starts=300",
+            "algo.batch_size=64",
+            "policy.hidden=[32]",
+            "algo.utd_ratio=2",
+            "stop.max_env_steps=7000",
+            "stop.max_wall_s=300",
+            "stop.eval_every_s=1000",
+            "stop.eval_episodes=2",
+        ],
+        cwd=REPO,
+        env={**os.environ, "MUJOCO_GL": "egl"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
@@ -44,14 +63,25 @@ def test_killed_edge_restarts_rejoins_then_fails_alone_when_its_budget_is_spent(
         def edge(robot_id: str) -> dict:
             return read_status(run_dir)["edges"].get(robot_id, {})
 
-        wait_until(lambda: all(learner_robot(r).get("transitions", 0) > 100 for r in (first, other)), 120,
-                   "both robots to stream")
+        wait_until(
+            lambda: all(learner_robot(r).get("transitions", 0) > 100 for r in (first, other)),
+            120,
+            "both robots to stream",
+        )
         old_pid, before = edge(first)["pid"], learner_robot(first)["transitions"]
         os.kill(old_pid, signal.SIGKILL)
-        wait_until(lambda: edge(first).get("restarts") == 1 and edge(first).get("pid") not in (None, old_pid), 90,
-                   "the edge to be placed again")
-        wait_until(lambda: learner_robot(first).get("edge_restarts") == 1
-                   and learner_robot(first)["transitions"] > before + 100, 90, "the restarted edge to rejoin")
+        wait_until(
+            lambda: edge(first).get("restarts") == 1 and edge(first).get("pid") not in (None, old_pid),
+            90,
+            "the edge to be placed again",
+        )
+        wait_until(
+            lambda: (
+                learner_robot(first).get("edge_restarts") == 1 and learner_robot(first)["transitions"] > before + 100
+            ),
+            90,
+            "the restarted edge to rejoin",
+        )
 
         os.kill(edge(first)["pid"], signal.SIGKILL)  # the budget (1 restart) is spent now
         wait_until(lambda: edge(first).get("failed"), 90, "the robot to be reported failed")

@@ -68,19 +68,27 @@ def local_ray(tmp_path: Path, monkeypatch):
 @pytest.mark.timeout(180)
 def test_a_slow_starting_edge_is_waited_for_and_a_hung_start_restarted(local_ray, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(fleet_health, "STATUS_TIMEOUT_S", STATUS_TIMEOUT_S)
-    cfg = build_config({"robot": {"type": "slow_reach", "options": {"start_s": START_S, "hang_id": "slow_reach-1"}},
-                        "policy": {"type": "mlp", "hidden": [16]},
-                        "fleet": {"num_robots": 2, "pace_to_learner": False, "control_hz": 20}})
+    cfg = build_config(
+        {
+            "robot": {"type": "slow_reach", "options": {"start_s": START_S, "hang_id": "slow_reach-1"}},
+            "policy": {"type": "mlp", "hidden": [16]},
+            "fleet": {"num_robots": 2, "pace_to_learner": False, "control_hz": 20},
+        }
+    )
     addresses = {"data": f"tcp://127.0.0.1:{free_port()}", "weights": f"tcp://127.0.0.1:{free_port()}"}
 
     def spawn(index: int):
-        return ray.remote(EdgeService).options(num_cpus=0).remote(cfg.model_dump(), index, addresses,
-                                                                  str(tmp_path / "spool"))
+        return (
+            ray.remote(EdgeService)
+            .options(num_cpus=0)
+            .remote(cfg.model_dump(), index, addresses, str(tmp_path / "spool"))
+        )
 
     lines: list[str] = []
     began = time.monotonic()
-    fleet = FleetHealth(spawn, ["slow_reach-0", "slow_reach-1"], max_restarts=1, out=lines.append,
-                        start_timeout_s=START_TIMEOUT_S)
+    fleet = FleetHealth(
+        spawn, ["slow_reach-0", "slow_reach-1"], max_restarts=1, out=lines.append, start_timeout_s=START_TIMEOUT_S
+    )
     stages = []
     while "slow_reach-0" not in fleet.started:  # what `wait_started` does, watching the stages go by
         stages.append(fleet.poll().get("slow_reach-0", {}).get("stage"))

@@ -30,36 +30,78 @@ HANG_S = 1800
 
 
 def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "user_rl.cli", *args], cwd=REPO, env=ENV, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "user_rl.cli", *args], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.timeout(HANG_S + 300)
 def test_a_3dof_and_a_4dof_arm_train_one_run(tmp_path: Path) -> None:
     train = subprocess.Popen(
-        [sys.executable, "-m", "user_rl.cli", "train", "configs/reach_mixed.yaml", f"run_root={tmp_path}",
-         "stop.success_rate=0.8", "stop.confirm_evals=1", f"stop.max_env_steps={ENV_STEP_BUDGET}",
-         f"stop.max_wall_s={HANG_S}", "stop.eval_every_s=60",
-         "learner.forget_idle_s=7200"],  # the attached robot leaves early: keep it listed
-        cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "user_rl.cli",
+            "train",
+            "configs/reach_mixed.yaml",
+            f"run_root={tmp_path}",
+            "stop.success_rate=0.8",
+            "stop.confirm_evals=1",
+            f"stop.max_env_steps={ENV_STEP_BUDGET}",
+            f"stop.max_wall_s={HANG_S}",
+            "stop.eval_every_s=60",
+            "learner.forget_idle_s=7200",
+        ],  # the attached robot leaves early: keep it listed
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(train.stdout.readline, "")), daemon=True)
     reader.start()
     try:
         run_dir = wait_for_run_dir(lines, 120)
-        wait_until(lambda: all((run_dir / name / "addresses.json").exists() for name in ("arm3", "arm4")), 120,
-                   "both embodiments' learners")
+        wait_until(
+            lambda: all((run_dir / name / "addresses.json").exists() for name in ("arm3", "arm4")),
+            120,
+            "both embodiments' learners",
+        )
         # A 4-joint arm offered to the 3-joint policy: the learner refuses it and the edge says why.
-        stray = cli("attach", "configs/reach.yaml", "stray-0", "robot.options.arm=4dof", "policy.hidden=[128,128]",
-                    "--run-dir", str(run_dir / "arm3"), "--spool", str(tmp_path / "spool"), "--max-steps", "100")
+        stray = cli(
+            "attach",
+            "configs/reach.yaml",
+            "stray-0",
+            "robot.options.arm=4dof",
+            "policy.hidden=[128,128]",
+            "--run-dir",
+            str(run_dir / "arm3"),
+            "--spool",
+            str(tmp_path / "spool"),
+            "--max-steps",
+            "100",
+        )
         assert stray.returncode == 1, stray.stdout + stray.stderr
         assert "the learner refused robot stray-0: spaces_mismatch" in stray.stdout
         assert "heterogeneous fleets need per-embodiment policies" in stray.stdout
         # The same arm attached as what it is joins the 4-joint embodiment.
-        extra = cli("attach", "configs/reach_mixed.yaml", "arm4-extra", "--embodiment", "arm4", "--run-dir",
-                    str(run_dir), "--spool", str(tmp_path / "spool"), "--max-steps", "100")
-        assert extra.returncode == 0 and "edge arm4-extra: detached after 100 steps" in extra.stdout, \
+        extra = cli(
+            "attach",
+            "configs/reach_mixed.yaml",
+            "arm4-extra",
+            "--embodiment",
+            "arm4",
+            "--run-dir",
+            str(run_dir),
+            "--spool",
+            str(tmp_path / "spool"),
+            "--max-steps",
+            "100",
+        )
+        assert extra.returncode == 0 and "edge arm4-extra: detached after 100 steps" in extra.stdout, (
             extra.stdout + extra.stderr
+        )
         assert train.wait(HANG_S + 120) == 0, "".join(lines[-60:])
     finally:
         if train.poll() is None:
@@ -68,17 +110,26 @@ def test_a_3dof_and_a_4dof_arm_train_one_run(tmp_path: Path) -> None:
     output = "".join(lines)
     summary = json.loads((run_dir / "summary.json").read_text())
     for name, fleet in summary["embodiments"].items():
-        print(f"{name}: {fleet['final_eval']['success_rate']:.2f} success after {fleet['learner']['env_steps']:,} "
-              f"env steps ({fleet['stop_reason']}, {fleet['final_eval']['time_s']:.0f} s)")
+        print(
+            f"{name}: {fleet['final_eval']['success_rate']:.2f} success after {fleet['learner']['env_steps']:,} "
+            f"env steps ({fleet['stop_reason']}, {fleet['final_eval']['time_s']:.0f} s)"
+        )
     for name, fleet in summary["embodiments"].items():
         stopped_early = fleet["stop_reason"] == "goal_reached" and fleet["final_eval"]["success_rate"] >= 0.8
-        assert stopped_early or (fleet["stop_reason"] == "max_env_steps"
-                                 and fleet["learner"]["env_steps"] >= ENV_STEP_BUDGET), (name, output[-4000:])
+        assert stopped_early or (
+            fleet["stop_reason"] == "max_env_steps" and fleet["learner"]["env_steps"] >= ENV_STEP_BUDGET
+        ), (name, output[-4000:])
         assert fleet["final_eval"]["mean_return"] >= LEARNED_RETURN[name], (name, fleet["evaluations"])
     arm4 = summary["embodiments"]["arm4"]
     assert set(summary["embodiments"]) == {"arm3", "arm4"}
-    assert summary["placement"].keys() == {"learner:arm3", "learner:arm4", "edge:arm3-0", "edge:arm3-1",
-                                           "edge:arm4-0", "edge:arm4-1"}
+    assert summary["placement"].keys() == {
+        "learner:arm3",
+        "learner:arm4",
+        "edge:arm3-0",
+        "edge:arm3-1",
+        "edge:arm4-0",
+        "edge:arm4-1",
+    }
     expected = {"arm3": {"arm3-0", "arm3-1"}, "arm4": {"arm4-0", "arm4-1", "arm4-extra"}}
     pids = set()
     for name, fleet in summary["embodiments"].items():

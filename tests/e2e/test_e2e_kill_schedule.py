@@ -41,14 +41,24 @@ def spool_files(spool: Path) -> list[Path]:
 
 def test_kill_schedule_loses_nothing_and_cuts_only_the_episodes_lives_died_in(tmp_path: Path) -> None:
     data_port, weights_port = free_port(), free_port()
-    cfg = {**BASE, "fleet": {**BASE["fleet"], "num_robots": 1},
-           "algo": {"learning_starts": 10**6},  # the data path is under test, not learning: no updates on 2 cores
-           "learner": {**BASE["learner"], "data_port": data_port, "weights_port": weights_port}}
+    cfg = {
+        **BASE,
+        "fleet": {**BASE["fleet"], "num_robots": 1},
+        "algo": {"learning_starts": 10**6},  # the data path is under test, not learning: no updates on 2 cores
+        "learner": {**BASE["learner"], "data_port": data_port, "weights_port": weights_port},
+    }
     config = tmp_path / "kill.yaml"
     config.write_text(yaml.safe_dump(cfg))
     run_dir, spool = tmp_path / "run", tmp_path / "spool"
-    args = [sys.executable, "-c", EDGE, str(config), f"tcp://127.0.0.1:{data_port}",
-            f"tcp://127.0.0.1:{weights_port}", str(spool)]
+    args = [
+        sys.executable,
+        "-c",
+        EDGE,
+        str(config),
+        f"tcp://127.0.0.1:{data_port}",
+        f"tcp://127.0.0.1:{weights_port}",
+        str(spool),
+    ]
     rng = np.random.default_rng(29)
     lives: list[subprocess.Popen] = []
 
@@ -72,16 +82,16 @@ def test_kill_schedule_loses_nothing_and_cuts_only_the_episodes_lives_died_in(tm
             first, epoch = life(10**6)
             epochs.append(epoch)
             time.sleep(float(rng.uniform(3.0, 4.0)))
-            kill(learner)                                   # 1st learner kill
+            kill(learner)  # 1st learner kill
             killed_mid_episode(first, float(rng.uniform(1.0, 2.0)))  # an edge dies while the learner is down
-            born, epoch = life(10**6)                       # a life born and killed during the outage
+            born, epoch = life(10**6)  # a life born and killed during the outage
             epochs.append(epoch)
             killed_mid_episode(born, float(rng.uniform(1.5, 2.5)))
-            last, epoch = life(1230)                        # runs to the end (31 s at 40 Hz), mid-episode
+            last, epoch = life(1230)  # runs to the end (31 s at 40 Hz), mid-episode
             epochs.append(epoch)
             time.sleep(1.0)
             learner = start_learner(config, run_dir, log)
-            for _ in range(2):                              # 2nd and 3rd kills, with the last life streaming
+            for _ in range(2):  # 2nd and 3rd kills, with the last life streaming
                 time.sleep(float(rng.uniform(2.0, 4.0)))
                 kill(learner)
                 time.sleep(float(rng.uniform(0.5, 1.5)))
@@ -113,8 +123,9 @@ def test_kill_schedule_loses_nothing_and_cuts_only_the_episodes_lives_died_in(tm
         assert seqs == list(range(1, len(seqs) + 1)), f"epoch {epoch}: seqs {seqs[:5]}..{seqs[-5:]} have a hole"
     assert sorted(epoch_of.values()) == epochs, "a stream was made for an epoch without data"
 
-    summary = {e: [(ep.episode, ep.length, ep.end_reason) for ep in episodes if epoch_of[ep.stream] == e]
-               for e in epochs}
+    summary = {
+        e: [(ep.episode, ep.length, ep.end_reason) for ep in episodes if epoch_of[ep.stream] == e] for e in epochs
+    }
     for epoch, eps in summary.items():
         *before, final = eps
         # every episode before a life's last one is complete and ends by its time limit
@@ -126,5 +137,7 @@ def test_kill_schedule_loses_nothing_and_cuts_only_the_episodes_lives_died_in(tm
     report = inspect_buffer(buffer_dir)
     assert report["ok"] and report["episode_length_mismatches"] == [], report["problems"]
     assert report["episodes"]["open"] == 0, "an episode was left open"
-    print(f"kill schedule: epochs {epochs}, {len(keys)} batches, {report['records']} records; episodes per "
-          f"life {[len(eps) for eps in summary.values()]}, last of each {[eps[-1] for eps in summary.values()]}")
+    print(
+        f"kill schedule: epochs {epochs}, {len(keys)} batches, {report['records']} records; episodes per "
+        f"life {[len(eps) for eps in summary.values()]}, last of each {[eps[-1] for eps in summary.values()]}"
+    )

@@ -14,14 +14,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.e2e.harness import REPO, run_cli, train as train_to_end
+from tests.e2e.harness import REPO, run_cli
+from tests.e2e.harness import train as train_to_end
 from user_rl.testing.wait import wait_until
 
 ROBOTS = ("mujoco_reach-0", "mujoco_reach-1")
-RUN = ("fleet.num_robots=2", "policy.hidden=[32]", "algo.learning_starts=300", "algo.batch_size=64",
-       "stop.success_rate=null", "stop.max_env_steps=2400", "stop.eval_every_s=3", "stop.eval_episodes=3",
-       "stop.eval_every_env_steps=1200",  # one evaluation before the final one however fast the box (CI: 12 s runs)
-       "learner.tensorboard_every_s=2")
+RUN = (
+    "fleet.num_robots=2",
+    "policy.hidden=[32]",
+    "algo.learning_starts=300",
+    "algo.batch_size=64",
+    "stop.success_rate=null",
+    "stop.max_env_steps=2400",
+    "stop.eval_every_s=3",
+    "stop.eval_episodes=3",
+    "stop.eval_every_env_steps=1200",  # one evaluation before the final one however fast the box (CI: 12 s runs)
+    "learner.tensorboard_every_s=2",
+)
 
 
 def table_rows(stdout: str) -> dict[str, list[str]]:
@@ -36,7 +45,7 @@ def table_rows(stdout: str) -> dict[str, list[str]]:
 def assert_live_rows(stdout: str) -> None:
     rows = table_rows(stdout)
     assert set(rows) == set(ROBOTS), stdout
-    for robot, health, policy, lag, steps, spool, backlog, stored, quarantined, last_error in rows.values():
+    for _robot, health, policy, lag, steps, spool, backlog, stored, quarantined, last_error in rows.values():
         assert health == "ok" and policy.startswith("v") and int(policy[1:]) >= 1 and quarantined == "0", stdout
         assert int(lag) >= 0 and float(steps) >= 0 and int(backlog) >= 0, stdout  # a paced sim may wait (0/s)
         assert spool.endswith("B") and int(stored.replace(",", "")) > 0 and last_error == "-", stdout
@@ -46,9 +55,15 @@ def assert_live_rows(stdout: str) -> None:
 def test_a_run_without_a_goal_is_watched_live_leaves_curves_and_plots_and_resumes(tmp_path: Path) -> None:
     env = {**os.environ, "MUJOCO_GL": "egl"}
     with open(tmp_path / "train.log", "w") as log:
-        train = subprocess.Popen([sys.executable, "-m", "user_rl.cli", "train", "configs/reach.yaml",
-                                  f"run_root={tmp_path}", *RUN], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        train = subprocess.Popen(
+            [sys.executable, "-m", "user_rl.cli", "train", "configs/reach.yaml", f"run_root={tmp_path}", *RUN],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
+
         def fleet() -> dict:
             found = list(tmp_path.glob("*/fleet_status.json"))
             return json.loads(found[0].read_text()) if found else {}
@@ -56,8 +71,9 @@ def test_a_run_without_a_goal_is_watched_live_leaves_curves_and_plots_and_resume
         def acting_everywhere() -> bool:
             assert train.poll() is None, (tmp_path / "train.log").read_text()[-3000:]
             robots = fleet().get("learner_robots", {})
-            return set(robots) == set(ROBOTS) and all((r.get("acting_version") or -1) >= 1 and r["health"] == "ok"
-                                                      for r in robots.values())
+            return set(robots) == set(ROBOTS) and all(
+                (r.get("acting_version") or -1) >= 1 and r["health"] == "ok" for r in robots.values()
+            )
 
         wait_until(acting_everywhere, 240, "both robots acting with a learned policy")
         run_dir = next(tmp_path.glob("*/fleet_status.json")).parent
@@ -78,8 +94,9 @@ def test_a_run_without_a_goal_is_watched_live_leaves_curves_and_plots_and_resume
     assert after.returncode == 0 and "finished" in after.stdout.splitlines()[0]
 
     # Evaluations came on schedule although the config names no goal: a learning curve.
-    evals = [json.loads(line)["eval"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-             if '"eval"' in line]
+    evals = [
+        json.loads(line)["eval"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"eval"' in line
+    ]
     assert len(evals) == len(summary["evaluations"]) and evals[-1]["env_steps"] >= 2400, evals  # the final one
     assert evals[0]["env_steps"] < 2400, evals  # and before it, on schedule (at 1,200 env steps, or 3 s)
     assert [e["env_steps"] for e in evals] == sorted(e["env_steps"] for e in evals)
@@ -90,8 +107,10 @@ def test_a_run_without_a_goal_is_watched_live_leaves_curves_and_plots_and_resume
     for name in ("learning_curve.png", "robots.png"):
         image = matplotlib.image.imread(run_dir / name)
         assert image.shape[0] >= 300 and image.shape[1] >= 600 and np.std(image) > 0.05, name
-    assert run_cli("plot", str(run_dir), timeout=120).stdout.split() == [str(run_dir / "learning_curve.png"),
-                                                                          str(run_dir / "robots.png")]
+    assert run_cli("plot", str(run_dir), timeout=120).stdout.split() == [
+        str(run_dir / "learning_curve.png"),
+        str(run_dir / "robots.png"),
+    ]
 
     # TensorBoard: the learner's curves and the launch's evaluations, in one log directory.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -99,9 +118,18 @@ def test_a_run_without_a_goal_is_watched_live_leaves_curves_and_plots_and_resume
     board = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0, "histograms": 0})
     board.Reload()
     scalars, histograms = set(board.Tags()["scalars"]), set(board.Tags()["histograms"])
-    wanted = {"rollout/return", "rollout/success", "buffer/transitions", "interventions/rate", "policy/version",
-              "throughput/env_steps_per_s", "throughput/updates_per_s", "eval/success_rate", "eval/mean_return",
-              *(f"robots/{robot}/steps_per_s" for robot in ROBOTS)}
+    wanted = {
+        "rollout/return",
+        "rollout/success",
+        "buffer/transitions",
+        "interventions/rate",
+        "policy/version",
+        "throughput/env_steps_per_s",
+        "throughput/updates_per_s",
+        "eval/success_rate",
+        "eval/mean_return",
+        *(f"robots/{robot}/steps_per_s" for robot in ROBOTS),
+    }
     assert wanted <= scalars, wanted - scalars
     assert any(tag.startswith("loss/") for tag in scalars), scalars
     assert "staleness/policy_lag" in histograms
@@ -123,8 +151,15 @@ def test_a_run_without_a_goal_is_watched_live_leaves_curves_and_plots_and_resume
     assert second["learner"]["env_steps"] >= 3000 > done["env_steps"]
 
     # Resuming with another arm model: the policy was made for 3 joints, so every robot is refused.
-    other_arm = run_cli("train", "configs/reach.yaml", *RUN, "stop.max_env_steps=4000", f"resume={run_dir}",
-                        "robot.options.arm=4dof", timeout=300)
+    other_arm = run_cli(
+        "train",
+        "configs/reach.yaml",
+        *RUN,
+        "stop.max_env_steps=4000",
+        f"resume={run_dir}",
+        "robot.options.arm=4dof",
+        timeout=300,
+    )
     assert other_arm.returncode == 1, other_arm.stdout[-3000:] + other_arm.stderr[-3000:]
     assert "user-rl: every robot of the fleet failed: mujoco_reach-" in other_arm.stderr
     assert "the learner refused it: spaces_mismatch" in other_arm.stderr

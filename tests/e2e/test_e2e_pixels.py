@@ -54,8 +54,10 @@ def reach_what_it_is_shown(checkpoint: str, episodes: int) -> tuple[float, float
 def test_drq_learns_reach_from_pixels_alone(tmp_path: Path) -> None:
     summary = train("configs/reach_pixels.yaml", tmp_path, timeout=1200)
     fresh = evaluate(summary["checkpoint"], FRESH_EPISODES, 11)
-    print(f"\nDrQ on reach from 32x32 pixels: success {fresh['success_rate']:.2f} on {FRESH_EPISODES} fresh episodes "
-          f"after {summary['learner']['env_steps']:,} env steps ({summary['stop_reason']})")
+    print(
+        f"\nDrQ on reach from 32x32 pixels: success {fresh['success_rate']:.2f} on {FRESH_EPISODES} fresh episodes "
+        f"after {summary['learner']['env_steps']:,} env steps ({summary['stop_reason']})"
+    )
     assert fresh["success_rate"] >= 0.8, (fresh, summary["stdout"][-3000:])
 
     shown, real = reach_what_it_is_shown(summary["checkpoint"], SWAPPED_EPISODES)

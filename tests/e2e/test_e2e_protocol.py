@@ -28,8 +28,11 @@ BASE = {
 
 
 def write_config(tmp_path: Path, fleet: dict) -> tuple[Path, dict]:
-    cfg = {**BASE, "fleet": {**BASE["fleet"], **fleet},
-           "learner": {**BASE["learner"], "data_port": free_port(), "weights_port": free_port()}}
+    cfg = {
+        **BASE,
+        "fleet": {**BASE["fleet"], **fleet},
+        "learner": {**BASE["learner"], "data_port": free_port(), "weights_port": free_port()},
+    }
     path = tmp_path / "protocol.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path, cfg
@@ -59,10 +62,16 @@ def test_a_paced_fleet_survives_two_learner_sigkills_and_trains_on(tmp_path: Pat
                 resumed.append(learner_status(run_dir)["resumed_from"]["updates"])
                 steps = [e.steps for e in fleet.edges]
                 # Training goes on and every paced robot steps on: no stream is left below its credit.
-                wait_until(lambda: learner_status(run_dir).get("updates", 0) > resumed[-1] + 50, 120,
-                           "updates to go on after the restart")
-                wait_until(lambda: all(e.steps > s + 100 for e, s in zip(fleet.edges, steps)), 120,
-                           "every robot to step on after the restart")
+                wait_until(
+                    lambda: learner_status(run_dir).get("updates", 0) > resumed[-1] + 50,
+                    120,
+                    "updates to go on after the restart",
+                )
+                wait_until(
+                    lambda: all(e.steps > s + 100 for e, s in zip(fleet.edges, steps)),
+                    120,
+                    "every robot to step on after the restart",
+                )
             final_updates = learner_status(run_dir).get("updates", 0)
             fleet.stop_and_drain()
         finally:
@@ -70,8 +79,10 @@ def test_a_paced_fleet_survives_two_learner_sigkills_and_trains_on(tmp_path: Pat
             proc.wait(120)
     keys, records = stored(run_dir)
     produced = fleet.produced()
-    print(f"paced chaos: {len(produced)} batches produced, {len(keys)} stored; resumed at updates {resumed}, "
-          f"{final_updates} at the end; steps {[e.steps for e in fleet.edges]}")
+    print(
+        f"paced chaos: {len(produced)} batches produced, {len(keys)} stored; resumed at updates {resumed}, "
+        f"{final_updates} at the end; steps {[e.steps for e in fleet.edges]}"
+    )
     assert len(keys) == len(set(keys)), "a batch was stored twice"
     assert set(keys) == produced, f"lost {len(produced - set(keys))}, extra {len(set(keys) - produced)}"
     assert records == sum(e.steps for e in fleet.edges)
@@ -120,8 +131,10 @@ def test_an_edge_life_born_and_killed_during_an_outage_loses_nothing(tmp_path: P
             learner.wait(120)
     keys, _ = stored(run_dir)
     by_epoch = {e: sorted(s for _, ep, s in keys if ep == e) for e in (first_epoch, second_epoch, third_epoch)}
-    print(f"outage lives: epochs {list(by_epoch)}, stored seqs per life {[len(v) for v in by_epoch.values()]}, "
-          f"spooled at the restart {left}")
+    print(
+        f"outage lives: epochs {list(by_epoch)}, stored seqs per life {[len(v) for v in by_epoch.values()]}, "
+        f"spooled at the restart {left}"
+    )
     assert first_epoch < second_epoch < third_epoch
     assert len(keys) == len(set(keys)), "a batch was stored twice"
     for epoch, seqs in by_epoch.items():  # every life's stream is whole: 1..last, each once

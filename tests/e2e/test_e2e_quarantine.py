@@ -24,18 +24,26 @@ STEPS, GLITCH_AT = 240, 70  # the 71st step's observation is NaN: step 20 of epi
 
 def test_a_sim_that_emits_one_nan_observation_keeps_streaming(tmp_path: Path, capsys) -> None:
     data_port, weights_port = free_port(), free_port()
-    cfg_dict = {"robot": {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 50}},
-                "fleet": {"num_robots": 1, "pace_to_learner": False, "batch_transitions": 16},
-                "policy": {"hidden": [16]}, "algo": {"learning_starts": 10**6},
-                "learner": {"data_port": data_port, "weights_port": weights_port, "torch_threads": 1}}
+    cfg_dict = {
+        "robot": {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 50}},
+        "fleet": {"num_robots": 1, "pace_to_learner": False, "batch_transitions": 16},
+        "policy": {"hidden": [16]},
+        "algo": {"learning_starts": 10**6},
+        "learner": {"data_port": data_port, "weights_port": weights_port, "torch_threads": 1},
+    }
     config = tmp_path / "glitch.yaml"
     config.write_text(yaml.safe_dump(cfg_dict))
     run_dir = tmp_path / "run"
     with open(tmp_path / "learner.log", "ab") as log:
         learner = start_learner(config, run_dir, log)
         try:
-            edge = make_edge(build_config(cfg_dict), 0, f"tcp://127.0.0.1:{data_port}",
-                             f"tcp://127.0.0.1:{weights_port}", tmp_path / "spool")
+            edge = make_edge(
+                build_config(cfg_dict),
+                0,
+                f"tcp://127.0.0.1:{data_port}",
+                f"tcp://127.0.0.1:{weights_port}",
+                tmp_path / "spool",
+            )
             robot_id, steps, resets = edge.robot.descriptor.id, [], []
             real_step, real_reset = edge.robot.step, edge.robot.reset
 
@@ -65,8 +73,11 @@ def test_a_sim_that_emits_one_nan_observation_keeps_streaming(tmp_path: Path, ca
             # Two bad observations: the glitch, and the first reset after it (reset again, nothing sent of it).
             assert status["bad_observations"] == 2 and status["refused_batches"] == 1 and status["unacked_batches"] == 0
             assert resets.count(GLITCH_AT + 1) == 2
-            wait_until(lambda: (learner_status(run_dir)["robots"].get(robot_id) or {}).get("transitions") == STEPS - 1,
-                       30, "the learner's status to show every step but the refused one")
+            wait_until(
+                lambda: (learner_status(run_dir)["robots"].get(robot_id) or {}).get("transitions") == STEPS - 1,
+                30,
+                "the learner's status to show every step but the refused one",
+            )
             row = learner_status(run_dir)["robots"][robot_id]
             assert row["quarantined_batches"] == 1 and learner_status(run_dir)["quarantine"]["batches"] == 1
             capsys.readouterr()
@@ -77,7 +88,7 @@ def test_a_sim_that_emits_one_nan_observation_keeps_streaming(tmp_path: Path, ca
             learner.wait(120)
     # `user-rl status`: the robot's row counts one quarantined batch.
     header, line = table.splitlines()[1], next(x for x in table.splitlines() if x.startswith(robot_id))
-    assert line[header.index("quarantined"):].split()[0] == "1", table
+    assert line[header.index("quarantined") :].split()[0] == "1", table
 
     # Every batch the edge made is stored once, the refused one included as a taken seq; every
     # step but the one whose next observation was NaN is stored.

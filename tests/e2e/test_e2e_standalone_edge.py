@@ -24,22 +24,45 @@ ENV = {**os.environ, "MUJOCO_GL": "egl"}
 
 
 def test_standalone_edge_streams_and_detaches_cleanly_mid_episode(tmp_path: Path) -> None:
-    cfg_dict = {"robot": {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 50}},
-                "fleet": {"num_robots": 1, "pace_to_learner": False, "control_hz": 100, "batch_transitions": 16},
-                "policy": {"hidden": [32]}, "algo": {"learning_starts": 200, "batch_size": 32},
-                "learner": {"data_port": free_port(), "weights_port": free_port(), "torch_threads": 1}}
+    cfg_dict = {
+        "robot": {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 50}},
+        "fleet": {"num_robots": 1, "pace_to_learner": False, "control_hz": 100, "batch_transitions": 16},
+        "policy": {"hidden": [32]},
+        "algo": {"learning_starts": 200, "batch_size": 32},
+        "learner": {"data_port": free_port(), "weights_port": free_port(), "torch_threads": 1},
+    }
     config = tmp_path / "edge.yaml"
     config.write_text(yaml.safe_dump(cfg_dict))
     with serving_learner(build_config(cfg_dict), tmp_path / "run") as learner:
-        proc = subprocess.Popen([sys.executable, "-m", "user_rl.cli", "edge", str(config), "--robot", "arm-x",
-                                 "--learner", learner.addresses["data"], "--spool", str(tmp_path / "spool")],
-                                cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "user_rl.cli",
+                "edge",
+                str(config),
+                "--robot",
+                "arm-x",
+                "--learner",
+                learner.addresses["data"],
+                "--spool",
+                str(tmp_path / "spool"),
+            ],
+            cwd=REPO,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
         def robot() -> dict:
             return learner.status().get("robots", {}).get("arm-x", {})
 
-        wait_until(lambda: robot().get("transitions", 0) > 120 and robot().get("latest_version", -1) >= 1, 90,
-                   "the edge to stream and receive a policy")
+        wait_until(
+            lambda: robot().get("transitions", 0) > 120 and robot().get("latest_version", -1) >= 1,
+            90,
+            "the edge to stream and receive a policy",
+        )
         while learner.env_steps % 50 in (0, 49):  # stop inside an episode
             time.sleep(0.005)
         proc.send_signal(signal.SIGINT)
@@ -59,27 +82,80 @@ def test_standalone_edge_streams_and_detaches_cleanly_mid_episode(tmp_path: Path
 
 
 def test_edge_without_a_weights_address_says_what_to_pass(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "user_rl.cli", "edge", "configs/reach.yaml", "--robot", "arm-x",
-                           "--learner", "tcp://127.0.0.1:5555"], cwd=REPO, env=ENV, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "user_rl.cli",
+            "edge",
+            "configs/reach.yaml",
+            "--robot",
+            "arm-x",
+            "--learner",
+            "tcp://127.0.0.1:5555",
+        ],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "--weights tcp://HOST:PORT or set learner.weights_port" in done.stderr
 
 
 def test_attach_adds_a_robot_to_a_running_training(tmp_path: Path) -> None:
     train = subprocess.Popen(
-        [sys.executable, "-m", "user_rl.cli", "train", "configs/reach.yaml", f"run_root={tmp_path / 'runs'}",
-         "fleet.num_robots=1", "algo.learning_starts=200", "algo.batch_size=32", "policy.hidden=[32]",
-         "stop.max_env_steps=100000", "stop.max_wall_s=90", "stop.eval_every_s=1000", "stop.eval_episodes=2"],
-        cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "user_rl.cli",
+            "train",
+            "configs/reach.yaml",
+            f"run_root={tmp_path / 'runs'}",
+            "fleet.num_robots=1",
+            "algo.learning_starts=200",
+            "algo.batch_size=32",
+            "policy.hidden=[32]",
+            "stop.max_env_steps=100000",
+            "stop.max_wall_s=90",
+            "stop.eval_every_s=1000",
+            "stop.eval_episodes=2",
+        ],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(iter(train.stdout.readline, "")), daemon=True).start()
     try:
         run_dir = wait_for_run_dir(lines, 120)
         wait_until(lambda: (run_dir / "addresses.json").exists(), 60, "the learner's addresses")
+
         def attach(*overrides: str) -> subprocess.CompletedProcess:
-            return subprocess.run([sys.executable, "-m", "user_rl.cli", "attach", "configs/reach.yaml", "arm-extra",
-                                   *overrides, "--run-dir", str(run_dir), "--spool", str(tmp_path / "spool"),
-                                   "--max-steps", "300"], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=180)
+            return subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "user_rl.cli",
+                    "attach",
+                    "configs/reach.yaml",
+                    "arm-extra",
+                    *overrides,
+                    "--run-dir",
+                    str(run_dir),
+                    "--spool",
+                    str(tmp_path / "spool"),
+                    "--max-steps",
+                    "300",
+                ],
+                cwd=REPO,
+                env=ENV,
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
 
         refused = attach()  # the config's own policy is not the one the run trains
         assert refused.returncode == 2 and "policy: the run trains {'type': 'mlp', 'hidden': [32]}" in refused.stderr

@@ -32,25 +32,54 @@ def files_holding(root: Path, secret: bytes) -> list[str]:
 
 @pytest.mark.timeout(600)
 def test_a_launched_fleet_records_each_robots_teleop_page(tmp_path: Path) -> None:
-    ray_tmp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # this launch's own Ray session logs (short: socket paths)
+    ray_tmp = Path(
+        tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    )  # this launch's own Ray session logs (short: socket paths)
     train = subprocess.Popen(
-        [sys.executable, "-m", "user_rl.cli", "train", "configs/reach.yaml", f"run_root={tmp_path}",
-         "fleet.num_robots=2", "teleop.enabled=true", f"teleop.token={TOKEN}", "stop.max_wall_s=300",
-         "stop.max_env_steps=1200", "algo.learning_starts=200", "algo.batch_size=32", "stop.eval_episodes=2",
-         "policy.hidden=[32]"],
-        cwd=REPO, env={**ENV, "RAY_TMPDIR": str(ray_tmp)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "user_rl.cli",
+            "train",
+            "configs/reach.yaml",
+            f"run_root={tmp_path}",
+            "fleet.num_robots=2",
+            "teleop.enabled=true",
+            f"teleop.token={TOKEN}",
+            "stop.max_wall_s=300",
+            "stop.max_env_steps=1200",
+            "algo.learning_starts=200",
+            "algo.batch_size=32",
+            "stop.eval_episodes=2",
+            "policy.hidden=[32]",
+        ],
+        cwd=REPO,
+        env={**ENV, "RAY_TMPDIR": str(ray_tmp)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(train.stdout.readline, "")), daemon=True)
     reader.start()
     try:
         run_dir = wait_for_run_dir(lines, 180)
         pages = run_dir / "teleop.json"
-        wait_until(lambda: pages.exists() and len(json.loads(pages.read_text())["robots"]) == 2, 180,
-                   "both edges' pages recorded")
+        wait_until(
+            lambda: pages.exists() and len(json.loads(pages.read_text())["robots"]) == 2,
+            180,
+            "both edges' pages recorded",
+        )
         assert json.loads(pages.read_text())["token"] == TOKEN
         assert stat.S_IMODE(pages.stat().st_mode) == 0o600
-        listed = subprocess.run([sys.executable, "-m", "user_rl.cli", "teleop", str(run_dir), "--list"], cwd=REPO,
-                                env=ENV, capture_output=True, text=True, timeout=60)
+        listed = subprocess.run(
+            [sys.executable, "-m", "user_rl.cli", "teleop", str(run_dir), "--list"],
+            cwd=REPO,
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert listed.returncode == 0, listed.stderr
         robots = dict(line.split() for line in listed.stdout.splitlines())
         assert set(robots) == {"mujoco_reach-0", "mujoco_reach-1"}, robots

@@ -24,9 +24,13 @@ def test_the_tiny_vla_touches_the_target_its_instruction_names(tmp_path: Path) -
     assert summary["stop_reason"] == "max_env_steps", summary["stdout"][-3000:]
     # The same fresh scenes told each instruction (a fixed goal leaves the scene's draws unchanged):
     # only the words differ, so touching the named target on both is the instruction steering it.
-    told = {goal: evaluate(summary["checkpoint"], FRESH_EPISODES, 11, f"robot.options.goal={goal}")
-            for goal in ("red", "green")}
-    print(f"\ntiny VLA after {summary['learner']['env_steps']:,} env steps: success on {FRESH_EPISODES} fresh "
-          f"episodes told red {told['red']['success_rate']:.2f}, told green {told['green']['success_rate']:.2f}")
+    told = {
+        goal: evaluate(summary["checkpoint"], FRESH_EPISODES, 11, f"robot.options.goal={goal}")
+        for goal in ("red", "green")
+    }
+    print(
+        f"\ntiny VLA after {summary['learner']['env_steps']:,} env steps: success on {FRESH_EPISODES} fresh "
+        f"episodes told red {told['red']['success_rate']:.2f}, told green {told['green']['success_rate']:.2f}"
+    )
     for goal, result in told.items():
         assert result["success_rate"] >= 0.8, (goal, result)

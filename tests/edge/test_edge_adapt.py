@@ -12,8 +12,8 @@ from user_rl.edge.adapt import MIN_JPEG_QUALITY, BacklogAdapter
 from user_rl.edge.factory import make_edge
 from user_rl.testing.fault_proxy import FaultProxy
 from user_rl.testing.learner import serving_learner
-from user_rl.wire.images import ImageCompression
 from user_rl.testing.wait import wait_until
+from user_rl.wire.images import ImageCompression
 
 JPEG = ImageCompression("jpeg", 90)
 PNG = ImageCompression("png")
@@ -34,13 +34,22 @@ def test_adapter_steps_up_with_the_backlog_and_back_down_when_it_drains() -> Non
 
 
 def test_slow_uplink_makes_the_edge_batch_and_compress_harder_then_recover(tmp_path: Path) -> None:
-    cfg = build_config({
-        "robot": {"type": "mujoco_reach", "options": {"obs_mode": "image", "image_size": 32}},
-        "fleet": {"num_robots": 1, "pace_to_learner": False, "control_hz": 20, "batch_transitions": 4,
-                  "max_in_flight": 8, "heartbeat_s": 0.2, "compression": {"image": {"quality": 95}}},
-        "policy": {"hidden": [16]},
-        "algo": {"learning_starts": 10**6},  # the link is under test, not learning
-    })
+    cfg = build_config(
+        {
+            "robot": {"type": "mujoco_reach", "options": {"obs_mode": "image", "image_size": 32}},
+            "fleet": {
+                "num_robots": 1,
+                "pace_to_learner": False,
+                "control_hz": 20,
+                "batch_transitions": 4,
+                "max_in_flight": 8,
+                "heartbeat_s": 0.2,
+                "compression": {"image": {"quality": 95}},
+            },
+            "policy": {"hidden": [16]},
+            "algo": {"learning_starts": 10**6},  # the link is under test, not learning
+        }
+    )
     with serving_learner(cfg, tmp_path / "run") as learner:
         built, edges = threading.Event(), []
 
@@ -68,8 +77,11 @@ def test_slow_uplink_makes_the_edge_batch_and_compress_harder_then_recover(tmp_p
                 steps_before = edge.steps
                 wait_until(lambda: edge.adapter.level == edge.adapter.max_level, 60, "the edge to adapt")
                 assert edge.batch.capacity == 16 and edge.link.compression["image"].quality == MIN_JPEG_QUALITY
-                wait_until(lambda: learner.status()["robots"]["mujoco_reach-0"]["backlog_batches"] >= 4, 30,
-                           "the learner to hear of the backlog")
+                wait_until(
+                    lambda: learner.status()["robots"]["mujoco_reach-0"]["backlog_batches"] >= 4,
+                    30,
+                    "the learner to hear of the backlog",
+                )
                 assert edge.steps - steps_before >= 20, "the robot slowed down for the link"
 
                 uplink.set(bandwidth_bps=None)

@@ -26,12 +26,14 @@ PERIOD_S = 1 / CONTROL_HZ
 CHUNK = 10
 INFERENCE_S = 0.06  # three control periods
 STALL_S = PERIOD_S + INFERENCE_S / 2  # an interval this long is the loop waiting on an inference
-CONFIG = {"robot": {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 100}},
-          "policy": {"type": "flow", "hidden": [32], "chunk": CHUNK, "flow_steps": 2},
-          "algo": {"type": "bc", "learning_starts": 100, "batch_size": 16},
-          "buffer": {"mix": {"online": 1.0}},
-          "learner": {"publish_every_updates": 20, "torch_threads": 1},
-          "fleet": {"num_robots": 1, "pace_to_learner": False, "control_hz": CONTROL_HZ, "batch_transitions": 16}}
+CONFIG = {
+    "robot": {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 100}},
+    "policy": {"type": "flow", "hidden": [32], "chunk": CHUNK, "flow_steps": 2},
+    "algo": {"type": "bc", "learning_starts": 100, "batch_size": 16},
+    "buffer": {"mix": {"online": 1.0}},
+    "learner": {"publish_every_updates": 20, "torch_threads": 1},
+    "fleet": {"num_robots": 1, "pace_to_learner": False, "control_hz": CONTROL_HZ, "batch_transitions": 16},
+}
 
 
 class TimedReach(ReachRobot):
@@ -63,7 +65,7 @@ def intervals_while_the_policy_drives(robot: TimedReach, edge: EdgeDaemon, steps
     wait_until(lambda: edge.policy_version >= 1, 90, "the policy's first weights")
     first = len(robot.stamps)
     wait_until(lambda: len(robot.stamps) >= first + steps, 60, f"{steps} steps")
-    stamps = robot.stamps[first:first + steps]
+    stamps = robot.stamps[first : first + steps]
     return np.array([b - a for a, b in zip(stamps, stamps[1:]) if a is not None and b is not None])
 
 
@@ -83,8 +85,18 @@ def run_edge(tmp_path: Path, async_chunks: bool, steps: int = 300) -> tuple[np.n
         loop.start()
         try:
             intervals = intervals_while_the_policy_drives(robot, edge, steps)
-            wait_until(lambda: learner_status(tmp_path / "run")["robots"].get("slow-0", {}).get("inference", {})
-                       .get("latency_ms", 0) > 0 or not async_chunks, 30, "the learner to hear the edge's latency")
+            wait_until(
+                lambda: (
+                    learner_status(tmp_path / "run")["robots"]
+                    .get("slow-0", {})
+                    .get("inference", {})
+                    .get("latency_ms", 0)
+                    > 0
+                    or not async_chunks
+                ),
+                30,
+                "the learner to hear the edge's latency",
+            )
             seen = learner_status(tmp_path / "run")["robots"]["slow-0"]
             status = edge.status()
         finally:
@@ -101,9 +113,11 @@ def run_edge(tmp_path: Path, async_chunks: bool, steps: int = 300) -> tuple[np.n
 def test_slow_inference_never_stalls_a_50_hz_control_loop(tmp_path: Path) -> None:
     intervals, status, seen = run_edge(tmp_path / "async", async_chunks=True)
     off = np.abs(intervals - PERIOD_S) > 0.010  # late, or early (a burst to catch up)
-    print(f"\nasync chunks, 60 ms inferences at 50 Hz: robot-side interval p50 {1000 * np.median(intervals):.1f} ms, "
-          f"p99 {1000 * np.percentile(intervals, 99):.1f} ms, max {1000 * intervals.max():.1f} ms; "
-          f"edge: {status['inference_ms']} ms inference, jitter p99 {status['loop_jitter_p99_ms']} ms")
+    print(
+        f"\nasync chunks, 60 ms inferences at 50 Hz: robot-side interval p50 {1000 * np.median(intervals):.1f} ms, "
+        f"p99 {1000 * np.percentile(intervals, 99):.1f} ms, max {1000 * intervals.max():.1f} ms; "
+        f"edge: {status['inference_ms']} ms inference, jitter p99 {status['loop_jitter_p99_ms']} ms"
+    )
     assert len(intervals) > 250
     # Inferring in the loop stalls it once per chunk: about 27 of 294 intervals over 50 ms (the sync
     # run below). Here at most one is (an OS hiccup), and jitter past 10 ms is rare: on a 2-core

@@ -14,9 +14,19 @@ H = 4
 
 def test_edges_execute_flow_chunks_and_the_learner_samples_them_back(running) -> None:
     learner, edges = running(
-        ["fleet.num_robots=2", "policy.type=flow", f"policy.chunk={H}", "policy.flow_steps=2", "policy.hidden=[32]",
-         "algo.type=bc", "algo.learning_starts=200", "algo.batch_size=32", "learner.publish_every_updates=5",
-         "fleet.batch_transitions=16", "intervention.scripted=true"],
+        [
+            "fleet.num_robots=2",
+            "policy.type=flow",
+            f"policy.chunk={H}",
+            "policy.flow_steps=2",
+            "policy.hidden=[32]",
+            "algo.type=bc",
+            "algo.learning_starts=200",
+            "algo.batch_size=32",
+            "learner.publish_every_updates=5",
+            "fleet.batch_transitions=16",
+            "intervention.scripted=true",
+        ],
         {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 30, "reward": "sparse"}},
     )
     wait_until(lambda: all(e.policy_version >= 2 for e in edges), 120, "two policy versions at every edge")
@@ -56,8 +66,10 @@ def test_a_vla_with_a_frozen_pretrained_backbone_trains_its_head_through_the_lea
     from user_rl.hal.registry import make_robot
     from user_rl.policies import make_actor
 
-    robot_cfg = {"type": "mujoco_reach", "options": {"obs_mode": "image", "image_size": 32, "camera": "top",
-                                                     "targets": "table", "episode_steps": 30}}
+    robot_cfg = {
+        "type": "mujoco_reach",
+        "options": {"obs_mode": "image", "image_size": 32, "camera": "top", "targets": "table", "episode_steps": 30},
+    }
     robot = make_robot("mujoco_reach", robot_id="probe", **robot_cfg["options"])
     pretrained = make_actor("vla", robot.observation_space, robot.action_space, chunk=H, size="tiny")
     robot.close()
@@ -65,10 +77,22 @@ def test_a_vla_with_a_frozen_pretrained_backbone_trains_its_head_through_the_lea
     save_file(backbone, str(tmp_path / "backbone.safetensors"))
 
     learner, edges = running(
-        ["fleet.num_robots=1", "policy.type=vla", f"policy.chunk={H}", "policy.flow_steps=2",
-         f"policy.weights={tmp_path / 'backbone.safetensors'}", "policy.freeze=[encoder]",
-         "algo.type=bc", "algo.learning_starts=100", "algo.batch_size=16", "learner.publish_every_updates=5",
-         "fleet.batch_transitions=16", "intervention.scripted=true"], robot_cfg)
+        [
+            "fleet.num_robots=1",
+            "policy.type=vla",
+            f"policy.chunk={H}",
+            "policy.flow_steps=2",
+            f"policy.weights={tmp_path / 'backbone.safetensors'}",
+            "policy.freeze=[encoder]",
+            "algo.type=bc",
+            "algo.learning_starts=100",
+            "algo.batch_size=16",
+            "learner.publish_every_updates=5",
+            "fleet.batch_transitions=16",
+            "intervention.scripted=true",
+        ],
+        robot_cfg,
+    )
     edge = edges[0]
     wait_until(lambda: edge.policy_version >= 1, 120, "a first policy version at the edge")
     seen = edge.policy_version  # read before the weights: they may already be one version newer

@@ -17,8 +17,14 @@ from user_rl.testing.wait import wait_until
 
 def test_camera_fleet_streams_uint8_images_and_receives_policies(running) -> None:
     learner, edges = running(
-        ["fleet.num_robots=2", "algo.learning_starts=200", "algo.batch_size=32", "policy.hidden=[32]",
-         "learner.publish_every_updates=5", "fleet.batch_transitions=16"],
+        [
+            "fleet.num_robots=2",
+            "algo.learning_starts=200",
+            "algo.batch_size=32",
+            "policy.hidden=[32]",
+            "learner.publish_every_updates=5",
+            "fleet.batch_transitions=16",
+        ],
         {"type": "mujoco_reach", "options": {"obs_mode": "image", "image_size": 32}},
     )
     wait_until(lambda: all(e.policy_version >= 2 for e in edges), 120, "two policy versions at every edge")
@@ -33,8 +39,14 @@ def test_camera_fleet_streams_uint8_images_and_receives_policies(running) -> Non
 
 def test_paced_fleet_never_exceeds_its_step_budget(running) -> None:
     learner, edges = running(
-        ["fleet.num_robots=2", "algo.learning_starts=100", "algo.batch_size=16", "policy.hidden=[16]",
-         "stop.max_env_steps=600", "fleet.batch_transitions=8"],
+        [
+            "fleet.num_robots=2",
+            "algo.learning_starts=100",
+            "algo.batch_size=16",
+            "policy.hidden=[16]",
+            "stop.max_env_steps=600",
+            "fleet.batch_transitions=8",
+        ],
         {"type": "gym", "options": {"env_id": "InvertedPendulum-v5"}},
     )
     wait_until(lambda: sum(e.steps for e in edges) >= 600, 120, "the step budget to be used")
@@ -49,8 +61,14 @@ def test_unpaced_edge_keeps_acting_while_no_learner_answers(tmp_path: Path) -> N
     context = zmq.Context()
     robot = make_robot("gym", env_id="InvertedPendulum-v5", robot_id="lonely", seed=0)
     actor = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
-    edge = EdgeDaemon(robot, actor, "tcp://127.0.0.1:1", "tcp://127.0.0.1:1",
-                      EdgeSettings(pace_to_learner=False, batch_transitions=10), context)
+    edge = EdgeDaemon(
+        robot,
+        actor,
+        "tcp://127.0.0.1:1",
+        "tcp://127.0.0.1:1",
+        EdgeSettings(pace_to_learner=False, batch_transitions=10),
+        context,
+    )
     status = edge.run(max_steps=200)
     assert status["steps"] == 200
     assert status["unacked_batches"] == 20  # kept in the disk spool until a learner acknowledges them
@@ -113,6 +131,7 @@ def test_a_failing_weight_receiver_shows_in_the_status_and_starts_over(tmp_path:
 
 def test_a_real_robot_is_never_paced() -> None:
     """Pacing holds a robot between steps while the learner is behind or away: only a sim may do that."""
+
     class Arm(type(make_robot("gym", env_id="InvertedPendulum-v5"))):
         device_kind = "robot"
 

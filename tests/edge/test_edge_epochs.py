@@ -63,8 +63,9 @@ def test_each_life_of_a_link_on_one_spool_gets_the_next_epoch(tmp_path: Path) ->
     epochs = []
     try:
         for _ in range(3):
-            link = DataLink(context, "tcp://127.0.0.1:9", descriptor, space, action,
-                            settings=LinkSettings(spool_dir=str(tmp_path)))
+            link = DataLink(
+                context, "tcp://127.0.0.1:9", descriptor, space, action, settings=LinkSettings(spool_dir=str(tmp_path))
+            )
             epochs.append(link.epoch)
             link.close()
     finally:

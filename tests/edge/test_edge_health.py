@@ -32,24 +32,42 @@ class FlakyArm(ReachRobot):
 
 
 def test_health_and_last_error_reach_the_status_asked_over_the_wire(tmp_path: Path) -> None:
-    cfg = build_config({"robot": {"type": "mujoco_reach"}, "fleet": {"num_robots": 2, "pace_to_learner": False},
-                        "policy": {"hidden": [16]}, "learner": {"torch_threads": 1}})
+    cfg = build_config(
+        {
+            "robot": {"type": "mujoco_reach"},
+            "fleet": {"num_robots": 2, "pace_to_learner": False},
+            "policy": {"hidden": [16]},
+            "learner": {"torch_threads": 1},
+        }
+    )
     with serving_learner(cfg, tmp_path / "run") as learner:
         address = learner.addresses["data"]
         context = zmq.Context()
         arms = [FlakyArm(robot_id=f"arm-{i}", seed=i) for i in range(2)]
-        edges = [EdgeDaemon(arm, make_actor("mlp", arm.observation_space, arm.action_space, hidden=[16]), address,
-                            learner.addresses["weights"], EdgeSettings(pace_to_learner=False, control_hz=100,
-                                                                       heartbeat_s=0.2), context) for arm in arms]
+        edges = [
+            EdgeDaemon(
+                arm,
+                make_actor("mlp", arm.observation_space, arm.action_space, hidden=[16]),
+                address,
+                learner.addresses["weights"],
+                EdgeSettings(pace_to_learner=False, control_hz=100, heartbeat_s=0.2),
+                context,
+            )
+            for arm in arms
+        ]
         runners = [threading.Thread(target=edge.run, daemon=True) for edge in edges]
         for runner in runners:
             runner.start()
         try:
+
             def rows() -> dict:
                 return ask_learner(address, timeout_s=10)["robots"]
 
-            wait_until(lambda: {r.get("health") for r in rows().values()} == {"ok"} and len(rows()) == 2, 60,
-                       "both robots healthy in the learner's answer")
+            wait_until(
+                lambda: {r.get("health") for r in rows().values()} == {"ok"} and len(rows()) == 2,
+                60,
+                "both robots healthy in the learner's answer",
+            )
             arms[1].trouble = "motor 2 over 70 C"
             wait_until(lambda: rows()["arm-1"]["health"] == "unhealthy: motor 2 over 70 C", 30, "the probe's word")
             assert rows()["arm-0"]["health"] == "ok" and rows()["arm-0"]["last_error"] is None
@@ -60,8 +78,9 @@ def test_health_and_last_error_reach_the_status_asked_over_the_wire(tmp_path: Pa
             assert all(r["steps_per_second"] > 10 and r["transitions"] > 0 for r in status["robots"].values())
 
             # The command prints the same table from another process.
-            shown = subprocess.run([sys.executable, "-m", "user_rl.cli", "status", address], capture_output=True,
-                                   text=True, timeout=60)
+            shown = subprocess.run(
+                [sys.executable, "-m", "user_rl.cli", "status", address], capture_output=True, text=True, timeout=60
+            )
             assert shown.returncode == 0, shown.stderr
             lines = shown.stdout.splitlines()
             assert lines[0].startswith("env steps ") and lines[1].split()[:3] == ["robot", "health", "policy"]

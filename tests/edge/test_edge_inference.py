@@ -64,8 +64,9 @@ class SlowChunkPolicy(nn.Module):
         return actions.view(1, HORIZON, 1)
 
 
-def run_loop(runner: AsyncChunkRunner, clock: SteppedClock, steps: int,
-             versions: list[int] | None = None) -> tuple[list[float], list[float]]:
+def run_loop(
+    runner: AsyncChunkRunner, clock: SteppedClock, steps: int, versions: list[int] | None = None
+) -> tuple[list[float], list[float]]:
     """A 50 Hz control loop: (executed actions, the robot-side time of each step); `versions` gets the
     policy version each step's action came from."""
     executed, stamps = [], []
@@ -103,7 +104,7 @@ def test_with_an_inference_latency_of_d_steps_the_new_chunk_runs_from_its_step_d
     switches = [t for t in range(1, len(executed)) if planned_at[t] != planned_at[t - 1]]
     assert len(switches) >= 5
     for t in switches:
-        assert index[t] == latency_steps and t == planned_at[t] + latency_steps, (t, executed[t - 2:t + 2])
+        assert index[t] == latency_steps and t == planned_at[t] + latency_steps, (t, executed[t - 2 : t + 2])
     assert all(index[t] == t - planned_at[t] for t in range(len(executed)))  # never an action out of its time
     assert runner.starved_steps == 0 and runner.stale_chunks == 0
 
@@ -117,8 +118,10 @@ def test_slow_inference_never_stalls_the_control_period() -> None:
     finally:
         finish(runner, clock)
     periods = np.diff(stamps[1:])  # from the second step: the first waited for the first chunk
-    print(f"\n50 Hz with 60 ms inferences: period p50 {1000 * np.median(periods):.1f} ms, "
-          f"max {1000 * periods.max():.1f} ms; {runner.inferences} inferences, lead {runner.lead_steps()} steps")
+    print(
+        f"\n50 Hz with 60 ms inferences: period p50 {1000 * np.median(periods):.1f} ms, "
+        f"max {1000 * periods.max():.1f} ms; {runner.inferences} inferences, lead {runner.lead_steps()} steps"
+    )
     assert periods.max() < PERIOD_S + 0.010, periods  # a synchronous inference would take 60 ms here
     assert runner.inferences >= 100 // HORIZON and runner.starved_steps == 0
     assert policy.calls_in_thread == {n for n in policy.calls_in_thread if n.startswith("chunk-inference")}

@@ -55,8 +55,12 @@ def test_one_source_drives_at_a_time_and_take_over_and_hand_back_are_events() ->
     assert mux.choose(view(6))[1] == pb.ACTOR_POLICY
 
     kinds = [(e.source, e.kind, e.step) for e in mux.events]
-    assert kinds == [("second", "take_over", 1), ("second", "hand_back", 5), ("first", "take_over", 5),
-                     ("first", "hand_back", 6)]
+    assert kinds == [
+        ("second", "take_over", 1),
+        ("second", "hand_back", 5),
+        ("first", "take_over", 5),
+        ("first", "hand_back", 6),
+    ]
     assert mux.take_overs == 2 and mux.intervention_steps == 5
     assert mux.rate == pytest.approx(5 / 7)
 
@@ -123,9 +127,16 @@ def test_a_robot_without_an_expert_is_refused_by_the_scripted_intervener() -> No
 
 def test_scripted_interventions_reach_the_buffer_flagged_with_the_policys_proposals(running) -> None:
     learner, (edge,) = running(
-        ["fleet.num_robots=1", "algo.learning_starts=300", "algo.batch_size=32", "policy.hidden=[32]",
-         "learner.publish_every_updates=5", "fleet.batch_transitions=16", "intervention.scripted=true",
-         "buffer.mix={online: 0.5, intervention: 0.5}"],
+        [
+            "fleet.num_robots=1",
+            "algo.learning_starts=300",
+            "algo.batch_size=32",
+            "policy.hidden=[32]",
+            "learner.publish_every_updates=5",
+            "fleet.batch_transitions=16",
+            "intervention.scripted=true",
+            "buffer.mix={online: 0.5, intervention: 0.5}",
+        ],
         REACH,
     )
     wait_until(lambda: edge.policy_version >= 2 and edge.steps >= 800, 120, "policy versions and 800 steps")
@@ -148,16 +159,22 @@ def test_scripted_interventions_reach_the_buffer_flagged_with_the_policys_propos
     assert (np.abs(executed[~same]) <= np.abs(proposed[~same]) + 1e-6).all()
     assert not (~same).any() or sum(edge.safety.violations.values()) > 0
 
-    wait_until(lambda: learner.status()["robots"][edge.robot.descriptor.id]["take_overs"] > 0, 10,
-               "take-overs in a heartbeat")
+    wait_until(
+        lambda: learner.status()["robots"][edge.robot.descriptor.id]["take_overs"] > 0, 10, "take-overs in a heartbeat"
+    )
     assert 0 < learner.status()["robots"][edge.robot.descriptor.id]["intervention_rate"] < 1
     assert edge.status()["interventions"]["take_overs"] > 0
 
 
 def test_a_persons_label_ends_the_episode_and_says_who_gave_it(running) -> None:
     learner, (edge,) = running(
-        ["fleet.num_robots=1", "algo.learning_starts=100000", "fleet.batch_transitions=8",
-         "fleet.pace_to_learner=false", "fleet.control_hz=20"],
+        [
+            "fleet.num_robots=1",
+            "algo.learning_starts=100000",
+            "fleet.batch_transitions=8",
+            "fleet.pace_to_learner=false",
+            "fleet.control_hz=20",
+        ],
         {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 100}},
     )
     wait_until(lambda: edge.steps >= 20, 60, "steps")
@@ -170,8 +187,9 @@ def test_a_persons_label_ends_the_episode_and_says_who_gave_it(running) -> None:
 
     def labelled_rows() -> np.ndarray:  # on copies: the ingest thread writes on
         label, number, kind = flat["label"].copy(), flat["episode"].copy(), flat["kind"].copy()
-        return np.flatnonzero((label != pb.LABEL_NONE) & ((number == episode) | (number == episode + 1))
-                              & (kind == KIND_RECORD))
+        return np.flatnonzero(
+            (label != pb.LABEL_NONE) & ((number == episode) | (number == episode + 1)) & (kind == KIND_RECORD)
+        )
 
     wait_until(lambda: len(labelled_rows()) == 2, 30, "both labelled rows stored")
     success, failure = sorted(labelled_rows(), key=lambda row: flat["episode"][row])
@@ -183,5 +201,8 @@ def test_a_persons_label_ends_the_episode_and_says_who_gave_it(running) -> None:
     assert flat["truncated"][failure] and not flat["terminated"][failure]
     assert flat["step"][success] < 99 and flat["step"][failure] < 99
     # The learner's success rate counts people's labels like the env's (its status is refreshed twice a second).
-    wait_until(lambda: learner.status()["robots"][edge.robot.descriptor.id]["recent_success"] == 0.5, 10,
-               "one success and one failure in the learner's status")
+    wait_until(
+        lambda: learner.status()["robots"][edge.robot.descriptor.id]["recent_success"] == 0.5,
+        10,
+        "one success and one failure in the learner's status",
+    )

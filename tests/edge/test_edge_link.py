@@ -20,8 +20,14 @@ NOWHERE = "tcp://127.0.0.1:9"  # nobody listens: batches stay in the spool
 
 
 def make_link(context: zmq.Context, address: str, spool: Path, **settings) -> DataLink:
-    return DataLink(context, address, DeviceDescriptor("sim", "test", "edge-l"), OBS_SPACE, ACTION_SPACE,
-                    settings=LinkSettings(spool_dir=str(spool), **settings))
+    return DataLink(
+        context,
+        address,
+        DeviceDescriptor("sim", "test", "edge-l"),
+        OBS_SPACE,
+        ACTION_SPACE,
+        settings=LinkSettings(spool_dir=str(spool), **settings),
+    )
 
 
 def flip_a_bit(path: Path) -> None:
@@ -77,7 +83,9 @@ def test_an_earlier_lifes_spool_arrives_by_name_with_its_gaps(context, ingest: I
         ingest.maybe_commit(force=True)
         keys = ingest.buffer.batch_keys() | ingest.buffer.lost_keys()  # stored and explicit gaps: every seq
         # seq 7 of each dead life: the end marker the next life wrote after its data
-        assert {(e, s) for _, e, s in keys} == {(life.epoch, s) for life in lives for s in range(1, 8)} | {(link.epoch, 1)}
+        assert {(e, s) for _, e, s in keys} == {(life.epoch, s) for life in lives for s in range(1, 8)} | {
+            (link.epoch, 1)
+        }
         assert {(e, s) for _, e, s in ingest.buffer.lost_keys()} == {(lives[0].epoch, 2), (lives[0].epoch, 6)}
         assert ingest.robots["edge-l"].transitions == 10 * (6 + 4 + 1)
         assert ingest.rejected == {}  # no epoch was unknown: the hello named them
@@ -127,7 +135,9 @@ def test_a_silent_learner_makes_the_link_reconnect_and_nothing_is_deleted(contex
         # A learner that does not know the stream: the link introduces itself again, deletes nothing.
         learner.reply(second, ack=pb.Ack(stream_epoch=link.epoch))
         wait_until(lambda: link.welcomed, pump=lambda: link.poll(20))
-        learner.reply(second, reject=pb.Reject(reason=f"unknown_stream: edge-l: epoch {link.epoch} was never announced"))
+        learner.reply(
+            second, reject=pb.Reject(reason=f"unknown_stream: edge-l: epoch {link.epoch} was never announced")
+        )
         wait_until(lambda: link.rejects["unknown_stream"] == 1, pump=lambda: link.poll(20))
         assert link.unacked == 1 and not link.welcomed
         assert learner.next_hello(link)[0] == second

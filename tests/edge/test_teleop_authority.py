@@ -29,8 +29,9 @@ def operators_file(tmp_path: Path) -> Path:
 
 
 def cli(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "user_rl.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "user_rl.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -51,12 +52,23 @@ def rearm(driver, credential: str, tick: bool = False, reason: str | None = None
 
 
 def test_viewers_stop_operators_rearm_with_confirmation_and_cli_stops_need_their_reason(
-        running, browser, tmp_path, caplog) -> None:  # noqa: F811
+    running,
+    browser,  # noqa: F811  (the fixture imported above)
+    tmp_path,
+    caplog,
+) -> None:
     caplog.set_level(logging.WARNING)
     _, (edge,) = running(
-        ["fleet.num_robots=1", "fleet.control_hz=20", "fleet.pace_to_learner=false", "algo.learning_starts=100000",
-         "teleop.enabled=true", "teleop.frame_hz=2", "teleop.view_size=32",
-         f"teleop.operators_file={operators_file(tmp_path)}"],
+        [
+            "fleet.num_robots=1",
+            "fleet.control_hz=20",
+            "fleet.pace_to_learner=false",
+            "algo.learning_starts=100000",
+            "teleop.enabled=true",
+            "teleop.frame_hz=2",
+            "teleop.view_size=32",
+            f"teleop.operators_file={operators_file(tmp_path)}",
+        ],
         {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 100, "control_hz": 20}},
     )
     server = edge.teleop
@@ -73,8 +85,10 @@ def test_viewers_stop_operators_rearm_with_confirmation_and_cli_stops_need_their
     assert edge.status()["estop"]["source"] == "page" and edge.status()["estop"]["by"] == "bob"
     rearm(bob, "", tick=True)
     wait_until(lambda: "operator credential" in text(bob, "message"), 10, "bob to be refused")
-    bob.execute_script("window.teleop.ws.send(JSON.stringify({type: 'rearm', credential: 'not-the-credential-000', "
-                       "confirm: 'teleop page: bob'}));")
+    bob.execute_script(
+        "window.teleop.ws.send(JSON.stringify({type: 'rearm', credential: 'not-the-credential-000', "
+        "confirm: 'teleop page: bob'}));"
+    )
     wait_until(lambda: "viewers may stop the robot but not re-arm" in text(bob, "message"), 10, "a wrong credential")
     # An operator's credential alone is not enough either: the confirmation must name the stop.
     bob.execute_script(f"window.teleop.ws.send(JSON.stringify({{type: 'rearm', credential: '{ALICE}', confirm: ''}}));")
@@ -96,7 +110,9 @@ def test_viewers_stop_operators_rearm_with_confirmation_and_cli_stops_need_their
     spool_root.mkdir()
     (spool_root / robot_id).symlink_to(edge.estop.path.parent)
     spool_root = str(spool_root)
-    assert "EMERGENCY STOP (gripper jammed)" in cli("estop", robot_id, "--reason", "gripper jammed", "--spool", spool_root)
+    assert "EMERGENCY STOP (gripper jammed)" in cli(
+        "estop", robot_id, "--reason", "gripper jammed", "--spool", spool_root
+    )
     wait_until(lambda: edge.estops == 2, 10, "the CLI's stop")
     wait_until(lambda: "set by the cli" in text(alice, "estop-banner"), 10, "the stop's source on the page")
     rearm(alice, ALICE, reason="gripper")

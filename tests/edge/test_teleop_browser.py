@@ -35,8 +35,14 @@ def browser():
     def start() -> webdriver.Chrome:
         options = webdriver.ChromeOptions()
         options.binary_location = CHROMIUM
-        for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1000,900", "--disable-background-timer-throttling"):
+        for flag in (
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--window-size=1000,900",
+            "--disable-background-timer-throttling",
+        ):
             options.add_argument(flag)
         driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
         started.append(driver)
@@ -82,9 +88,17 @@ def hold_key(driver: webdriver.Chrome, key: str, seconds: float) -> None:
 
 def test_a_person_drives_labels_and_stops_the_robot_from_the_page(running, browser) -> None:
     learner, (edge,) = running(
-        ["fleet.num_robots=1", f"fleet.control_hz={HZ}", "fleet.pace_to_learner=false", "fleet.batch_transitions=8",
-         "algo.learning_starts=100000", "teleop.enabled=true", "teleop.frame_hz=5", "teleop.view_size=64",
-         "teleop.speed=1.0"],
+        [
+            "fleet.num_robots=1",
+            f"fleet.control_hz={HZ}",
+            "fleet.pace_to_learner=false",
+            "fleet.batch_transitions=8",
+            "algo.learning_starts=100000",
+            "teleop.enabled=true",
+            "teleop.frame_hz=5",
+            "teleop.view_size=64",
+            "teleop.speed=1.0",
+        ],
         {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 100, "control_hz": HZ}},
     )
     server, robot = edge.teleop, edge.robot
@@ -93,8 +107,16 @@ def test_a_person_drives_labels_and_stops_the_robot_from_the_page(running, brows
 
     def watch(record) -> None:  # on the loop's thread, like the page's own watcher
         with lock:
-            seen.append(Seen(record.episode, record.step, record.actor, record.action.copy(), record.proposal.copy(),
-                             float(robot.data.qpos[0])))
+            seen.append(
+                Seen(
+                    record.episode,
+                    record.step,
+                    record.actor,
+                    record.action.copy(),
+                    record.proposal.copy(),
+                    float(robot.data.qpos[0]),
+                )
+            )
 
     edge.step_watchers.append(watch)
 
@@ -125,8 +147,10 @@ def test_a_person_drives_labels_and_stops_the_robot_from_the_page(running, brows
     wait_until(lambda: text(alice, "driver") == "teleop:alice (you)", 10, "alice to drive")
     wait_until(lambda: text(bob, "driver") == "teleop:alice", 10, "bob to see that alice drives")
     assert not bob.find_element(By.ID, "take-over").is_enabled()
-    bob.execute_script("window.teleop.ws.send(JSON.stringify({type: 'take_over'}));"
-                       "window.teleop.ws.send(JSON.stringify({type: 'command', id: 1, action: [-1, 0, 0]}));")
+    bob.execute_script(
+        "window.teleop.ws.send(JSON.stringify({type: 'take_over'}));"
+        "window.teleop.ws.send(JSON.stringify({type: 'command', id: 1, action: [-1, 0, 0]}));"
+    )
     wait_until(lambda: "alice is driving" in text(bob, "message"), 10, "bob to be refused")
     hold_key(bob, "a", 0.3)  # his keys do nothing either
     assert server.source.driver[1] == "alice"
@@ -139,14 +163,20 @@ def test_a_person_drives_labels_and_stops_the_robot_from_the_page(running, brows
     time.sleep(3 * PERIOD)
     with lock:
         during = seen[start:]
-    pushed = [(a, b) for a, b in zip(during, during[1:])
-              if b.episode == a.episode and b.actor == pb.ACTOR_HUMAN and b.action[0] == 1.0]
+    pushed = [
+        (a, b)
+        for a, b in zip(during, during[1:])
+        if b.episode == a.episode and b.actor == pb.ACTOR_HUMAN and b.action[0] == 1.0
+    ]
     assert len(pushed) >= 6, [s.action for s in during]
     assert all((b.action[1:] == 0).all() for _, b in pushed)
     turned = [b.yaw - a.yaw for a, b in pushed]
     assert np.median(turned) > 0.05, turned  # 0.1 rad per step commanded
-    still = [(a, b) for a, b in zip(during, during[1:]) if b.episode == a.episode and b.actor == pb.ACTOR_HUMAN
-             and not b.action.any() and not a.action.any()]
+    still = [
+        (a, b)
+        for a, b in zip(during, during[1:])
+        if b.episode == a.episode and b.actor == pb.ACTOR_HUMAN and not b.action.any() and not a.action.any()
+    ]
     assert still and np.median([abs(b.yaw - a.yaw) for a, b in still]) < 0.01  # no key held: the arm stays
 
     # Key press -> robot latency over many presses (D and A in turn, so the arm stays in range).
@@ -154,15 +184,20 @@ def test_a_person_drives_labels_and_stops_the_robot_from_the_page(running, brows
     for i in range(PRESSES):
         hold_key(alice, "d" if i % 2 == 0 else "a", 2.5 * PERIOD)
         time.sleep(1.5 * PERIOD)
-    wait_until(lambda: alice.execute_script("return window.teleop.latencies.length") >= latencies_before + PRESSES,
-               10, "latency samples")
+    wait_until(
+        lambda: alice.execute_script("return window.teleop.latencies.length") >= latencies_before + PRESSES,
+        10,
+        "latency samples",
+    )
     samples = alice.execute_script("return window.teleop.latencies")[latencies_before:]
     total = np.array([s["total_ms"] for s in samples])
     on_robot = np.array([s["server_ms"] for s in samples])
-    print(f"\nkey press -> robot at {HZ:g} Hz control ({len(total)} commands from {PRESSES} presses): "
-          f"p50 {np.percentile(total, 50):.1f} ms, p99 {np.percentile(total, 99):.1f} ms; "
-          f"of which server -> robot p50 {np.percentile(on_robot, 50):.1f} ms, p99 {np.percentile(on_robot, 99):.1f} ms "
-          f"(a command waits for the next control step: up to one period, {1000 * PERIOD:.0f} ms)")
+    print(
+        f"\nkey press -> robot at {HZ:g} Hz control ({len(total)} commands from {PRESSES} presses): "
+        f"p50 {np.percentile(total, 50):.1f} ms, p99 {np.percentile(total, 99):.1f} ms; "
+        f"of which server -> robot p50 {np.percentile(on_robot, 50):.1f} ms, p99 {np.percentile(on_robot, 99):.1f} ms "
+        f"(a command waits for the next control step: up to one period, {1000 * PERIOD:.0f} ms)"
+    )
     assert (on_robot >= 0).all() and len(total) >= PRESSES
     assert "p50" in text(alice, "latency")
 

@@ -29,9 +29,17 @@ def shown(driver, element_id: str) -> bool:
 
 def test_a_page_that_loses_its_connection_fails_safe(running, browser) -> None:  # noqa: F811
     _, (edge,) = running(
-        ["fleet.num_robots=1", f"fleet.control_hz={HZ}", "fleet.pace_to_learner=false", "algo.learning_starts=100000",
-         "teleop.enabled=true", "teleop.frame_hz=2", "teleop.view_size=32", "teleop.speed=1.0",
-         f"teleop.hand_back_after_s={HAND_BACK_S}"],
+        [
+            "fleet.num_robots=1",
+            f"fleet.control_hz={HZ}",
+            "fleet.pace_to_learner=false",
+            "algo.learning_starts=100000",
+            "teleop.enabled=true",
+            "teleop.frame_hz=2",
+            "teleop.view_size=32",
+            "teleop.speed=1.0",
+            f"teleop.hand_back_after_s={HAND_BACK_S}",
+        ],
         {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 100, "control_hz": HZ}},
     )
     server = edge.teleop
@@ -70,8 +78,9 @@ def test_a_page_that_loses_its_connection_fails_safe(running, browser) -> None: 
     time.sleep(HAND_BACK_S + 1.0)
     held = between(lost_at + 0.2, lost_at + HAND_BACK_S - 0.3)
     after = between(lost_at + HAND_BACK_S + 0.3, 1e12)
-    assert len(held) >= 10 and all(a == pb.ACTOR_HUMAN and not v.any() for _, a, v in held), \
-        [(round(t - lost_at, 2), a, v) for t, a, v in held]
+    assert len(held) >= 10 and all(a == pb.ACTOR_HUMAN and not v.any() for _, a, v in held), [
+        (round(t - lost_at, 2), a, v) for t, a, v in held
+    ]
     assert after and all(a != pb.ACTOR_HUMAN for _, a, _ in after)
     assert server.source.driver == (None, "")
 

@@ -28,8 +28,17 @@ def get(url: str) -> tuple[int, str]:
 
 
 def test_the_fleet_page_links_every_robots_page(running, tmp_path: Path, capsys) -> None:
-    learner, edges = running(["fleet.num_robots=2", "fleet.control_hz=20", "fleet.pace_to_learner=false",
-                              "algo.learning_starts=100000", "teleop.enabled=true", f"teleop.token={TOKEN}"], REACH)
+    learner, edges = running(
+        [
+            "fleet.num_robots=2",
+            "fleet.control_hz=20",
+            "fleet.pace_to_learner=false",
+            "algo.learning_starts=100000",
+            "teleop.enabled=true",
+            f"teleop.token={TOKEN}",
+        ],
+        REACH,
+    )
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     # What the launch records: each edge's page (from its status), with the run's token, owner-only.
@@ -54,8 +63,12 @@ def test_the_fleet_page_links_every_robots_page(running, tmp_path: Path, capsys)
 
     # The fleet page itself: token required, a row and a link per robot, and where each one is.
     stop, urls = threading.Event(), []
-    thread = threading.Thread(target=serve_fleet_page, args=(str(run_dir),),
-                              kwargs={"out": lambda line: None, "ready": urls.append, "stop": stop}, daemon=True)
+    thread = threading.Thread(
+        target=serve_fleet_page,
+        args=(str(run_dir),),
+        kwargs={"out": lambda line: None, "ready": urls.append, "stop": stop},
+        daemon=True,
+    )
     thread.start()
     try:
         wait_until(lambda: urls, 10, "the fleet page")
@@ -80,9 +93,16 @@ def test_a_robot_with_cameras_shows_its_camera_observations(running) -> None:
     import cv2
     import numpy as np
 
-    _, (edge,) = running(["fleet.num_robots=1", "fleet.control_hz=20", "fleet.pace_to_learner=false",
-                          "algo.learning_starts=100000", "teleop.enabled=true"],
-                         {"type": "mujoco_reach", "options": {"obs_mode": "image", "image_size": 32, "control_hz": 20}})
+    _, (edge,) = running(
+        [
+            "fleet.num_robots=1",
+            "fleet.control_hz=20",
+            "fleet.pace_to_learner=false",
+            "algo.learning_starts=100000",
+            "teleop.enabled=true",
+        ],
+        {"type": "mujoco_reach", "options": {"obs_mode": "image", "image_size": 32, "control_hz": 20}},
+    )
     server = edge.teleop
     assert server.cameras == ["image"] and not server.renders
     token = f"?token={server.token}"

@@ -21,8 +21,15 @@ LIMIT = 40
 
 def test_a_mark_labels_the_episode_it_was_made_in_or_is_refused_never_the_next(running, browser) -> None:  # noqa: F811
     _, (edge,) = running(
-        ["fleet.num_robots=1", f"fleet.control_hz={HZ}", "fleet.pace_to_learner=false", "algo.learning_starts=100000",
-         "teleop.enabled=true", "teleop.frame_hz=2", "teleop.view_size=32"],
+        [
+            "fleet.num_robots=1",
+            f"fleet.control_hz={HZ}",
+            "fleet.pace_to_learner=false",
+            "algo.learning_starts=100000",
+            "teleop.enabled=true",
+            "teleop.frame_hz=2",
+            "teleop.view_size=32",
+        ],
         {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": LIMIT, "control_hz": HZ}},
     )
     records: list = []
@@ -42,8 +49,9 @@ def test_a_mark_labels_the_episode_it_was_made_in_or_is_refused_never_the_next(r
     # Episode E ends by its time limit; a mark for it sent afterwards (a click as it ended) is refused.
     ended = edge.episodes
     wait_until(lambda: edge.episodes > ended and edge._episode_step >= 2, 10, "episode E to end")
-    alice.execute_script(f"window.teleop.ws.send(JSON.stringify({{type: 'mark', success: true, episode: {ended}, "
-                         f"step: {LIMIT - 1}}}));")
+    alice.execute_script(
+        f"window.teleop.ws.send(JSON.stringify({{type: 'mark', success: true, episode: {ended}, step: {LIMIT - 1}}}));"
+    )
     wait_until(lambda: "had already ended" in text(alice, "message"), 10, "the refusal on the page")
     assert f"episode {ended}" in text(alice, "message")
     following = ended + 1
@@ -73,6 +81,9 @@ def test_a_request_taken_after_its_episode_ended_is_refused_and_told() -> None:
     requests.reset(episode=4, step=2, by="alice", done=lambda applied, message: told.append((applied, message)))
     assert requests.take_reset(5) == "" and told[-1][0] is False and requests.refused == 2
     requests.mark(False, episode=5, step=3, done=lambda applied, message: told.append((applied, message)))
-    assert requests.take_label(5, 4) == pb.LABEL_FAILURE and told[-1] == (True, "episode 5 marked failure at its step 4")
+    assert requests.take_label(5, 4) == pb.LABEL_FAILURE and told[-1] == (
+        True,
+        "episode 5 marked failure at its step 4",
+    )
     requests.mark(True)  # a source on the loop's own thread: the episode in progress
     assert requests.take_label(6, 0) == pb.LABEL_SUCCESS

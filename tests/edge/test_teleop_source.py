@@ -76,7 +76,12 @@ def test_each_commands_first_step_is_reported_once_for_the_latency() -> None:
     web.command("c1", 7, [1, 0, 0])
     web.act(view(1))
     applied = web.applied(record(1, pb.ACTOR_HUMAN, 2.0))
-    assert applied is not None and (applied.client, applied.command_id, applied.sent_at, applied.step) == ("c1", 7, 2.0, 1)
+    assert applied is not None and (applied.client, applied.command_id, applied.sent_at, applied.step) == (
+        "c1",
+        7,
+        2.0,
+        1,
+    )
     assert applied.received_at <= time.time()
     web.act(view(2))
     assert web.applied(record(2, pb.ACTOR_HUMAN, 3.0)) is None  # the same command again: not a new press

@@ -50,8 +50,9 @@ class ServoArm:
         degrees = SimpleNamespace(value="degrees")  # lerobot.motors.MotorNormMode.DEGREES
         motor = lambda i: SimpleNamespace(id=i, model="sts3215", norm_mode=degrees)  # noqa: E731
         self.calibration = {m: SimpleNamespace(range_min=RANGE[0], range_max=RANGE[1]) for m in self.motors}
-        self.bus = SimpleNamespace(motors={m: motor(i + 1) for i, m in enumerate(self.motors)},
-                                   model_resolution_table={"sts3215": 4096})
+        self.bus = SimpleNamespace(
+            motors={m: motor(i + 1) for i, m in enumerate(self.motors)}, model_resolution_table={"sts3215": 4096}
+        )
         self.id, self.is_connected, self.is_calibrated = "arm", True, True
         self.position = np.zeros(3)
 
@@ -73,8 +74,13 @@ class ServoArm:
 def chromium_driver() -> webdriver.Chrome:
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-timer-throttling"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-timer-throttling",
+    ):
         options.add_argument(flag)
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 
@@ -90,7 +96,7 @@ def chromium():
 class Step:
     actor: int
     before: np.ndarray  # the joints when the action was chosen
-    goal: np.ndarray    # what the robot was sent
+    goal: np.ndarray  # what the robot was sent
     after: np.ndarray
 
 
@@ -103,8 +109,15 @@ def take_over(robot: LeRobotRobot, chromium: webdriver.Chrome) -> tuple[list[Ste
     source = make_source(robot, teleop, None, HZ)
     context = zmq.Context()
     actor = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
-    edge = EdgeDaemon(robot, actor, "tcp://127.0.0.1:1", "tcp://127.0.0.1:1", settings, context,
-                      interventions=InterventionMux([source]))  # no learner: the policy would act randomly
+    edge = EdgeDaemon(
+        robot,
+        actor,
+        "tcp://127.0.0.1:1",
+        "tcp://127.0.0.1:1",
+        settings,
+        context,
+        interventions=InterventionMux([source]),
+    )  # no learner: the policy would act randomly
     steps: list[Step] = []
     pose = [np.array(list(START.values()))]  # the joints now (reset drives to START)
 
@@ -155,14 +168,17 @@ def check_take_over(idle: list[Step], keyed: list[Step], limit: np.ndarray) -> s
     key = np.array([s.after - s.before for s in keyed])
     assert (np.abs(key[:, 1:]) < 1e-3).all()  # only the held key's joint moves, and forwards
     assert (key[:, 0] > -1e-3).all() and key[:, 0].sum() >= 0.25 * len(keyed) * limit[0]
-    return (f"{len(idle)} steps with nothing held, {len(keyed)} with D held, at {HZ:g} Hz (limit {limit[0]:.3f} "
-            f"deg/step): largest joint move {np.abs(moved).max():.3f} deg; j1 moved {key[:, 0].sum():.2f} deg; "
-            f"goal - pose while idle {max(np.abs(s.goal - s.before).max() for s in idle):.3g} deg")
+    return (
+        f"{len(idle)} steps with nothing held, {len(keyed)} with D held, at {HZ:g} Hz (limit {limit[0]:.3f} "
+        f"deg/step): largest joint move {np.abs(moved).max():.3f} deg; j1 moved {key[:, 0].sum():.2f} deg; "
+        f"goal - pose while idle {max(np.abs(s.goal - s.before).max() for s in idle):.3g} deg"
+    )
 
 
 def test_a_take_over_holds_the_pose_and_a_held_key_moves_by_at_most_the_step_limit(chromium) -> None:
-    robot = LeRobotRobot(ServoArm(), robot_id="arm-0", control_hz=HZ, episode_steps=100_000, reset="pose",
-                         reset_pose=START, reset_s=0.0)
+    robot = LeRobotRobot(
+        ServoArm(), robot_id="arm-0", control_hz=HZ, episode_steps=100_000, reset="pose", reset_pose=START, reset_s=0.0
+    )
     idle, keyed, limit = take_over(robot, chromium)
     declared = (RANGE[1] - RANGE[0]) * 360 / 4095 / (FULL_RANGE_S * HZ)  # the calibrated range in 2 s: 3 deg/step
     np.testing.assert_allclose(limit, [declared] * 3, rtol=1e-6)

@@ -83,8 +83,11 @@ def test_every_built_in_robot_declares_what_its_actions_mean_and_how_it_holds_st
 
 def test_an_absolute_driver_must_say_how_it_holds_still_and_an_undeclared_real_one_is_logged(caplog) -> None:
     assert make_robot("test_dial").action_mode is ActionMode.ABSOLUTE_POSITION
-    with pytest.raises(TypeError, match=r"'test_dial_without_hold_action' .* declares absolute_position actions "
-                                        r"but does not implement hold_action\(obs\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"'test_dial_without_hold_action' .* declares absolute_position actions "
+        r"but does not implement hold_action\(obs\)",
+    ):
         make_robot("test_dial_without_hold_action")
     with pytest.raises(NotImplementedError, match="does not implement hold_action"):
         DialWithoutHoldAction().hold_action({"pos": np.zeros(2)})
@@ -94,8 +97,9 @@ def test_an_absolute_driver_must_say_how_it_holds_still_and_an_undeclared_real_o
 
 
 def test_nothing_held_keeps_an_absolute_robots_pose_and_a_key_moves_one_bounded_step_from_it() -> None:
-    motion = Motion(ActionMode.ABSOLUTE_POSITION, np.full(2, -90.0), np.full(2, 90.0), np.full(2, 3.0),
-                    lambda obs: obs["pos"])
+    motion = Motion(
+        ActionMode.ABSOLUTE_POSITION, np.full(2, -90.0), np.full(2, 90.0), np.full(2, 3.0), lambda obs: obs["pos"]
+    )
     at = lambda *pos: {"pos": np.array(pos, np.float32)}  # noqa: E731
     assert motion.action([0, 0], at(30, -60)).tolist() == [30, -60]  # a take-over: the pose, never zero
     assert motion.action([0, 0], at(29, -61)).tolist() == [30, -60]  # kept: a sagging arm is not followed down

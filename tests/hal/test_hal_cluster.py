@@ -24,14 +24,17 @@ ENV = {**os.environ, **ENV_EXTRA}
 
 
 def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "user_rl.cli", *args], cwd=REPO, env=ENV,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "user_rl.cli", *args], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def cluster_nodes(address: str) -> list[dict]:
-    script = ("import json, ray; ray.init(address=%r, logging_level='ERROR'); "
-              "print(json.dumps([{'id': n['NodeID'], 'alive': n['Alive'], 'labels': n['Labels'], "
-              "'resources': n['Resources']} for n in ray.nodes()]))" % address)
+    script = (
+        "import json, ray; ray.init(address=%r, logging_level='ERROR'); "
+        "print(json.dumps([{'id': n['NodeID'], 'alive': n['Alive'], 'labels': n['Labels'], "
+        "'resources': n['Resources']} for n in ray.nodes()]))" % address
+    )
     done = subprocess.run([sys.executable, "-c", script], env=ENV, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -47,9 +50,28 @@ def cluster(tmp_path_factory):
 
     def start(*args: str, name: str) -> None:
         log = open(logs / f"{name}.log", "wb")
-        procs.append(subprocess.Popen([sys.executable, "-m", "user_rl.cli", "node", "start", *args, "--name", name,
-                                       "--num-cpus", "1", "--block"], cwd=REPO, env=ENV, stdout=log,
-                                      stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "user_rl.cli",
+                    "node",
+                    "start",
+                    *args,
+                    "--name",
+                    name,
+                    "--num-cpus",
+                    "1",
+                    "--block",
+                ],
+                cwd=REPO,
+                env=ENV,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
 
     try:
         start("--head", "--port", str(port), "--sim-slots", "2", name="alpha")
@@ -75,6 +97,7 @@ def cluster(tmp_path_factory):
 
 def stop_cluster(port: int) -> None:
     """Stop this cluster's Ray processes only (`ray stop` would stop every Ray instance on the machine)."""
+
     def cmdline(pid: str) -> str:
         try:
             return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -83,8 +106,12 @@ def stop_cluster(port: int) -> None:
 
     pids = [p for p in os.listdir("/proc") if p.isdigit()]
     gcs = [cmdline(p) for p in pids if f"--gcs_server_port={port}" in cmdline(p)]
-    sessions = {part.split("=", 1)[1].split("/logs")[0] for line in gcs for part in line.split()
-                if part.startswith("--log_dir=")}
+    sessions = {
+        part.split("=", 1)[1].split("/logs")[0]
+        for line in gcs
+        for part in line.split()
+        if part.startswith("--log_dir=")
+    }
     markers = [f":{port}", f"--port {port}", *sessions]
     for pid in pids:
         if int(pid) != os.getpid() and any(m in cmdline(pid) for m in markers) and "ray" in cmdline(pid):
@@ -102,10 +129,21 @@ def test_nodes_advertise_their_devices(cluster: str) -> None:
 
 
 def test_launch_places_edges_with_their_sims_and_the_learner_where_asked(cluster: str, tmp_path: Path) -> None:
-    done = cli("train", "configs/reach.yaml", f"run_root={tmp_path}", "fleet.num_robots=2",
-               "learner.labels={role: learner}", "algo.learning_starts=300", "algo.batch_size=64",
-               "policy.hidden=[32]", "stop.max_env_steps=1200", "stop.eval_every_s=1000", "stop.eval_episodes=2",
-               "--address", cluster)
+    done = cli(
+        "train",
+        "configs/reach.yaml",
+        f"run_root={tmp_path}",
+        "fleet.num_robots=2",
+        "learner.labels={role: learner}",
+        "algo.learning_starts=300",
+        "algo.batch_size=64",
+        "policy.hidden=[32]",
+        "stop.max_env_steps=1200",
+        "stop.eval_every_s=1000",
+        "stop.eval_episodes=2",
+        "--address",
+        cluster,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (summary_path,) = tmp_path.glob("*/summary.json")
     summary = json.loads(summary_path.read_text())
@@ -116,27 +154,52 @@ def test_launch_places_edges_with_their_sims_and_the_learner_where_asked(cluster
     assert all(r["transitions"] > 0 for r in learner["robots"].values()) and len(learner["robots"]) == 2
 
 
-@pytest.mark.parametrize("overrides, named", [
-    (["robot={type: example_arm, options: {controller: arm-bench:7700}}", "fleet.num_robots=1"],
-     "edge example_arm-0: needs resource 'robot:example_arm-0', which no node has"),
-    (["fleet.num_robots=3"], "edge mujoco_reach-2: the cluster's 'sim:mujoco_reach' are all taken"),
-    (["learner.resources={gpu_box: 1}"], "learner: needs resource 'gpu_box', which no node has"),
-    (["fleet.labels={zone: lab}"], "no node has the labels zone=lab"),
-])
-def test_launch_that_cannot_fit_fails_at_once_naming_what_is_missing(cluster: str, tmp_path: Path, arm_driver: dict,
-                                                                      overrides: list[str], named: str) -> None:
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        (
+            ["robot={type: example_arm, options: {controller: arm-bench:7700}}", "fleet.num_robots=1"],
+            "edge example_arm-0: needs resource 'robot:example_arm-0', which no node has",
+        ),
+        (["fleet.num_robots=3"], "edge mujoco_reach-2: the cluster's 'sim:mujoco_reach' are all taken"),
+        (["learner.resources={gpu_box: 1}"], "learner: needs resource 'gpu_box', which no node has"),
+        (["fleet.labels={zone: lab}"], "no node has the labels zone=lab"),
+    ],
+)
+def test_launch_that_cannot_fit_fails_at_once_naming_what_is_missing(
+    cluster: str, tmp_path: Path, arm_driver: dict, overrides: list[str], named: str
+) -> None:
     config = "configs/reach.yaml"
     if overrides[0].startswith("robot="):  # a real robot that no node owns (its options replace the sim's)
         config = str(tmp_path.parent / "arm.yaml")
-        Path(config).write_text(yaml.safe_dump({"robot": {"type": "example_arm", "options": {"controller": "arm-bench:7700"}}}))
+        Path(config).write_text(
+            yaml.safe_dump({"robot": {"type": "example_arm", "options": {"controller": "arm-bench:7700"}}})
+        )
         overrides = overrides[1:]
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "user_rl.cli", "launch", config, f"run_root={tmp_path}",
-                           *overrides, "--address", cluster], cwd=REPO, env={**arm_driver, **ENV_EXTRA},
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "user_rl.cli",
+            "launch",
+            config,
+            f"run_root={tmp_path}",
+            *overrides,
+            "--address",
+            cluster,
+        ],
+        cwd=REPO,
+        env={**arm_driver, **ENV_EXTRA},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert named in done.stderr
-    assert ("Nodes: alpha (CPU 1, sim:gym 2, sim:mujoco_reach 2, user-rl/node=alpha); "
-            "beta (CPU 1, role=learner, user-rl/node=beta)") in done.stderr
+    assert (
+        "Nodes: alpha (CPU 1, sim:gym 2, sim:mujoco_reach 2, user-rl/node=alpha); "
+        "beta (CPU 1, role=learner, user-rl/node=beta)"
+    ) in done.stderr
     assert not list(tmp_path.iterdir()), "a refused launch left a run directory"
     assert time.monotonic() - started < 60

@@ -22,14 +22,29 @@ REPO = Path(__file__).resolve().parents[2]
 def test_a_robot_that_stops_answering_is_restarted_then_failed(tmp_path: Path, arm_driver: dict) -> None:
     config = tmp_path / "arm.yaml"
     with arm_controller("--rate-hz", "50", "--hang", "example_arm-0:60") as controller:
-        config.write_text(yaml.safe_dump({
-            "name": "arm", "robot": {"type": "example_arm", "options": {"controller": controller, "timeout_s": 60,
-                                                                        "episode_steps": 20}},
-            "fleet": {"num_robots": 2, "batch_transitions": 16, "stall_s": 2.0, "max_restarts": 1},
-            "policy": {"hidden": [32]}, "algo": {"learning_starts": 100, "batch_size": 32},
-            "stop": {"max_env_steps": 1500, "max_wall_s": 180, "eval_every_s": 1000, "eval_episodes": 2}}))
-        done = subprocess.run([sys.executable, "-m", "user_rl.cli", "train", str(config), f"run_root={tmp_path / 'runs'}"],
-                              cwd=REPO, env=arm_driver, capture_output=True, text=True, timeout=400)
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "name": "arm",
+                    "robot": {
+                        "type": "example_arm",
+                        "options": {"controller": controller, "timeout_s": 60, "episode_steps": 20},
+                    },
+                    "fleet": {"num_robots": 2, "batch_transitions": 16, "stall_s": 2.0, "max_restarts": 1},
+                    "policy": {"hidden": [32]},
+                    "algo": {"learning_starts": 100, "batch_size": 32},
+                    "stop": {"max_env_steps": 1500, "max_wall_s": 180, "eval_every_s": 1000, "eval_episodes": 2},
+                }
+            )
+        )
+        done = subprocess.run(
+            [sys.executable, "-m", "user_rl.cli", "train", str(config), f"run_root={tmp_path / 'runs'}"],
+            cwd=REPO,
+            env=arm_driver,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "robot example_arm-0: the robot stopped answering" in done.stdout
     assert "restarting it (1 of 1)" in done.stdout and "robot example_arm-0 FAILED" in done.stdout

@@ -71,8 +71,9 @@ def test_a_real_robot_driver_without_hold_is_refused_with_what_to_implement() ->
         make_robot("test_slider_without_hold", robot_id="s")
     assert str(refused.value) == (
         "robot driver 'test_slider_without_hold' (test_hal_real_robot.Slider) is a real robot (device_kind = "
-        "\"robot\") but does not implement hold(): the e-stop and the watchdog need it to stop the arm and keep "
-        "its pose")
+        '"robot") but does not implement hold(): the e-stop and the watchdog need it to stop the arm and keep '
+        "its pose"
+    )
     assert Slider.built == built  # refused before it connected to anything
     with pytest.raises(TypeError, match="'test_slider_factory_without_hold' .* does not implement hold"):
         make_robot("test_slider_factory_without_hold")  # a factory function: refused once it shows its class
@@ -82,11 +83,16 @@ def test_a_real_robot_driver_without_hold_is_refused_with_what_to_implement() ->
 
 # -- a learner outage ---------------------------------------------------------------------------
 def start_learner(config: Path, run_dir: Path, log, env: dict) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "user_rl.cli", "learner", str(config), "--run-dir", str(run_dir)],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "user_rl.cli", "learner", str(config), "--run-dir", str(run_dir)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     status = run_dir / "learner_status.json"
-    wait_until(lambda: status.exists() and json.loads(status.read_text()).get("pid") == proc.pid, 90,
-               "the learner to come up")
+    wait_until(
+        lambda: status.exists() and json.loads(status.read_text()).get("pid") == proc.pid, 90, "the learner to come up"
+    )
     return proc
 
 
@@ -98,14 +104,18 @@ def arm_at_20hz(arm_driver: dict) -> Iterator[str]:
 
 
 def test_a_real_robot_keeps_acting_through_a_learner_outage_with_the_default_config(
-        tmp_path: Path, arm_driver: dict, arm_at_20hz: str, monkeypatch) -> None:
+    tmp_path: Path, arm_driver: dict, arm_at_20hz: str, monkeypatch
+) -> None:
     monkeypatch.syspath_prepend(arm_driver["PYTHONPATH"].split(os.pathsep)[0])  # the arm driver, in this process too
     rate_hz, outage_s, controller = 20.0, 10.0, arm_at_20hz
     data_port, weights_port = free_port(), free_port()
-    cfg_dict = {"robot": {"type": "example_arm", "options": {"controller": controller, "episode_steps": 50}},
-                "fleet": {"num_robots": 1},  # no pacing override: the default paces sims
-                "policy": {"hidden": [32]}, "algo": {"learning_starts": 100, "batch_size": 32},
-                "learner": {"data_port": data_port, "weights_port": weights_port, "torch_threads": 1}}
+    cfg_dict = {
+        "robot": {"type": "example_arm", "options": {"controller": controller, "episode_steps": 50}},
+        "fleet": {"num_robots": 1},  # no pacing override: the default paces sims
+        "policy": {"hidden": [32]},
+        "algo": {"learning_starts": 100, "batch_size": 32},
+        "learner": {"data_port": data_port, "weights_port": weights_port, "torch_threads": 1},
+    }
     config = tmp_path / "arm.yaml"
     config.write_text(yaml.safe_dump(cfg_dict))
     cfg = build_config(cfg_dict)
@@ -125,8 +135,10 @@ def test_a_real_robot_keeps_acting_through_a_learner_outage_with_the_default_con
             time.sleep(outage_s)
             acted, elapsed = edge.steps - before, time.monotonic() - started
             backlog = edge.link.unacked
-            print(f"outage: {acted} steps in {elapsed:.1f} s ({acted / elapsed:.1f}/s at {rate_hz:g} Hz), "
-                  f"{backlog} batches spooled")
+            print(
+                f"outage: {acted} steps in {elapsed:.1f} s ({acted / elapsed:.1f}/s at {rate_hz:g} Hz), "
+                f"{backlog} batches spooled"
+            )
             assert acted >= 0.8 * rate_hz * outage_s, "the robot stopped acting while the learner was down"
             proc = start_learner(config, run_dir, log, arm_driver)
             wait_until(lambda: edge.link.unacked <= 1, 60, "the backlog to reach the restarted learner")

@@ -11,9 +11,13 @@ from user_rl.launch.placement import actor_options, check_cluster, edge_demands,
 
 
 def node(name: str, resources: dict[str, float], **labels: str) -> dict:
-    return {"NodeID": f"{name}-id", "NodeManagerAddress": "127.0.0.1", "Alive": True,
-            "Resources": {"CPU": 1.0, "memory": 1e9, f"node:{name}": 1.0, **resources},
-            "Labels": {"user-rl/node": name, "ray.io/node-id": "x", **labels}}
+    return {
+        "NodeID": f"{name}-id",
+        "NodeManagerAddress": "127.0.0.1",
+        "Alive": True,
+        "Resources": {"CPU": 1.0, "memory": 1e9, f"node:{name}": 1.0, **resources},
+        "Labels": {"user-rl/node": name, "ray.io/node-id": "x", **labels},
+    }
 
 
 CLUSTER = [node("alpha", {"sim:mujoco_reach": 2.0}), node("beta", {"GPU": 1.0}, role="learner")]
@@ -25,8 +29,14 @@ def test_device_resources_are_sim_slots_or_one_per_robot() -> None:
 
 
 def test_a_fleet_that_fits_passes() -> None:
-    check_placement([Demand("learner", {"GPU": 1.0}, {"role": "learner"}),
-                     Demand("edge a", {"sim:mujoco_reach": 1.0}), Demand("edge b", {"sim:mujoco_reach": 1.0})], CLUSTER)
+    check_placement(
+        [
+            Demand("learner", {"GPU": 1.0}, {"role": "learner"}),
+            Demand("edge a", {"sim:mujoco_reach": 1.0}),
+            Demand("edge b", {"sim:mujoco_reach": 1.0}),
+        ],
+        CLUSTER,
+    )
 
 
 def test_missing_resource_names_it_and_every_node() -> None:
@@ -34,7 +44,9 @@ def test_missing_resource_names_it_and_every_node() -> None:
         check_placement([Demand("edge arm-left", {"robot:arm-left": 1.0})], CLUSTER)
     text = str(err.value)
     assert "edge arm-left: needs resource 'robot:arm-left', which no node has" in text
-    assert "alpha (CPU 1, sim:mujoco_reach 2, user-rl/node=alpha)" in text and "beta (CPU 1, GPU 1, role=learner" in text
+    assert (
+        "alpha (CPU 1, sim:mujoco_reach 2, user-rl/node=alpha)" in text and "beta (CPU 1, GPU 1, role=learner" in text
+    )
     assert "memory" not in text and "node:alpha" not in text  # Ray's bookkeeping is not shown
 
 
@@ -58,12 +70,20 @@ def test_dead_nodes_do_not_count() -> None:
 
 
 def test_a_config_becomes_demands_and_actor_options() -> None:
-    cfg = build_config({"fleet": {"num_robots": 2, "labels": {"zone": "lab"}},
-                        "learner": {"device": "cuda", "resources": {"big_ram": 1}, "labels": {"role": "learner"}}})
+    cfg = build_config(
+        {
+            "fleet": {"num_robots": 2, "labels": {"zone": "lab"}},
+            "learner": {"device": "cuda", "resources": {"big_ram": 1}, "labels": {"role": "learner"}},
+        }
+    )
     learner = learner_demand(cfg)
     assert learner.resources == {"big_ram": 1.0, "GPU": 1.0}
-    assert actor_options(learner) == {"num_cpus": 0, "resources": {"big_ram": 1.0}, "num_gpus": 1.0,
-                                      "label_selector": {"role": "learner"}}
+    assert actor_options(learner) == {
+        "num_cpus": 0,
+        "resources": {"big_ram": 1.0},
+        "num_gpus": 1.0,
+        "label_selector": {"role": "learner"},
+    }
     edges = edge_demands(cfg)
     assert [e.what for e in edges] == ["edge mujoco_reach-0", "edge mujoco_reach-1"]
     assert all(e.resources == {"sim:mujoco_reach": 1.0} and e.labels == {"zone": "lab"} for e in edges)

@@ -10,11 +10,13 @@ from pathlib import Path
 from user_rl.testing import lerobot_env
 
 
-def run_in_lerobot(python: Path, *args: str, timeout: float = 600,
-                   env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_in_lerobot(
+    python: Path, *args: str, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run `python args...` in the LeRobot environment; fail the test with its output if it fails."""
-    done = subprocess.run([str(python), *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=lerobot_env.REPO, env=env)
+    done = subprocess.run(
+        [str(python), *args], capture_output=True, text=True, timeout=timeout, cwd=lerobot_env.REPO, env=env
+    )
     assert done.returncode == 0, f"{' '.join(args)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
 
@@ -30,5 +32,9 @@ def install_plugins(site: Path) -> dict[str, str]:
         info = site / f"{package.name}-0.1.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package.name}\nVersion: 0.1\n")
-    return {**os.environ, "PYTHONPATH": str(site), "HF_LEROBOT_CALIBRATION": str(site / "calibration"),
-            "HF_LEROBOT_HOME": str(site / "lerobot-home")}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(site),
+        "HF_LEROBOT_CALIBRATION": str(site / "calibration"),
+        "HF_LEROBOT_HOME": str(site / "lerobot-home"),
+    }

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from lerobot.policies.act.modeling_act import ACTPolicy
 from lerobot.policies.factory import make_pre_post_processors
-
 from save_act import save_act  # this script's directory is on the path
+
 from user_rl.algos import BCSettings, make_algo
 from user_rl.policies import make_actor
 
@@ -29,19 +29,23 @@ theirs = ACTPolicy.from_pretrained(act_dir)
 pre, post = make_pre_post_processors(theirs.config, pretrained_path=act_dir)
 states = torch.as_tensor(np.random.default_rng(0).uniform(-60, 60, (8, 3)), dtype=torch.float32)
 our_chunks = ours.act_chunk({"state": states})
-their_chunks = post(theirs.predict_action_chunk(pre({"observation.state": states,
-                                                     "observation.environment_state": states})))
+their_chunks = post(
+    theirs.predict_action_chunk(pre({"observation.state": states, "observation.environment_state": states}))
+)
 found["act_max_difference"] = float((our_chunks - their_chunks.clamp(-90, 90)).abs().max())
 found["act_chunk_shape"] = list(our_chunks.shape)
 found["pretrained"] = bool(ours.pretrained)
 
 # 2. Mistakes are named.
-for name, kwargs in {"chunk": dict(space=arm, chunk=4, lerobot={"path": act_dir}),
-                     "features": dict(space=gym.spaces.Dict({"state": gym.spaces.Box(-1, 1, (4,), np.float32)}),
-                                      chunk=10, lerobot={"path": act_dir}),
-                     "kind": dict(space=arm, chunk=10, lerobot={"type": "pi0"}),
-                     "field": dict(space=arm, chunk=10, lerobot={"type": "act", "dim_modle": 8}),
-                     "history": dict(space=arm, chunk=8, lerobot={"type": "diffusion", "n_obs_steps": 2})}.items():
+for name, kwargs in {
+    "chunk": dict(space=arm, chunk=4, lerobot={"path": act_dir}),
+    "features": dict(
+        space=gym.spaces.Dict({"state": gym.spaces.Box(-1, 1, (4,), np.float32)}), chunk=10, lerobot={"path": act_dir}
+    ),
+    "kind": dict(space=arm, chunk=10, lerobot={"type": "pi0"}),
+    "field": dict(space=arm, chunk=10, lerobot={"type": "act", "dim_modle": 8}),
+    "history": dict(space=arm, chunk=8, lerobot={"type": "diffusion", "n_obs_steps": 2}),
+}.items():
     try:
         make_actor("lerobot", kwargs.pop("space"), bounds, **kwargs)
         found[f"error_{name}"] = None
@@ -51,17 +55,32 @@ for name, kwargs in {"chunk": dict(space=arm, chunk=4, lerobot={"path": act_dir}
 # 3. A diffusion policy with a camera, built from its config: plans chunks, learns by behaviour cloning.
 torch.manual_seed(0)
 camera = gym.spaces.Dict({"state": arm["state"], "wrist": gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)})
-options = {"chunk": 8, "lerobot": {"type": "diffusion", "down_dims": [16, 32], "n_action_steps": 4,
-                                   "num_inference_steps": 10, "spatial_softmax_num_keypoints": 8}}
+options = {
+    "chunk": 8,
+    "lerobot": {
+        "type": "diffusion",
+        "down_dims": [16, 32],
+        "n_action_steps": 4,
+        "num_inference_steps": 10,
+        "spatial_softmax_num_keypoints": 8,
+    },
+}
 bc = make_algo("bc", camera, bounds, "lerobot", options, BCSettings(actor_lr=1e-3))
 rng = np.random.default_rng(1)
 rows = 16
 target = np.tile([30.0, -20.0, 10.0], (rows, 8, 1)).astype(np.float32)
-batch = {"obs": {"state": torch.as_tensor(rng.uniform(-60, 60, (rows, 3)), dtype=torch.float32),
-                 "wrist": torch.as_tensor(rng.integers(0, 255, (rows, 8, 8, 3)), dtype=torch.uint8)},
-         "action": torch.as_tensor(target[:, 0]), "intervened": torch.ones(rows), "policy_acted": torch.zeros(rows),
-         "action_chunk": torch.as_tensor(target), "chunk_intervened": torch.ones(rows, 8),
-         "chunk_policy_acted": torch.zeros(rows, 8)}
+batch = {
+    "obs": {
+        "state": torch.as_tensor(rng.uniform(-60, 60, (rows, 3)), dtype=torch.float32),
+        "wrist": torch.as_tensor(rng.integers(0, 255, (rows, 8, 8, 3)), dtype=torch.uint8),
+    },
+    "action": torch.as_tensor(target[:, 0]),
+    "intervened": torch.ones(rows),
+    "policy_acted": torch.zeros(rows),
+    "action_chunk": torch.as_tensor(target),
+    "chunk_intervened": torch.ones(rows, 8),
+    "chunk_policy_acted": torch.zeros(rows, 8),
+}
 losses = [float(bc.update(batch)["bc_loss"]) for _ in range(30)]
 found["diffusion_loss_first_last"] = [float(np.mean(losses[:5])), float(np.mean(losses[-5:]))]
 edge = make_actor("lerobot", camera, bounds, **options)

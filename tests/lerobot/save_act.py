@@ -20,14 +20,28 @@ ACTION_MEAN, ACTION_STD = 0.0, 45.0
 def save_act(out: str, joints: int, chunk: int) -> int:
     """Write the policy to `out`; return its parameter count."""
     vector = (joints,)
-    config = ACTConfig(device="cpu", chunk_size=chunk, n_action_steps=chunk, pretrained_backbone_weights=None,
-                       input_features={"observation.state": PolicyFeature(FeatureType.STATE, vector),
-                                       "observation.environment_state": PolicyFeature(FeatureType.ENV, vector)},
-                       output_features={"action": PolicyFeature(FeatureType.ACTION, vector)},
-                       dim_model=32, n_heads=2, dim_feedforward=64, n_encoder_layers=1, n_decoder_layers=1,
-                       n_vae_encoder_layers=1, latent_dim=4)
-    stats = {"observation.state": {"mean": np.full(vector, STATE_MEAN), "std": np.full(vector, STATE_STD)},
-             "action": {"mean": np.full(vector, ACTION_MEAN), "std": np.full(vector, ACTION_STD)}}
+    config = ACTConfig(
+        device="cpu",
+        chunk_size=chunk,
+        n_action_steps=chunk,
+        pretrained_backbone_weights=None,
+        input_features={
+            "observation.state": PolicyFeature(FeatureType.STATE, vector),
+            "observation.environment_state": PolicyFeature(FeatureType.ENV, vector),
+        },
+        output_features={"action": PolicyFeature(FeatureType.ACTION, vector)},
+        dim_model=32,
+        n_heads=2,
+        dim_feedforward=64,
+        n_encoder_layers=1,
+        n_decoder_layers=1,
+        n_vae_encoder_layers=1,
+        latent_dim=4,
+    )
+    stats = {
+        "observation.state": {"mean": np.full(vector, STATE_MEAN), "std": np.full(vector, STATE_STD)},
+        "action": {"mean": np.full(vector, ACTION_MEAN), "std": np.full(vector, ACTION_STD)},
+    }
     policy = ACTPolicy(config)
     preprocessor, postprocessor = make_pre_post_processors(config, dataset_stats=stats)
     for part in (policy, preprocessor, postprocessor):

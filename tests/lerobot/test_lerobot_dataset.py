@@ -16,6 +16,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+
 from tests.lerobot.harness import run_in_lerobot
 from user_rl.cloud.buffer.episodes import EpisodeFilter, buffer_spaces, read_episodes
 from user_rl.cloud.buffer.store import PersistentReplay
@@ -23,16 +24,16 @@ from user_rl.config import BufferConfig
 from user_rl.edge.batching import BatchBuilder
 from user_rl.wire import user_rl_pb2 as pb
 
-OBS_SPACE = gym.spaces.Dict({"top": gym.spaces.Box(0, 255, (8, 8, 3), np.uint8),
-                             "state": gym.spaces.Box(-10.0, 10.0, (3,), np.float32)})
+OBS_SPACE = gym.spaces.Dict(
+    {"top": gym.spaces.Box(0, 255, (8, 8, 3), np.uint8), "state": gym.spaces.Box(-10.0, 10.0, (3,), np.float32)}
+)
 ACTION_SPACE = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
 ROBOTS = {"arm-0": "touch the red target", "arm-1": "touch the green target"}
 EPISODES = 4  # per robot: terminated, truncated, terminated, and one still running (no final observation)
 
 
 def observation(rng: np.random.Generator) -> dict[str, np.ndarray]:
-    return {"top": rng.integers(0, 256, (8, 8, 3), dtype=np.uint8),
-            "state": rng.uniform(-10, 10, 3).astype(np.float32)}
+    return {"top": rng.integers(0, 256, (8, 8, 3), dtype=np.uint8), "state": rng.uniform(-10, 10, 3).astype(np.float32)}
 
 
 def write_buffer(directory: Path) -> None:
@@ -51,13 +52,22 @@ def write_buffer(directory: Path) -> None:
                     terminated, truncated = last and episode != 1, last and episode == 1
                     person = episode % 2 == 1 and step >= 2
                     proposal = rng.uniform(-1, 1, 2).astype(np.float32)
-                    builder.add(observation(rng), rng.uniform(-1, 1, 2).astype(np.float32) if person else proposal,
-                                float(rng.normal()), terminated, truncated, episode=episode, step=step,
-                                policy_version=episode * 3, actor=pb.ACTOR_HUMAN if person else pb.ACTOR_POLICY,
-                                label=pb.LABEL_SUCCESS if terminated else pb.LABEL_NONE,
-                                label_by=pb.LABEL_BY_PERSON if terminated else pb.LABEL_BY_ENV,
-                                sensor_time=100.0 + 0.05 * step, policy_action=proposal,
-                                final_obs=observation(rng) if last else None)
+                    builder.add(
+                        observation(rng),
+                        rng.uniform(-1, 1, 2).astype(np.float32) if person else proposal,
+                        float(rng.normal()),
+                        terminated,
+                        truncated,
+                        episode=episode,
+                        step=step,
+                        policy_version=episode * 3,
+                        actor=pb.ACTOR_HUMAN if person else pb.ACTOR_POLICY,
+                        label=pb.LABEL_SUCCESS if terminated else pb.LABEL_NONE,
+                        label_by=pb.LABEL_BY_PERSON if terminated else pb.LABEL_BY_ENV,
+                        sensor_time=100.0 + 0.05 * step,
+                        policy_action=proposal,
+                        final_obs=observation(rng) if last else None,
+                    )
                 assert store.add(stream, episode + 1, builder.take()[1])
                 store.commit()
     finally:
@@ -65,8 +75,9 @@ def write_buffer(directory: Path) -> None:
 
 
 def assert_same_episodes(ours: list, theirs: list) -> None:
-    assert [(e.robot, e.number, e.task, len(e), e.status) for e in ours] == \
-           [(e.robot, e.number, e.task, len(e), e.status) for e in theirs]
+    assert [(e.robot, e.number, e.task, len(e), e.status) for e in ours] == [
+        (e.robot, e.number, e.task, len(e), e.status) for e in theirs
+    ]
     for a, b in zip(ours, theirs):
         for name, column in a.steps.items():
             np.testing.assert_array_equal(column, b.steps[name], err_msg=f"{a.robot} episode {a.number}: {name}")
@@ -93,18 +104,38 @@ def test_a_buffer_round_trips_through_lerobots_own_loader(lerobot_python: Path, 
     original = list(read_episodes(tmp_path / "buffer"))
     assert len(original) == 2 * EPISODES and sum(e.final_obs is not None for e in original) == 2 * (EPISODES - 1)
 
-    exported = run_in_lerobot(lerobot_python, "-m", "user_rl.cli", "buffer", "export", str(tmp_path / "buffer"),
-                              str(tmp_path / "dataset"), "--robot-type", "so101_follower")
+    exported = run_in_lerobot(
+        lerobot_python,
+        "-m",
+        "user_rl.cli",
+        "buffer",
+        "export",
+        str(tmp_path / "buffer"),
+        str(tmp_path / "dataset"),
+        "--robot-type",
+        "so101_follower",
+    )
     assert f"wrote {2 * EPISODES} episodes" in exported.stdout and "20 fps" in exported.stdout, exported.stdout
     assert f"exported: {2 * EPISODES}/{2 * EPISODES} episodes" in exported.stderr
 
     # LeRobot's own loader sees our data under its column names.
-    loaded = json.loads(run_in_lerobot(lerobot_python, "-c", LOAD_WITH_LEROBOT, str(tmp_path / "dataset"),
-                                       str(tmp_path / "frames.npz")).stdout.strip().splitlines()[-1])
+    loaded = json.loads(
+        run_in_lerobot(lerobot_python, "-c", LOAD_WITH_LEROBOT, str(tmp_path / "dataset"), str(tmp_path / "frames.npz"))
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     frames = np.load(tmp_path / "frames.npz")
     assert loaded["episodes"] == 2 * EPISODES and loaded["fps"] == 20
-    assert {"observation.state", "observation.images.top", "action", "next.reward", "next.done",
-            "complementary_info.is_intervention", "user_rl.terminated", "user_rl.truncated"} <= set(loaded["features"])
+    assert {
+        "observation.state",
+        "observation.images.top",
+        "action",
+        "next.reward",
+        "next.done",
+        "complementary_info.is_intervention",
+        "user_rl.terminated",
+        "user_rl.truncated",
+    } <= set(loaded["features"])
     steps = {name: np.concatenate([e.steps[name] for e in original]) for name in original[0].steps}
     assert loaded["tasks"] == [e.task for e in original for _ in range(len(e))]
     np.testing.assert_array_equal(frames["observation.state"], steps["obs/state"])
@@ -113,43 +144,88 @@ def test_a_buffer_round_trips_through_lerobots_own_loader(lerobot_python: Path, 
     np.testing.assert_array_equal(frames["action"], steps["action"])
     np.testing.assert_allclose(frames["next.reward"].reshape(-1), steps["reward"])
     np.testing.assert_array_equal(frames["next.done"].reshape(-1), steps["terminated"] | steps["truncated"])
-    np.testing.assert_array_equal(frames["complementary_info.is_intervention"].reshape(-1),
-                                  steps["actor"] == pb.ACTOR_HUMAN)
+    np.testing.assert_array_equal(
+        frames["complementary_info.is_intervention"].reshape(-1), steps["actor"] == pb.ACTOR_HUMAN
+    )
     assert frames["episode_index"].max() == 2 * EPISODES - 1
 
     # ... and our import gives back the same episodes, down to the flags and the final observations.
-    imported = run_in_lerobot(lerobot_python, "-m", "user_rl.cli", "buffer", "import", str(tmp_path / "dataset"),
-                              str(tmp_path / "imported"))
+    imported = run_in_lerobot(
+        lerobot_python, "-m", "user_rl.cli", "buffer", "import", str(tmp_path / "dataset"), str(tmp_path / "imported")
+    )
     assert "source: demo" in imported.stdout, imported.stdout
     back = list(read_episodes(tmp_path / "imported"))
     assert_same_episodes(original, back)
 
 
-def test_an_export_takes_a_slice_of_robots_and_episodes_with_interventions(lerobot_python: Path,
-                                                                             tmp_path: Path) -> None:
+def test_an_export_takes_a_slice_of_robots_and_episodes_with_interventions(
+    lerobot_python: Path, tmp_path: Path
+) -> None:
     write_buffer(tmp_path / "buffer")
-    run_in_lerobot(lerobot_python, "-m", "user_rl.cli", "buffer", "export", str(tmp_path / "buffer"),
-                   str(tmp_path / "dataset"), "--robot", "arm-1", "--with-interventions", "--fps", "10")
-    run_in_lerobot(lerobot_python, "-m", "user_rl.cli", "buffer", "import", str(tmp_path / "dataset"),
-                   str(tmp_path / "imported"))
+    run_in_lerobot(
+        lerobot_python,
+        "-m",
+        "user_rl.cli",
+        "buffer",
+        "export",
+        str(tmp_path / "buffer"),
+        str(tmp_path / "dataset"),
+        "--robot",
+        "arm-1",
+        "--with-interventions",
+        "--fps",
+        "10",
+    )
+    run_in_lerobot(
+        lerobot_python, "-m", "user_rl.cli", "buffer", "import", str(tmp_path / "dataset"), str(tmp_path / "imported")
+    )
     wanted = list(read_episodes(tmp_path / "buffer", EpisodeFilter(robots=["arm-1"], with_interventions=True)))
     assert [e.number for e in wanted] == [1, 3] and all(e.interventions for e in wanted)
     assert_same_episodes(wanted, list(read_episodes(tmp_path / "imported")))
 
-    again = subprocess.run([str(lerobot_python), "-m", "user_rl.cli", "buffer", "export", str(tmp_path / "buffer"),
-                            str(tmp_path / "dataset")], capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        [
+            str(lerobot_python),
+            "-m",
+            "user_rl.cli",
+            "buffer",
+            "export",
+            str(tmp_path / "buffer"),
+            str(tmp_path / "dataset"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 2 and "exists; LeRobot writes a new dataset directory" in again.stderr, again.stderr
-    none = subprocess.run([str(lerobot_python), "-m", "user_rl.cli", "buffer", "export", str(tmp_path / "buffer"),
-                           str(tmp_path / "empty"), "--task", "fold the towel"], capture_output=True, text=True,
-                          timeout=300)
+    none = subprocess.run(
+        [
+            str(lerobot_python),
+            "-m",
+            "user_rl.cli",
+            "buffer",
+            "export",
+            str(tmp_path / "buffer"),
+            str(tmp_path / "empty"),
+            "--task",
+            "fold the towel",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert none.returncode == 2 and "no episode matches" in none.stderr, none.stderr
 
 
 def test_without_lerobot_the_export_says_how_to_get_it(tmp_path: Path) -> None:
     # The main environment has no LeRobot (its torch pin keeps it in an environment of its own).
     write_buffer(tmp_path / "buffer")
-    done = subprocess.run([sys.executable, "-m", "user_rl.cli", "buffer", "export", str(tmp_path / "buffer"),
-                           str(tmp_path / "dataset")], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "user_rl.cli", "buffer", "export", str(tmp_path / "buffer"), str(tmp_path / "dataset")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "pip install 'user-rl[lerobot]'" in done.stderr, done.stderr
     assert not (tmp_path / "dataset").exists()
 
@@ -161,7 +237,8 @@ import sys
 import numpy as np
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 from lerobot.datasets.utils import hw_to_dataset_features
-motors = {f"{m}.pos": float for m in ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")}
+joints = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
+motors = {f"{m}.pos": float for m in joints}
 features = {**hw_to_dataset_features({**motors, "front": (8, 8, 3)}, "observation", use_video=False),
             **hw_to_dataset_features(motors, "action", use_video=False)}
 dataset = LeRobotDataset.create("local/so101-record", fps=30, features=features, root=sys.argv[1],
@@ -182,12 +259,14 @@ np.savez(sys.argv[2], **{key: np.stack(values) for key, values in recorded.items
 """
 
 
-def test_a_dataset_recorded_by_lerobot_itself_imports_as_a_persons_demonstrations(lerobot_python: Path,
-                                                                                    tmp_path: Path) -> None:
+def test_a_dataset_recorded_by_lerobot_itself_imports_as_a_persons_demonstrations(
+    lerobot_python: Path, tmp_path: Path
+) -> None:
     run_in_lerobot(lerobot_python, "-c", RECORD_WITH_LEROBOT, str(tmp_path / "dataset"), str(tmp_path / "rec.npz"))
     recorded = np.load(tmp_path / "rec.npz")
-    imported = run_in_lerobot(lerobot_python, "-m", "user_rl.cli", "buffer", "import", str(tmp_path / "dataset"),
-                              str(tmp_path / "buffer"))
+    imported = run_in_lerobot(
+        lerobot_python, "-m", "user_rl.cli", "buffer", "import", str(tmp_path / "dataset"), str(tmp_path / "buffer")
+    )
     assert "source: demo" in imported.stdout, imported.stdout
     episodes = list(read_episodes(tmp_path / "buffer"))
     assert [(e.task, len(e)) for e in episodes] == [("pick the cube", 12), ("place the cube", 9)]
@@ -198,10 +277,13 @@ def test_a_dataset_recorded_by_lerobot_itself_imports_as_a_persons_demonstration
     assert (steps["actor"] == pb.ACTOR_HUMAN).all()  # LeRobot records a person teleoperating
     obs_space, action_space = buffer_spaces(tmp_path / "buffer")
     assert set(obs_space.spaces) == {"state", "front"} and obs_space["front"].dtype == np.uint8
-    assert (action_space.low <= recorded["action"].min(0)).all() and (action_space.high >= recorded["action"].max(0)).all()
+    assert (action_space.low <= recorded["action"].min(0)).all() and (
+        action_space.high >= recorded["action"].max(0)
+    ).all()
 
 
 # -- episode identity: (robot, epoch, episode) -------------------------------------------------------
+
 
 def restart_batch(rng: np.random.Generator, episode: int, steps: range, end: str, clock: float) -> dict:
     """Steps `steps` of one episode as one batch; `end` is how its last step ends it: terminated,
@@ -210,10 +292,22 @@ def restart_batch(rng: np.random.Generator, episode: int, steps: range, end: str
     for step in steps:
         terminated = end == "terminated" and step == steps[-1]
         action = rng.uniform(-1, 1, 2).astype(np.float32)
-        builder.add(observation(rng), action, float(rng.normal()), terminated, False, episode=episode, step=step,
-                    policy_version=step, actor=pb.ACTOR_POLICY, label=pb.LABEL_NONE, label_by=pb.LABEL_BY_ENV,
-                    sensor_time=clock + 0.05 * step, policy_action=action,
-                    final_obs=observation(rng) if terminated else None)
+        builder.add(
+            observation(rng),
+            action,
+            float(rng.normal()),
+            terminated,
+            False,
+            episode=episode,
+            step=step,
+            policy_version=step,
+            actor=pb.ACTOR_POLICY,
+            label=pb.LABEL_NONE,
+            label_by=pb.LABEL_BY_ENV,
+            sensor_time=clock + 0.05 * step,
+            policy_action=action,
+            final_obs=observation(rng) if terminated else None,
+        )
     return builder.take()[1]
 
 
@@ -224,19 +318,33 @@ def write_buffer_with_an_edge_restart(directory: Path) -> None:
     store = PersistentReplay(directory, OBS_SPACE, ACTION_SPACE, BufferConfig(segment_mb=0.01), gamma=0.9)
     try:
         arm0, arm1 = store.open_stream("arm-0", 1, ROBOTS["arm-0"]), store.open_stream("arm-1", 1, ROBOTS["arm-1"])
-        plan = [(arm0, 0, range(0, 4), "", 100.0), (arm1, 0, range(0, 5), "", 200.0),
-                (arm0, 0, range(4, 8), "terminated", 100.0), (arm1, 0, range(5, 9), "terminated", 200.0),
-                (arm0, 1, range(0, 5), "", 110.0), (arm1, 1, range(0, 3), "", 210.0)]
+        plan = [
+            (arm0, 0, range(0, 4), "", 100.0),
+            (arm1, 0, range(0, 5), "", 200.0),
+            (arm0, 0, range(4, 8), "terminated", 100.0),
+            (arm1, 0, range(5, 9), "terminated", 200.0),
+            (arm0, 1, range(0, 5), "", 110.0),
+            (arm1, 1, range(0, 3), "", 210.0),
+        ]
         for stream, episode, steps, end, clock in plan:  # then arm-0's edge dies in its episode 1
-            assert store.add(stream, store.last_seq(stream.record.robot, stream.record.epoch) + 1,
-                             restart_batch(rng, episode, steps, end, clock))
+            assert store.add(
+                stream,
+                store.last_seq(stream.record.robot, stream.record.epoch) + 1,
+                restart_batch(rng, episode, steps, end, clock),
+            )
             store.commit()
         arm0 = store.open_stream("arm-0", 2, ROBOTS["arm-0"])  # the same robot, a new edge life
-        for stream, episode, steps, end, clock in [(arm0, 0, range(0, 6), "", 300.0), (arm1, 1, range(3, 7), "", 210.0),
-                                                    (arm0, 0, range(6, 10), "terminated", 300.0),
-                                                    (arm0, 1, range(0, 3), "", 310.0)]:
-            assert store.add(stream, store.last_seq(stream.record.robot, stream.record.epoch) + 1,
-                             restart_batch(rng, episode, steps, end, clock))
+        for stream, episode, steps, end, clock in [
+            (arm0, 0, range(0, 6), "", 300.0),
+            (arm1, 1, range(3, 7), "", 210.0),
+            (arm0, 0, range(6, 10), "terminated", 300.0),
+            (arm0, 1, range(0, 3), "", 310.0),
+        ]:
+            assert store.add(
+                stream,
+                store.last_seq(stream.record.robot, stream.record.epoch) + 1,
+                restart_batch(rng, episode, steps, end, clock),
+            )
             store.commit()
     finally:
         store.close()
@@ -281,13 +389,23 @@ def test_episodes_keep_their_epoch_through_export_and_import(lerobot_python: Pat
     episode is, and the import gives back the same episodes, not two episodes 0 merged into one."""
     write_buffer_with_an_edge_restart(tmp_path / "buffer")
     original = list(read_episodes(tmp_path / "buffer"))
-    assert sorted((e.robot, e.epoch, e.number) for e in original) == \
-        [("arm-0", 1, 0), ("arm-0", 1, 1), ("arm-0", 2, 0), ("arm-0", 2, 1), ("arm-1", 1, 0), ("arm-1", 1, 1)]
+    assert sorted((e.robot, e.epoch, e.number) for e in original) == [
+        ("arm-0", 1, 0),
+        ("arm-0", 1, 1),
+        ("arm-0", 2, 0),
+        ("arm-0", 2, 1),
+        ("arm-1", 1, 0),
+        ("arm-1", 1, 1),
+    ]
 
-    run_in_lerobot(lerobot_python, "-m", "user_rl.cli", "buffer", "export", str(tmp_path / "buffer"),
-                   str(tmp_path / "dataset"))
-    loaded = json.loads(run_in_lerobot(lerobot_python, "-c", LOAD_AND_IMPORT, str(tmp_path / "dataset"),
-                                       str(tmp_path)).stdout.strip().splitlines()[-1])
+    run_in_lerobot(
+        lerobot_python, "-m", "user_rl.cli", "buffer", "export", str(tmp_path / "buffer"), str(tmp_path / "dataset")
+    )
+    loaded = json.loads(
+        run_in_lerobot(lerobot_python, "-c", LOAD_AND_IMPORT, str(tmp_path / "dataset"), str(tmp_path))
+        .stdout.strip()
+        .splitlines()[-1]
+    )
 
     # LeRobot loads the export: one dataset episode per buffer episode, each frame in its episode.
     lengths = [stop - start for start, stop in loaded["bounds"]]
@@ -303,5 +421,6 @@ def test_episodes_keep_their_epoch_through_export_and_import(lerobot_python: Pat
     # An export from before epochs were kept still never merges two episodes (a repeated number is a new epoch).
     old = list(read_episodes(tmp_path / "imported-old"))
     assert sorted((e.robot, e.number, len(e)) for e in old) == sorted((e.robot, e.number, len(e)) for e in original)
-    assert "ValueError" in loaded["refused"] and "names 5 episodes but the dataset has 6" in loaded["refused"], \
-        loaded["refused"]
+    assert "ValueError" in loaded["refused"] and "names 5 episodes but the dataset has 6" in loaded["refused"], loaded[
+        "refused"
+    ]

@@ -20,6 +20,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+
 from tests.lerobot.harness import install_plugins, run_in_lerobot
 from user_rl.cloud.buffer.episodes import Episode, EpisodeFilter, buffer_spaces, read_episodes
 from user_rl.testing import lerobot_env
@@ -32,23 +33,47 @@ PAD_POSE = [30.0, -20.0, 10.0]  # degrees: where the person's pad drives the arm
 # Reads of the pad (one per control step): hold the intervention button over reads 50-69, 170-229
 # and 280-339, press success at 100 and re-record at 150.
 INTERVENTIONS = [[50, 70], [170, 230], [280, 340]]
-PAD = {"type": "sim_pad", "id": "pad", "pose": PAD_POSE, "intervene": INTERVENTIONS, "success": [100], "rerecord": [150]}
+PAD = {
+    "type": "sim_pad",
+    "id": "pad",
+    "pose": PAD_POSE,
+    "intervene": INTERVENTIONS,
+    "success": [100],
+    "rerecord": [150],
+}
 CHUNK, ACTION_STEPS = 10, 5  # ACT plans 10 actions; the edge executes 5 of each plan
 
 
 def run_config(act_dir: Path) -> dict:
-    return {"robot": {"type": "lerobot", "options": {"robot": {"type": "sim_arm", "id": "arm_a"}, "control_hz": 200,
-                                                     "episode_steps": EPISODE_STEPS, "calibrate": True}},
-            "fleet": {"num_robots": 1, "control_hz": 100, "batch_transitions": 16},
-            "policy": {"type": "lerobot", "chunk": CHUNK,
-                       "lerobot": {"path": str(act_dir), "n_action_steps": ACTION_STEPS}},
-            "algo": {"type": "bc", "learning_starts": 32, "batch_size": 32, "actor_lr": 1e-3},
-            "reward": {"type": "labels"}, "intervention": {"teleoperator": PAD},
-            # a goal may jump the whole range: the pad's pose is stored as it gave it (by default an
-            # absolute arm's goals move at most its range in 2 s: docs/safety.md, tests/edge/test_teleop_takeover.py)
-            "safety": {"max_action_delta": 200.0},
-            "learner": {"data_port": free_port(), "weights_port": free_port(), "torch_threads": 1,
-                        "publish_every_updates": 20}}
+    return {
+        "robot": {
+            "type": "lerobot",
+            "options": {
+                "robot": {"type": "sim_arm", "id": "arm_a"},
+                "control_hz": 200,
+                "episode_steps": EPISODE_STEPS,
+                "calibrate": True,
+            },
+        },
+        "fleet": {"num_robots": 1, "control_hz": 100, "batch_transitions": 16},
+        "policy": {
+            "type": "lerobot",
+            "chunk": CHUNK,
+            "lerobot": {"path": str(act_dir), "n_action_steps": ACTION_STEPS},
+        },
+        "algo": {"type": "bc", "learning_starts": 32, "batch_size": 32, "actor_lr": 1e-3},
+        "reward": {"type": "labels"},
+        "intervention": {"teleoperator": PAD},
+        # a goal may jump the whole range: the pad's pose is stored as it gave it (by default an
+        # absolute arm's goals move at most its range in 2 s: docs/safety.md, tests/edge/test_teleop_takeover.py)
+        "safety": {"max_action_delta": 200.0},
+        "learner": {
+            "data_port": free_port(),
+            "weights_port": free_port(),
+            "torch_threads": 1,
+            "publish_every_updates": 20,
+        },
+    }
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +87,24 @@ def lerobot_run(lerobot_python: Path, tmp_path_factory: pytest.TempPathFactory) 
     config.write_text(yaml.safe_dump(cfg))
     cli = [str(lerobot_python), "-m", "user_rl.cli"]
     learner_config = cfg["learner"]
-    edge = [*cli, "edge", str(config), "--robot", "arm-l", "--learner", f"tcp://127.0.0.1:{learner_config['data_port']}",
-            "--weights", f"tcp://127.0.0.1:{learner_config['weights_port']}", "--spool", str(tmp / "spool")]
+    edge = [
+        *cli,
+        "edge",
+        str(config),
+        "--robot",
+        "arm-l",
+        "--learner",
+        f"tcp://127.0.0.1:{learner_config['data_port']}",
+        "--weights",
+        f"tcp://127.0.0.1:{learner_config['weights_port']}",
+        "--spool",
+        str(tmp / "spool"),
+    ]
 
     def start(*args: str) -> subprocess.Popen:  # the three start at once: each spends seconds importing LeRobot
-        return subprocess.Popen(list(args), env=env, cwd=lerobot_env.REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            list(args), env=env, cwd=lerobot_env.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
 
     # the ACT directory (the learner reads it once the edge says hello), the learner, and an uncalibrated start
     saving = start(str(lerobot_python), str(Path(__file__).parent / "save_act.py"), str(act_dir), "3", str(CHUNK))
@@ -81,8 +118,11 @@ def lerobot_run(lerobot_python: Path, tmp_path_factory: pytest.TempPathFactory) 
         # A hello without steps: the learner learns the spaces and starts its trainer (LeRobot's ACT takes
         # ~15 s to build on 2 busy cores) before the run, whose 600 steps take 6 s, begins.
         run_in_lerobot(lerobot_python, *edge[1:], "--max-steps", "0", env=env, timeout=300)
-        wait_until(lambda: json.loads((run / "learner_status.json").read_text()).get("trainer_ready"), 120,
-                   "the learner's trainer")
+        wait_until(
+            lambda: json.loads((run / "learner_status.json").read_text()).get("trainer_ready"),
+            120,
+            "the learner's trainer",
+        )
         done = run_in_lerobot(lerobot_python, *edge[1:], "--max-steps", str(STEPS), env=env, timeout=300)
     finally:
         learner.send_signal(signal.SIGINT)
@@ -90,8 +130,15 @@ def lerobot_run(lerobot_python: Path, tmp_path_factory: pytest.TempPathFactory) 
     status = json.loads((run / "learner_status.json").read_text())
     assert status.get("stopped") and not status.get("errors"), learner_log[-3000:]
     calibration = json.loads((tmp / "site" / "calibration" / "robots" / "sim_arm" / "arm_a.json").read_text())
-    return {"run": run, "output": done.stdout + done.stderr, "uncalibrated": refused, "status": status,
-            "calibration": calibration, "act_dir": act_dir, "learner_log": learner_log}
+    return {
+        "run": run,
+        "output": done.stdout + done.stderr,
+        "uncalibrated": refused,
+        "status": status,
+        "calibration": calibration,
+        "act_dir": act_dir,
+        "learner_log": learner_log,
+    }
 
 
 def test_lerobot_robot_plugin_is_driven_by_the_edge_in_a_short_training_run(lerobot_run: dict) -> None:
@@ -132,12 +179,15 @@ def test_lerobot_teleoperator_intervention_success_and_rerecord_arrive_in_the_bu
     # re-record at step 150: that episode ends there (truncated), with the discard mark
     parts = episodes(lerobot_run["run"])
     last_steps = np.cumsum([len(e) for e in parts]) - 1
-    assert [(int(end), e.status) for e, end in zip(parts, last_steps) if e.end_reason == "discard"] == [(150, "truncated")]
+    assert [(int(end), e.status) for e, end in zip(parts, last_steps) if e.end_reason == "discard"] == [
+        (150, "truncated")
+    ]
     assert sum(e.interventions for e in parts) == len(held)
 
 
 def test_a_lerobot_act_policy_from_a_local_directory_runs_on_the_edge_and_takes_the_learners_updates(
-        lerobot_run: dict) -> None:
+    lerobot_run: dict,
+) -> None:
     steps = joined(lerobot_run["run"])
     policy = steps["actor"] == pb.ACTOR_POLICY
     versions = steps["policy_version"][policy]

@@ -11,6 +11,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+
 from tests.lerobot.harness import run_in_lerobot
 from user_rl.config import ConfigError, build_config
 
@@ -47,19 +48,23 @@ def test_mistakes_in_a_lerobot_policy_are_named(checks: dict) -> None:
 
 
 def test_a_lerobot_policy_config_is_checked_and_without_lerobot_says_how_to_get_it() -> None:
-    cfg = build_config({"policy": {"type": "lerobot", "chunk": 10, "lerobot": {"path": "models/act"}},
-                        "algo": {"type": "bc"}})
+    cfg = build_config(
+        {"policy": {"type": "lerobot", "chunk": 10, "lerobot": {"path": "models/act"}}, "algo": {"type": "bc"}}
+    )
     assert cfg.buffer.action_horizon == 10  # each row is sampled with the chunk it imitates
     assert Path(cfg.policy.options()["lerobot"]["path"]).is_absolute()  # the learner may run elsewhere
     for policy, algo, message in [
-            ({"type": "lerobot", "lerobot": {"type": "act"}}, "sac", "policy.type lerobot trains with algo.type bc"),
-            ({"type": "lerobot"}, "bc", "policy.lerobot: give its type (act or diffusion"),
-            ({"type": "lerobot", "lerobot": {"type": "act", "path": "x"}}, "bc", "policy.lerobot: give its type"),
-            ({"type": "lerobot", "hidden": [64], "lerobot": {"type": "act"}}, "bc", "policy.hidden: a LeRobot")]:
+        ({"type": "lerobot", "lerobot": {"type": "act"}}, "sac", "policy.type lerobot trains with algo.type bc"),
+        ({"type": "lerobot"}, "bc", "policy.lerobot: give its type (act or diffusion"),
+        ({"type": "lerobot", "lerobot": {"type": "act", "path": "x"}}, "bc", "policy.lerobot: give its type"),
+        ({"type": "lerobot", "hidden": [64], "lerobot": {"type": "act"}}, "bc", "policy.hidden: a LeRobot"),
+    ]:
         with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
             build_config({"policy": policy, "algo": {"type": algo}})
     from user_rl.policies import make_actor  # this environment has no lerobot
 
     spaces = gym.spaces.Dict({"state": gym.spaces.Box(-1, 1, (3,), np.float32)}), gym.spaces.Box(-1, 1, (3,))
-    with pytest.raises(RuntimeError, match=r"policy.type lerobot needs the lerobot package: pip install 'user-rl\[lerobot\]'"):
+    with pytest.raises(
+        RuntimeError, match=r"policy.type lerobot needs the lerobot package: pip install 'user-rl\[lerobot\]'"
+    ):
         make_actor("lerobot", *spaces, **cfg.policy.options())

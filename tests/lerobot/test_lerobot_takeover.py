@@ -31,7 +31,8 @@ finally:
 
 
 def test_a_take_over_of_the_lerobot_plugin_arm_holds_its_pose_and_moves_by_at_most_the_step_limit(
-        lerobot_python: Path, tmp_path: Path) -> None:
+    lerobot_python: Path, tmp_path: Path
+) -> None:
     done = run_in_lerobot(lerobot_python, "-c", TAKE_OVER, timeout=180, env=install_plugins(tmp_path / "site"))
     print(done.stdout.strip().splitlines()[-1])
     assert "goal - pose while idle 0 deg" in done.stdout

@@ -31,10 +31,15 @@ def chunk_batch(rng: np.random.Generator, size: int = 256, demonstrated_until: n
     until = np.full(size, H) if demonstrated_until is None else demonstrated_until
     demonstrated = (np.arange(H)[None] < until[:, None]).astype(np.float32)
     chunk = np.where(demonstrated[..., None] > 0, chunk, rng.uniform(-2, 2, chunk.shape).astype(np.float32))
-    return {"obs": {"state": torch.from_numpy(state)}, "action": torch.from_numpy(chunk[:, 0]),
-            "action_chunk": torch.from_numpy(chunk), "intervened": torch.from_numpy(demonstrated[:, 0]),
-            "policy_acted": torch.zeros(size), "chunk_intervened": torch.from_numpy(demonstrated),
-            "chunk_policy_acted": torch.zeros(size, H)}
+    return {
+        "obs": {"state": torch.from_numpy(state)},
+        "action": torch.from_numpy(chunk[:, 0]),
+        "action_chunk": torch.from_numpy(chunk),
+        "intervened": torch.from_numpy(demonstrated[:, 0]),
+        "policy_acted": torch.zeros(size),
+        "chunk_intervened": torch.from_numpy(demonstrated),
+        "chunk_policy_acted": torch.zeros(size, H),
+    }
 
 
 def test_flow_policy_outputs_chunks_in_the_robots_units() -> None:
@@ -54,8 +59,9 @@ def test_behaviour_cloning_teaches_a_flow_policy_whole_chunks_and_only_what_was_
     policy did): flow matching on the demonstrated actions only still learns every action of the chunk."""
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    algo = BehaviourCloning(OBS_SPACE, ACTION_SPACE, "flow", {"hidden": [128, 128], "chunk": H, "flow_steps": 10},
-                            BCSettings(actor_lr=1e-3))
+    algo = BehaviourCloning(
+        OBS_SPACE, ACTION_SPACE, "flow", {"hidden": [128, 128], "chunk": H, "flow_steps": 10}, BCSettings(actor_lr=1e-3)
+    )
     for _ in range(1500):
         until = np.where(rng.random(256) < 0.5, H, rng.integers(1, 3, 256))
         metrics = metrics_to_floats(algo.update(chunk_batch(rng, demonstrated_until=until)))
@@ -73,16 +79,23 @@ def test_q_chunking_values_chunks_by_their_reward_and_picks_the_best() -> None:
     The critic learns the difference and best-of-N picks chunks nearer the expert than the flow's average."""
     torch.manual_seed(0)
     rng = np.random.default_rng(1)
-    algo = QChunking(OBS_SPACE, ACTION_SPACE, "flow", {"hidden": [128, 128], "chunk": H, "flow_steps": 4,
-                                                      "best_of": 16})
+    algo = QChunking(
+        OBS_SPACE, ACTION_SPACE, "flow", {"hidden": [128, 128], "chunk": H, "flow_steps": 4, "best_of": 16}
+    )
     for _ in range(1500):
         state = rng.uniform(-1, 1, (256, 3)).astype(np.float32)
         chunk = np.clip(expert_chunk(state) + rng.normal(0, 1.0, (256, H, 2)).astype(np.float32), -2, 2)
         close = np.abs(chunk - expert_chunk(state)).mean((1, 2)) < 0.5
-        batch = {"obs": {"state": torch.from_numpy(state)}, "next_obs": {"state": torch.from_numpy(state)},
-                 "reward": torch.from_numpy(close.astype(np.float32)), "terminated": torch.ones(256, dtype=torch.bool),
-                 "discount": torch.full((256,), 0.99 ** H), "action_chunk": torch.from_numpy(chunk),
-                 "chunk_intervened": torch.ones(256, H), "chunk_policy_acted": torch.zeros(256, H)}
+        batch = {
+            "obs": {"state": torch.from_numpy(state)},
+            "next_obs": {"state": torch.from_numpy(state)},
+            "reward": torch.from_numpy(close.astype(np.float32)),
+            "terminated": torch.ones(256, dtype=torch.bool),
+            "discount": torch.full((256,), 0.99**H),
+            "action_chunk": torch.from_numpy(chunk),
+            "chunk_intervened": torch.ones(256, H),
+            "chunk_policy_acted": torch.zeros(256, H),
+        }
         metrics = metrics_to_floats(algo.update(batch))
     assert set(metrics) == {"critic_loss", "flow_loss", "q"}
     test = {"state": torch.from_numpy(rng.uniform(-1, 1, (300, 3)).astype(np.float32))}
@@ -116,8 +129,10 @@ def test_local_weights_load_by_name_and_a_partial_file_leaves_the_rest_fresh(tmp
     for name, tensor in cloned.state_dict().items():
         assert torch.equal(with_critic.state_dict()[name], tensor), name
     torch.save({"actor": cloned.state_dict(), "policy_version": 3}, tmp_path / "checkpoint.pt")
-    assert load_weights(make_actor("flow", OBS_SPACE, ACTION_SPACE, hidden=[16], chunk=H),
-                        tmp_path / "checkpoint.pt") == []
+    assert (
+        load_weights(make_actor("flow", OBS_SPACE, ACTION_SPACE, hidden=[16], chunk=H), tmp_path / "checkpoint.pt")
+        == []
+    )
     with pytest.raises(ValueError, match="has shape"):
         load_weights(make_actor("flow", OBS_SPACE, ACTION_SPACE, hidden=[16], chunk=H + 1), tmp_path / "bc.safetensors")
     with pytest.raises(ValueError, match="which this policy does not have"):
@@ -127,8 +142,9 @@ def test_local_weights_load_by_name_and_a_partial_file_leaves_the_rest_fresh(tmp
 
 
 def test_flow_policy_runs_from_pixels() -> None:
-    space = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (16, 16, 3), np.uint8),
-                             "state": gym.spaces.Box(-1, 1, (3,), np.float32)})
+    space = gym.spaces.Dict(
+        {"image": gym.spaces.Box(0, 255, (16, 16, 3), np.uint8), "state": gym.spaces.Box(-1, 1, (3,), np.float32)}
+    )
     actor = FlowChunkActor(space, ACTION_SPACE, hidden=[16], chunk=2, flow_steps=2, best_of=3)
     obs = {"image": torch.zeros(2, 16, 16, 3, dtype=torch.uint8), "state": torch.zeros(2, 3)}
     assert actor.act_chunk(obs).shape == (2, 2, 2)

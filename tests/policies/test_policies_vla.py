@@ -11,16 +11,18 @@ import pytest
 import torch
 
 from user_rl.algos import BCSettings, BehaviourCloning, metrics_to_floats
-from user_rl.policies import make_actor
 from user_rl.hal.instruction import decode_instruction, encode_instruction
+from user_rl.policies import make_actor
 from user_rl.policies.vla import SIZES, VLAChunkActor
 from user_rl.policies.weights import load_weights, save_weights
 
-OBS_SPACE = gym.spaces.Dict({
-    "image": gym.spaces.Box(0, 255, (16, 16, 3), np.uint8),
-    "instruction": gym.spaces.Box(0, 255, (16,), np.uint8),
-    "state": gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
-})
+OBS_SPACE = gym.spaces.Dict(
+    {
+        "image": gym.spaces.Box(0, 255, (16, 16, 3), np.uint8),
+        "instruction": gym.spaces.Box(0, 255, (16,), np.uint8),
+        "state": gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+    }
+)
 ACTION_SPACE = gym.spaces.Box(-1, 1, (2,), np.float32)
 H = 3
 WORDS = {"go left": -0.8, "go right": 0.8}  # the instruction alone decides the action
@@ -45,12 +47,20 @@ def test_named_sizes_have_the_parameter_counts_they_are_named_for() -> None:
 def batch_for(rng: np.random.Generator, size: int = 128) -> dict:
     said = rng.choice(list(WORDS), size)
     chunk = np.repeat(np.array([WORDS[w] for w in said], np.float32)[:, None, None], H, 1).repeat(2, 2)
-    obs = {"image": torch.from_numpy(rng.integers(0, 256, (size, 16, 16, 3), dtype=np.uint8)),
-           "instruction": torch.from_numpy(np.stack([encode_instruction(w, 16) for w in said])),
-           "state": torch.from_numpy(rng.normal(size=(size, 4)).astype(np.float32))}
-    return {"obs": obs, "action": torch.from_numpy(chunk[:, 0]), "action_chunk": torch.from_numpy(chunk),
-            "intervened": torch.ones(size), "policy_acted": torch.zeros(size),
-            "chunk_intervened": torch.ones(size, H), "chunk_policy_acted": torch.zeros(size, H)}
+    obs = {
+        "image": torch.from_numpy(rng.integers(0, 256, (size, 16, 16, 3), dtype=np.uint8)),
+        "instruction": torch.from_numpy(np.stack([encode_instruction(w, 16) for w in said])),
+        "state": torch.from_numpy(rng.normal(size=(size, 4)).astype(np.float32)),
+    }
+    return {
+        "obs": obs,
+        "action": torch.from_numpy(chunk[:, 0]),
+        "action_chunk": torch.from_numpy(chunk),
+        "intervened": torch.ones(size),
+        "policy_acted": torch.zeros(size),
+        "chunk_intervened": torch.ones(size, H),
+        "chunk_policy_acted": torch.zeros(size, H),
+    }
 
 
 def act_on(actor, words: str, rng: np.random.Generator) -> np.ndarray:
@@ -62,8 +72,9 @@ def act_on(actor, words: str, rng: np.random.Generator) -> np.ndarray:
 def test_the_instruction_reaches_the_policy_and_decides_its_actions() -> None:
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    algo = BehaviourCloning(OBS_SPACE, ACTION_SPACE, "vla", {"chunk": H, "flow_steps": 4, "size": "tiny"},
-                            BCSettings(actor_lr=1e-3))
+    algo = BehaviourCloning(
+        OBS_SPACE, ACTION_SPACE, "vla", {"chunk": H, "flow_steps": 4, "size": "tiny"}, BCSettings(actor_lr=1e-3)
+    )
     for _ in range(300):
         algo.update(batch_for(rng))
     left, right = act_on(algo.actor, "go left", rng), act_on(algo.actor, "go right", rng)
@@ -80,11 +91,17 @@ def test_a_frozen_backbone_from_a_safetensors_file_stays_as_loaded_while_the_hea
     save_weights(pretrained.encoder, tmp_path / "backbone.safetensors")  # names relative to the backbone
     backbone = {f"encoder.{name}": t for name, t in pretrained.encoder.state_dict().items()}
     from safetensors.torch import save_file
+
     save_file(backbone, str(tmp_path / "vla_backbone.safetensors"))  # as the actor names them
 
     torch.manual_seed(2)
-    algo = BehaviourCloning(OBS_SPACE, ACTION_SPACE, "vla", {"chunk": H, "flow_steps": 4, "size": "tiny",
-                                                              "freeze": ["encoder"]}, BCSettings(actor_lr=1e-3))
+    algo = BehaviourCloning(
+        OBS_SPACE,
+        ACTION_SPACE,
+        "vla",
+        {"chunk": H, "flow_steps": 4, "size": "tiny", "freeze": ["encoder"]},
+        BCSettings(actor_lr=1e-3),
+    )
     fresh = load_weights(algo.actor, tmp_path / "vla_backbone.safetensors")
     assert fresh and all(name.startswith("velocity_net.") for name in fresh)  # only the head starts fresh
     head_before = {n: t.clone() for n, t in algo.actor.state_dict().items() if n.startswith("velocity_net.")}

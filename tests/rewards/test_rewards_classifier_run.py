@@ -27,8 +27,12 @@ from user_rl.wire import user_rl_pb2 as pb
 # Labelled frames: the expert takes over after 3 steps without progress and hands back 5 cm from
 # the target; between take-overs the (never trained) policy acts at random. Touching ends a sparse
 # episode (a success), the 30-step limit is a failure.
-RECORD = ["algo.learning_starts=1000000000", "intervention.scripted=true", "intervention.patience=3",
-          "intervention.handback_distance=0.05"]
+RECORD = [
+    "algo.learning_starts=1000000000",
+    "intervention.scripted=true",
+    "intervention.patience=3",
+    "intervention.handback_distance=0.05",
+]
 RECORD_STEPS = 60000  # ~15 s: labelled frames are cheap in sim, and the boundary needs many near misses
 THRESHOLD = 0.9  # a policy finds the frames a classifier wrongly calls success: judge only the sure ones
 FRESH_EPISODES = 100
@@ -37,22 +41,50 @@ FRESH_EPISODES = 100
 @pytest.mark.long
 @pytest.mark.timeout(1500)
 def test_a_run_rewarded_by_the_success_classifier_learns_the_task(tmp_path: Path) -> None:
-    record_run(tmp_path / "labelled", {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 30,
-                                                                           "reward": "sparse"}}, RECORD, RECORD_STEPS)
+    record_run(
+        tmp_path / "labelled",
+        {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 30, "reward": "sparse"}},
+        RECORD,
+        RECORD_STEPS,
+    )
     classifier_file = tmp_path / "classifier.pt"
-    trained = run_cli("reward", "train", str(tmp_path / "labelled"), "--keys", "state", "--hidden", "256", "256",
-                      "--updates", "10000", "--threshold", str(THRESHOLD), "--out", str(classifier_file), timeout=600)
+    trained = run_cli(
+        "reward",
+        "train",
+        str(tmp_path / "labelled"),
+        "--keys",
+        "state",
+        "--hidden",
+        "256",
+        "256",
+        "--updates",
+        "10000",
+        "--threshold",
+        str(THRESHOLD),
+        "--out",
+        str(classifier_file),
+        timeout=600,
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]
     print(f"\nstate classifier: {trained.stdout.strip()}")
 
     # RLPD-style SAC with the scripted intervener, as in the interventions test, but the reward is
     # the classifier's: the dense variant's reward (minus the distance, never 0 or 1) stays on the edge.
-    summary = train("configs/reach_interventions.yaml", tmp_path / "run", "robot.options.reward=dense",
-                    "reward.type=classifier", f"reward.classifier={classifier_file}", f"reward.threshold={THRESHOLD}",
-                    *ONLY_THE_FINAL_EVALUATION, timeout=1200)
+    summary = train(
+        "configs/reach_interventions.yaml",
+        tmp_path / "run",
+        "robot.options.reward=dense",
+        "reward.type=classifier",
+        f"reward.classifier={classifier_file}",
+        f"reward.threshold={THRESHOLD}",
+        *ONLY_THE_FINAL_EVALUATION,
+        timeout=1200,
+    )
     fresh = evaluate(summary["checkpoint"], FRESH_EPISODES, 11, "robot.options.reward=sparse")
-    print(f"{summary['learner']['env_steps']:,} env steps rewarded by the classifier: success on {FRESH_EPISODES} "
-          f"fresh episodes of the task (touch the target) {fresh['success_rate']:.2f}")
+    print(
+        f"{summary['learner']['env_steps']:,} env steps rewarded by the classifier: success on {FRESH_EPISODES} "
+        f"fresh episodes of the task (touch the target) {fresh['success_rate']:.2f}"
+    )
     assert fresh["success_rate"] >= 0.8, fresh
     misspelt = run_cli("eval", summary["checkpoint"], "robot.options.rewrd=sparse", timeout=120)
     assert misspelt.returncode == 2 and "unknown option 'rewrd'" in misspelt.stderr, misspelt.stderr[-2000:]
@@ -60,8 +92,9 @@ def test_a_run_rewarded_by_the_success_classifier_learns_the_task(tmp_path: Path
     # What the learner stored: only the classifier's judgement.
     cfg = build_config({"robot": {"type": "mujoco_reach", "options": {"obs_mode": "state"}}})
     with make_robot("mujoco_reach", obs_mode="state") as robot:
-        buffer = PersistentReplay(Path(summary["run_dir"]) / "buffer", robot.observation_space, robot.action_space,
-                                  cfg.buffer)
+        buffer = PersistentReplay(
+            Path(summary["run_dir"]) / "buffer", robot.observation_space, robot.action_space, cfg.buffer
+        )
     try:
         batch = buffer.sample(4096, np.random.default_rng(0))
     finally:
@@ -78,5 +111,7 @@ def test_a_run_rewarded_by_the_success_classifier_learns_the_task(tmp_path: Path
     assert (batch["label_by"][batch["label"] != pb.LABEL_NONE] == pb.LABEL_BY_CLASSIFIER).all()
     # The state ends with target - fingertip: how many judged successes were real (< 2 cm).
     distance = np.linalg.norm(batch["next_obs/state"][judged, -3:], axis=1)
-    print(f"judged successes in a sample of 4096: {int(judged.sum())}, of which within the env's 2 cm: "
-          f"{(distance < 0.02).mean():.2f} (median {np.median(distance):.3f} m)")
+    print(
+        f"judged successes in a sample of 4096: {int(judged.sum())}, of which within the env's 2 cm: "
+        f"{(distance < 0.02).mean():.2f} (median {np.median(distance):.3f} m)"
+    )

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from tests.rewards.recording import record_run
+from user_rl.cli import main
 from user_rl.cloud.buffer.rows import KIND_RECORD
 from user_rl.cloud.buffer.segment import read_segment
 from user_rl.cloud.learner import Learner
-from user_rl.cli import main
 from user_rl.config import ConfigError, build_config
 from user_rl.edge.factory import make_edge
 from user_rl.rewards.frames import NoLabelledFrames, labelled_frames
@@ -23,9 +23,17 @@ from user_rl.wire import user_rl_pb2 as pb
 
 def test_a_persons_success_mark_is_the_only_reward_with_labels(tmp_path: Path) -> None:
     # The env's dense reward (minus the distance) is never 0 or 1: none of it may reach the buffer.
-    cfg = build_config({"robot": {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 100}}},
-                       ["fleet.num_robots=1", "algo.learning_starts=100000", "fleet.batch_transitions=8",
-                        "fleet.pace_to_learner=false", "fleet.control_hz=50", "reward.type=labels"])
+    cfg = build_config(
+        {"robot": {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 100}}},
+        [
+            "fleet.num_robots=1",
+            "algo.learning_starts=100000",
+            "fleet.batch_transitions=8",
+            "fleet.pace_to_learner=false",
+            "fleet.control_hz=50",
+            "reward.type=labels",
+        ],
+    )
     learner = Learner(cfg, tmp_path)
     learner_thread = threading.Thread(target=learner.run, daemon=True)
     learner_thread.start()
@@ -79,8 +87,12 @@ def test_reward_config_errors_name_what_is_wrong(tmp_path: Path) -> None:
 
 def test_a_buffer_without_labels_gives_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     # 30 steps of a 100-step episode: no episode ended, so no row carries a label.
-    record_run(tmp_path / "run", {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 100}},
-               ["algo.learning_starts=1000000000"], 30)
+    record_run(
+        tmp_path / "run",
+        {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 100}},
+        ["algo.learning_starts=1000000000"],
+        30,
+    )
     with pytest.raises(NoLabelledFrames, match="no labelled episodes"):
         labelled_frames(tmp_path / "run", ["state"])
     assert main(["reward", "train", str(tmp_path / "run"), "--keys", "state", "--out", str(tmp_path / "c.pt")]) == 2

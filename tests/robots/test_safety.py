@@ -59,15 +59,27 @@ class HostileActor(torch.nn.Module):
 def offline_edge(robot: ReachRobot, script, safety: SafetySettings, context: zmq.Context) -> EdgeDaemon:
     """An unpaced edge with no learner (it keeps its batches), acting with `script` from the first step."""
     inner = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
-    edge = EdgeDaemon(robot, HostileActor(inner, script), "tcp://127.0.0.1:1", "tcp://127.0.0.1:1",
-                      EdgeSettings(pace_to_learner=False, batch_transitions=50, safety=safety), context)
+    edge = EdgeDaemon(
+        robot,
+        HostileActor(inner, script),
+        "tcp://127.0.0.1:1",
+        "tcp://127.0.0.1:1",
+        EdgeSettings(pace_to_learner=False, batch_transitions=50, safety=safety),
+        context,
+    )
     edge.policy_version = 0  # act with the (hostile) policy at once, not random warm-up actions
     return edge
 
 
 def test_nan_huge_and_jerky_actions_never_reach_the_arm(tmp_path: Path) -> None:
-    garbage = [np.full(3, np.nan), np.array([np.inf, 0, 0]), np.full(3, 1e9), np.full(3, -1e30),
-               np.array([1.0, -1.0, 1.0]), np.array([-1.0, 1.0, -1.0])]
+    garbage = [
+        np.full(3, np.nan),
+        np.array([np.inf, 0, 0]),
+        np.full(3, 1e9),
+        np.full(3, -1e30),
+        np.array([1.0, -1.0, 1.0]),
+        np.array([-1.0, 1.0, -1.0]),
+    ]
     context = zmq.Context()
     robot = RecordingArm(robot_id="hostile", seed=0)
     edge = offline_edge(robot, lambda n: garbage[n % len(garbage)], SafetySettings(max_action_delta=0.25), context)
@@ -92,8 +104,9 @@ def test_joint_limits_and_workspace_from_the_descriptor_are_kept() -> None:
     # Tighter limits than the servos' own: an elbow kept within (0.3, 1.2) rad, a fingertip kept above 12 cm.
     limits = list(robot.descriptor.joint_limits)
     limits[2] = (0.3, 1.2)
-    robot.descriptor = dataclasses.replace(robot.descriptor, joint_limits=tuple(limits),
-                                           workspace=((-0.6, 0.6), (-0.6, 0.6), (0.12, 0.7)))
+    robot.descriptor = dataclasses.replace(
+        robot.descriptor, joint_limits=tuple(limits), workspace=((-0.6, 0.6), (-0.6, 0.6), (0.12, 0.7))
+    )
     safety = ActionFilter(robot.action_space, SafetySettings(), robot)
 
     def outside(elbow: float) -> float:
@@ -129,28 +142,45 @@ def test_a_stalled_policy_gets_the_arm_held_within_the_deadline() -> None:
     assert status["watchdog_holds"] == 1 and len(robot.holds) == 1
     before = max(t for t in robot.step_times if t < robot.holds[0])
     assert 0.2 <= robot.holds[0] - before <= 0.2 + 0.15  # held within the deadline (+ the watchdog's tick)
-    assert all(b - a < 0.2 for a, b in zip(robot.step_times, robot.step_times[1:]) if b < robot.holds[0] or a > robot.holds[0])
+    assert all(
+        b - a < 0.2 for a, b in zip(robot.step_times, robot.step_times[1:]) if b < robot.holds[0] or a > robot.holds[0]
+    )
 
 
 def test_violations_and_holds_reach_the_learner_in_the_heartbeat(tmp_path: Path) -> None:
-    cfg = build_config({"robot": {"type": "mujoco_reach"}, "fleet": {"num_robots": 1, "pace_to_learner": False,
-                        "heartbeat_s": 0.2}, "policy": {"hidden": [16]}, "learner": {"torch_threads": 1}})
+    cfg = build_config(
+        {
+            "robot": {"type": "mujoco_reach"},
+            "fleet": {"num_robots": 1, "pace_to_learner": False, "heartbeat_s": 0.2},
+            "policy": {"hidden": [16]},
+            "learner": {"torch_threads": 1},
+        }
+    )
     with serving_learner(cfg, tmp_path / "run") as learner:
         context = zmq.Context()
         robot = RecordingArm(robot_id="reported", seed=0)
         inner = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
-        edge = EdgeDaemon(robot, HostileActor(inner, lambda n: np.full(3, np.nan if n % 2 else 5.0)),
-                          learner.addresses["data"], learner.addresses["weights"],
-                          EdgeSettings(pace_to_learner=False, control_hz=100, heartbeat_s=0.2), context)
+        edge = EdgeDaemon(
+            robot,
+            HostileActor(inner, lambda n: np.full(3, np.nan if n % 2 else 5.0)),
+            learner.addresses["data"],
+            learner.addresses["weights"],
+            EdgeSettings(pace_to_learner=False, control_hz=100, heartbeat_s=0.2),
+            context,
+        )
         edge.policy_version = 0
         runner = threading.Thread(target=edge.run, daemon=True)
         runner.start()
         try:
+
             def reported() -> dict:
                 return learner.status().get("robots", {}).get("reported", {}).get("safety_violations", {})
 
-            wait_until(lambda: reported().get("non_finite", 0) >= 50 and reported().get("clipped", 0) >= 50, 60,
-                       "the learner to hear of the filtered actions")
+            wait_until(
+                lambda: reported().get("non_finite", 0) >= 50 and reported().get("clipped", 0) >= 50,
+                60,
+                "the learner to hear of the filtered actions",
+            )
             assert learner.status()["robots"]["reported"]["watchdog_holds"] == 0
         finally:
             edge.stop()
@@ -166,17 +196,27 @@ def test_estop_holds_until_rearmed_even_across_an_edge_restart(tmp_path: Path) -
     spool_root = tmp_path / "spool"
 
     def cli(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "user_rl.cli", *args, "--spool", str(spool_root)],
-                              cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "user_rl.cli", *args, "--spool", str(spool_root)],
+            cwd=Path(__file__).resolve().parents[2],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         return done.stdout
 
     def start() -> tuple[EdgeDaemon, RecordingArm, threading.Thread]:
         robot = RecordingArm(robot_id="arm-e", seed=0)
         inner = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
-        edge = EdgeDaemon(robot, inner, "tcp://127.0.0.1:1", "tcp://127.0.0.1:1",
-                          EdgeSettings(pace_to_learner=False, control_hz=100,
-                                       link=LinkSettings(spool_dir=str(spool_root / "arm-e"))), context)
+        edge = EdgeDaemon(
+            robot,
+            inner,
+            "tcp://127.0.0.1:1",
+            "tcp://127.0.0.1:1",
+            EdgeSettings(pace_to_learner=False, control_hz=100, link=LinkSettings(spool_dir=str(spool_root / "arm-e"))),
+            context,
+        )
         runner = threading.Thread(target=edge.run, daemon=True)
         runner.start()
         return edge, robot, runner
@@ -227,6 +267,7 @@ class CallLog(RecordingArm):
         def stepping():
             time.sleep(self.stalls.get(len(self.received) + 1, 0.0))
             return super(CallLog, self).step(action)
+
         return self._logged("step", stepping)
 
     def reset(self, seed=None):
@@ -237,6 +278,7 @@ class CallLog(RecordingArm):
             super(CallLog, self).hold()
             if self.hold_raises:
                 raise RuntimeError("servo bus: no answer to the hold command")
+
         self._logged("hold", holding)
 
     def overlaps(self) -> list[tuple]:
@@ -302,14 +344,17 @@ def test_a_hold_never_runs_during_a_stalled_step_and_a_hold_ends_the_episode() -
     assert robot.overlaps() == [], "a hold ran during another robot call"
     assert status["watchdog_holds"] == 2 and len(robot.holds) == 1
     assert status["safety_violations"]["hold_failed"] == 1
-    assert re.fullmatch(r"watchdog: HoldBlocked: a call to the robot \(a step or reset\) has not returned for "
-                        r"\d+\.\d\d s; not held", status["hold_error"])
+    assert re.fullmatch(
+        r"watchdog: HoldBlocked: a call to the robot \(a step or reset\) has not returned for "
+        r"\d+\.\d\d s; not held",
+        status["hold_error"],
+    )
     # The hold before step 80 ended episode 0 there (a count-0 batch "hold" right after its last step) and
     # the robot was reset: episode 1 starts at step 0 with the step after it.
     ends = [(i, reason) for i, (_, count, reason, _) in enumerate(batches) if count == 0]
     assert [reason for _, reason in ends] == ["hold"]
     before = episode_steps_in_order(batches[: ends[0][0]])
-    after = episode_steps_in_order(batches[ends[0][0] + 1:])
+    after = episode_steps_in_order(batches[ends[0][0] + 1 :])
     assert before == [(0, s) for s in range(79)] and after == [(1, s) for s in range(21)]
     assert [c[0] for c in robot.calls].count("reset") == 2 and status["episodes"] == 1
 
@@ -321,9 +366,19 @@ def test_an_estop_ends_the_episode_and_rearming_starts_a_new_one(tmp_path: Path)
     context = zmq.Context()
     robot = CallLog(robot_id="arm-s", seed=0, episode_steps=100)
     inner = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
-    edge = EdgeDaemon(robot, inner, "tcp://127.0.0.1:1", "tcp://127.0.0.1:1",
-                      EdgeSettings(control_hz=100, batch_transitions=16, safety=SafetySettings(deadline_s=0.5),
-                                   link=LinkSettings(spool_dir=str(tmp_path / "arm-s"))), context)
+    edge = EdgeDaemon(
+        robot,
+        inner,
+        "tcp://127.0.0.1:1",
+        "tcp://127.0.0.1:1",
+        EdgeSettings(
+            control_hz=100,
+            batch_transitions=16,
+            safety=SafetySettings(deadline_s=0.5),
+            link=LinkSettings(spool_dir=str(tmp_path / "arm-s")),
+        ),
+        context,
+    )
     runner = threading.Thread(target=edge.run, daemon=True)
     runner.start()
     wait_until(lambda: edge.steps >= 37, 30, "the arm to move")
@@ -342,7 +397,7 @@ def test_an_estop_ends_the_episode_and_rearming_starts_a_new_one(tmp_path: Path)
     ends = [i for i, (_, count, _, _) in enumerate(batches) if count == 0]
     assert len(ends) == 1 and batches[ends[0]][2] == "estop"
     assert [seq for seq, *_ in batches] == list(range(1, len(batches) + 1))  # in order with the batches
-    before, after = episode_steps_in_order(batches[: ends[0]]), episode_steps_in_order(batches[ends[0] + 1:])
+    before, after = episode_steps_in_order(batches[: ends[0]]), episode_steps_in_order(batches[ends[0] + 1 :])
     assert before == [(0, s) for s in range(stopped_at)]
     assert after == [(1, s) for s in range(len(after))] and len(after) >= 30
     resets = [start for name, start, _ in robot.calls if name == "reset"]

@@ -45,8 +45,11 @@ def test_the_default_limit_lets_a_joint_cross_its_range_in_full_range_s_and_a_se
     assert step_limit(reach.action_space, None, reach) is None  # a delta robot: no default
     assert ActionFilter(reach.action_space, SafetySettings(), reach).max_delta is None
     unbounded = Dial(-np.inf, np.inf)
-    with pytest.raises(ValueError, match="dial-0: its actions are absolute positions but its action space has no "
-                                         "finite bounds, so no default rate limit: set safety.max_action_delta"):
+    with pytest.raises(
+        ValueError,
+        match="dial-0: its actions are absolute positions but its action space has no "
+        "finite bounds, so no default rate limit: set safety.max_action_delta",
+    ):
         step_limit(unbounded.action_space, None, unbounded)
 
 

@@ -27,8 +27,16 @@ def test_generate_makes_missing_keys_only_and_keeps_secrets_private(tmp_path: Pa
     keys = tmp_path / "keys"
     written = generate(keys, ["arm-0", "arm-1"])
     names = sorted(p.relative_to(keys).as_posix() for p in written)
-    assert names == ["enrolled/arm-0.key", "enrolled/arm-1.key", "learner.key", "learner.key_secret",
-                     "robots/arm-0.key", "robots/arm-0.key_secret", "robots/arm-1.key", "robots/arm-1.key_secret"]
+    assert names == [
+        "enrolled/arm-0.key",
+        "enrolled/arm-1.key",
+        "learner.key",
+        "learner.key_secret",
+        "robots/arm-0.key",
+        "robots/arm-0.key_secret",
+        "robots/arm-1.key",
+        "robots/arm-1.key_secret",
+    ]
     assert stat.S_IMODE((keys / "robots" / "arm-0.key_secret").stat().st_mode) == 0o600
     before = (keys / "learner.key_secret").read_bytes()
     again = generate(keys, ["arm-1", "arm-2"])  # adds arm-2, touches nothing else
@@ -65,7 +73,11 @@ def test_curve_is_on_by_default_unless_everything_is_loopback() -> None:
     assert curve_enabled("auto", "0.0.0.0") and curve_enabled("auto", "tcp://10.0.0.5:5555")
     assert curve_enabled("on", "127.0.0.1") and not curve_enabled("off", "10.0.0.5")
     # YAML reads a bare on / off as a boolean; the config takes either.
-    assert [build_config({}, [f"security.curve={v}"]).security.curve for v in ("on", "off", "auto")] == ["on", "off", "auto"]
+    assert [build_config({}, [f"security.curve={v}"]).security.curve for v in ("on", "off", "auto")] == [
+        "on",
+        "off",
+        "auto",
+    ]
 
 
 @pytest.fixture
@@ -129,10 +141,24 @@ def test_a_revoked_key_is_refused_without_a_restart(server) -> None:
 
 def test_a_launch_that_would_encrypt_checks_its_keys_before_starting_anything(tmp_path: Path) -> None:
     def launch(keys: Path) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "user_rl.cli", "train", "configs/reach.yaml", "fleet.num_robots=2",
-                               "learner.host=0.0.0.0", f"security.keys_dir={keys}", f"run_root={tmp_path / 'runs'}"],
-                              cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "MUJOCO_GL": "egl"})
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "user_rl.cli",
+                "train",
+                "configs/reach.yaml",
+                "fleet.num_robots=2",
+                "learner.host=0.0.0.0",
+                f"security.keys_dir={keys}",
+                f"run_root={tmp_path / 'runs'}",
+            ],
+            cwd=Path(__file__).resolve().parents[2],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "MUJOCO_GL": "egl"},
+        )
 
     keys = tmp_path / "keys"
     missing = launch(keys)  # not loopback, so security.curve=auto encrypts: the learner needs its keypair
@@ -163,15 +189,33 @@ def test_a_revoked_key_stays_out_after_its_robot_is_enrolled_with_a_new_key(tmp_
     ingest.open_buffer(obs_space, action_space)
 
     def link(client: ClientKeys, epoch: int) -> DataLink:
-        return DataLink(context, ingest.endpoint, robot.descriptor, obs_space, action_space, epoch=epoch,
-                        settings=LinkSettings(spool_dir=str(tmp_path / f"spool-{epoch}"), curve=client))
+        return DataLink(
+            context,
+            ingest.endpoint,
+            robot.descriptor,
+            obs_space,
+            action_space,
+            epoch=epoch,
+            settings=LinkSettings(spool_dir=str(tmp_path / f"spool-{epoch}"), curve=client),
+        )
 
     def send_steps(data_link: DataLink, rows: int = 8) -> None:
         builder = BatchBuilder(obs_space, action_space, capacity=rows)
         obs = robot.reset()
         for step in range(rows):
-            builder.add(obs, np.zeros(action_space.shape, action_space.dtype), 0.0, False, False, episode=0,
-                        step=step, policy_version=-1, actor=pb.ACTOR_POLICY, label=pb.LABEL_NONE, sensor_time=0.0)
+            builder.add(
+                obs,
+                np.zeros(action_space.shape, action_space.dtype),
+                0.0,
+                False,
+                False,
+                episode=0,
+                step=step,
+                policy_version=-1,
+                actor=pb.ACTOR_POLICY,
+                label=pb.LABEL_NONE,
+                sensor_time=0.0,
+            )
         data_link.send_batch(*builder.take())
 
     def serve_until(condition, what: str, *links: DataLink, timeout: float = 10.0) -> None:
@@ -193,8 +237,7 @@ def test_a_revoked_key_stays_out_after_its_robot_is_enrolled_with_a_new_key(tmp_
         revoke(keys, "arm-0")
         new_public, new_secret = zmq.curve_keypair()
         (tmp_path / "new").mkdir()
-        (tmp_path / "new" / "arm-0.key").write_text(
-            f"metadata\ncurve\n    public-key = \"{new_public.decode()}\"\n")
+        (tmp_path / "new" / "arm-0.key").write_text(f'metadata\ncurve\n    public-key = "{new_public.decode()}"\n')
         enroll(keys, "arm-0", tmp_path / "new" / "arm-0.key")  # the same robot id, a new key
         time.sleep(0.3)  # the enrolment lists are re-read at most every 0.2 s
 
@@ -245,18 +288,32 @@ def test_re_enrolling_a_robot_takes_effect_in_a_running_learner(tmp_path: Path) 
     keys, data_port = tmp_path / "keys", free_port()
     generate(keys, ["arm-0"])
     config = tmp_path / "learner.yaml"
-    config.write_text(yaml.safe_dump({
-        "robot": {"type": "mujoco_reach", "options": {"obs_mode": "state"}}, "algo": {"learning_starts": 10**6},
-        "security": {"curve": "on", "keys_dir": str(keys)},
-        "learner": {"data_port": data_port, "weights_port": free_port(), "torch_threads": 1}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "robot": {"type": "mujoco_reach", "options": {"obs_mode": "state"}},
+                "algo": {"learning_starts": 10**6},
+                "security": {"curve": "on", "keys_dir": str(keys)},
+                "learner": {"data_port": data_port, "weights_port": free_port(), "torch_threads": 1},
+            }
+        )
+    )
     robot = make_robot("mujoco_reach", robot_id="arm-0", obs_mode="state")
     obs_space, action_space = robot.observation_space, robot.action_space
     context, links = zmq.Context(), []
 
     def link(client: ClientKeys, epoch: int) -> DataLink:
-        links.append(DataLink(context, f"tcp://127.0.0.1:{data_port}", robot.descriptor, obs_space, action_space,
-                              epoch=epoch, settings=LinkSettings(spool_dir=str(tmp_path / f"spool-{epoch}"),
-                                                                 curve=client)))
+        links.append(
+            DataLink(
+                context,
+                f"tcp://127.0.0.1:{data_port}",
+                robot.descriptor,
+                obs_space,
+                action_space,
+                epoch=epoch,
+                settings=LinkSettings(spool_dir=str(tmp_path / f"spool-{epoch}"), curve=client),
+            )
+        )
         links[-1].hello()
         return links[-1]
 
@@ -264,8 +321,19 @@ def test_re_enrolling_a_robot_takes_effect_in_a_running_learner(tmp_path: Path) 
         builder = BatchBuilder(obs_space, action_space, capacity=4)
         obs = robot.reset()
         for step in range(4):
-            builder.add(obs, np.zeros(action_space.shape, action_space.dtype), 0.0, False, False, episode=0,
-                        step=step, policy_version=-1, actor=pb.ACTOR_POLICY, label=pb.LABEL_NONE, sensor_time=0.0)
+            builder.add(
+                obs,
+                np.zeros(action_space.shape, action_space.dtype),
+                0.0,
+                False,
+                False,
+                episode=0,
+                step=step,
+                policy_version=-1,
+                actor=pb.ACTOR_POLICY,
+                label=pb.LABEL_NONE,
+                sensor_time=0.0,
+            )
         data_link.send_batch(*builder.take())
 
     def streamed(data_link: DataLink, what: str, timeout: float = 30.0) -> None:
@@ -316,7 +384,9 @@ def test_re_enrolling_a_robot_takes_effect_in_a_running_learner(tmp_path: Path) 
             third_public, third_secret = map(Path, zmq.auth.create_certificates(by_hand, "arm-0"))
             target = keys / "enrolled" / "arm-0.key"
             inode, new_public = target.stat().st_ino, zmq.auth.load_certificate(public_file)[0].decode()
-            target.write_text(target.read_text().replace(new_public, zmq.auth.load_certificate(third_public)[0].decode()))
+            target.write_text(
+                target.read_text().replace(new_public, zmq.auth.load_certificate(third_public)[0].decode())
+            )
             assert target.stat().st_ino == inode
             third = link(keypair(third_public, third_secret), epoch=4)
             send_steps(third)
@@ -326,8 +396,11 @@ def test_re_enrolling_a_robot_takes_effect_in_a_running_learner(tmp_path: Path) 
             def status() -> dict:
                 return learner_status(tmp_path / "run")
 
-            wait_until(lambda: (status()["robots"].get("arm-0") or {}).get("transitions") == 12, 30,
-                       "the status to show the three admitted keys' steps")
+            wait_until(
+                lambda: (status()["robots"].get("arm-0") or {}).get("transitions") == 12,
+                30,
+                "the status to show the three admitted keys' steps",
+            )
             assert status()["keys_refused_total"] >= 1 and status()["rejected"] == {"not_enrolled": 1}
         finally:
             for data_link in links:

@@ -33,12 +33,19 @@ ENV = {**os.environ, "MUJOCO_GL": "egl"}
 def secure_learner(tmp_path: Path):
     keys = tmp_path / "keys"
     generate(keys, ["arm-0", "arm-1"])
-    cfg = {"robot": {"type": "mujoco_reach", "options": {"episode_steps": 50}},
-           "fleet": {"num_robots": 1, "pace_to_learner": False, "control_hz": 100, "batch_transitions": 16},
-           "policy": {"hidden": [32]}, "algo": {"learning_starts": 100, "batch_size": 32},
-           "learner": {"data_port": free_port(), "weights_port": free_port(), "torch_threads": 1,
-                       "publish_every_updates": 20},
-           "security": {"curve": "on", "keys_dir": str(keys)}}
+    cfg = {
+        "robot": {"type": "mujoco_reach", "options": {"episode_steps": 50}},
+        "fleet": {"num_robots": 1, "pace_to_learner": False, "control_hz": 100, "batch_transitions": 16},
+        "policy": {"hidden": [32]},
+        "algo": {"learning_starts": 100, "batch_size": 32},
+        "learner": {
+            "data_port": free_port(),
+            "weights_port": free_port(),
+            "torch_threads": 1,
+            "publish_every_updates": 20,
+        },
+        "security": {"curve": "on", "keys_dir": str(keys)},
+    }
     config = tmp_path / "secure.yaml"
     config.write_text(yaml.safe_dump(cfg))
     with serving_learner(build_config(cfg), tmp_path / "run") as learner:
@@ -46,9 +53,29 @@ def secure_learner(tmp_path: Path):
 
 
 def edge(config: Path, robot: str, learner: str, weights: str, spool: Path, *overrides: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "user_rl.cli", "edge", str(config), *overrides, "--robot", robot,
-                             "--learner", learner, "--weights", weights, "--spool", str(spool)],
-                            cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "user_rl.cli",
+            "edge",
+            str(config),
+            *overrides,
+            "--robot",
+            robot,
+            "--learner",
+            learner,
+            "--weights",
+            weights,
+            "--spool",
+            str(spool),
+        ],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def expect_line(proc: subprocess.Popen, text: str, timeout: float = 60) -> None:
@@ -72,9 +99,14 @@ def test_an_enrolled_robot_trains_over_a_wire_nobody_can_read(secure_learner, tm
     with FaultProxy(learner.addresses["data"], record_bytes=1 << 20) as wire:
         proc = edge(config, "arm-0", wire.address, learner.addresses["weights"], tmp_path / "spool")
         try:
-            wait_until(lambda: robot_status(learner, "arm-0").get("transitions", 0) >= 200
-                       and robot_status(learner, "arm-0").get("latest_version", -1) >= 1, 90,
-                       "the enrolled robot to stream and receive a policy")
+            wait_until(
+                lambda: (
+                    robot_status(learner, "arm-0").get("transitions", 0) >= 200
+                    and robot_status(learner, "arm-0").get("latest_version", -1) >= 1
+                ),
+                90,
+                "the enrolled robot to stream and receive a policy",
+            )
         finally:
             proc.send_signal(signal.SIGINT)
             output, _ = proc.communicate(timeout=60)
@@ -93,8 +125,14 @@ def test_the_recorder_would_see_a_link_in_the_clear(tmp_path: Path) -> None:
     port = sink.bind_to_random_port("tcp://127.0.0.1")
     robot = make_robot("mujoco_reach", robot_id="arm-0")
     with FaultProxy(f"tcp://127.0.0.1:{port}", record_bytes=1 << 16) as wire:
-        link = DataLink(context, wire.address, robot.descriptor, robot.observation_space, robot.action_space,
-                        settings=LinkSettings(spool_dir=str(tmp_path / "spool")))
+        link = DataLink(
+            context,
+            wire.address,
+            robot.descriptor,
+            robot.observation_space,
+            robot.action_space,
+            settings=LinkSettings(spool_dir=str(tmp_path / "spool")),
+        )
         link.hello()
 
         def arrived() -> bool:
@@ -125,8 +163,9 @@ def test_strangers_and_revoked_robots_are_refused_on_both_sides(secure_learner, 
     os.replace(tmp_path / "stale" / "learner.key", keys / "learner.key")  # what the robot was given
     try:
         wrong = edge(config, "arm-0", data, weights, tmp_path / "spool")
-        expect_line(wrong, "cannot reach the learner: handshake_failed: the learner and this robot disagree on "
-                           "encryption")
+        expect_line(
+            wrong, "cannot reach the learner: handshake_failed: the learner and this robot disagree on encryption"
+        )
     finally:
         (keys / "learner.key").write_bytes(good)
     clear = edge(config, "arm-0", data, weights, tmp_path / "spool", "security.curve=off")
@@ -138,8 +177,9 @@ def test_strangers_and_revoked_robots_are_refused_on_both_sides(secure_learner, 
     output, _ = refused.communicate(timeout=60)
     assert refused.returncode == 1, output
     assert "key_refused: the learner does not accept this robot's key" in output
-    wait_until(lambda: "arm-1 (revoked)" in learner.status()["keys_refused"], 10,
-               "the learner to report the refused key")
+    wait_until(
+        lambda: "arm-1 (revoked)" in learner.status()["keys_refused"], 10, "the learner to report the refused key"
+    )
     assert "arm-1" not in learner.status().get("robots", {})
 
     # Revoked while streaming: refused from its next message on, the learner never restarted.
@@ -156,8 +196,9 @@ def test_strangers_and_revoked_robots_are_refused_on_both_sides(secure_learner, 
     # Each link rereads enrolled/ on its own (every 0.2 s): the edge may exit on the weights link's
     # refusal while the data link still takes what it had queued. Once the data link refuses a
     # message, it refuses every later one.
-    wait_until(lambda: learner.status()["rejected"].get("not_enrolled", 0) >= 1, 10,
-               "the learner to count the refused message")
+    wait_until(
+        lambda: learner.status()["rejected"].get("not_enrolled", 0) >= 1, 10, "the learner to count the refused message"
+    )
     stored = robot_status(learner, "arm-0")["transitions"]
     time.sleep(1.0)
     assert robot_status(learner, "arm-0")["transitions"] == stored  # nothing more got in

@@ -26,9 +26,14 @@ def test_an_enrolled_robot_cannot_hijack_anothers_link(tmp_path: Path) -> None:
     link = attacker = None
     try:
         with serving(lambda: ingest.poll(20)) as crashed:
-            link = DataLink(context, ingest.endpoint, DeviceDescriptor("sim", "test", "arm-0"), OBS_SPACE,
-                            ACTION_SPACE, settings=LinkSettings(curve=ClientKeys.for_robot(keys, "arm-0"),
-                                                                ack_timeout_s=2.0))
+            link = DataLink(
+                context,
+                ingest.endpoint,
+                DeviceDescriptor("sim", "test", "arm-0"),
+                OBS_SPACE,
+                ACTION_SPACE,
+                settings=LinkSettings(curve=ClientKeys.for_robot(keys, "arm-0"), ack_timeout_s=2.0),
+            )
             link.hello()
             wait_until(lambda: link.welcomed, timeout=10, pump=lambda: link.poll(20))
             robot = Episodes(40)
@@ -47,8 +52,9 @@ def test_an_enrolled_robot_cannot_hijack_anothers_link(tmp_path: Path) -> None:
                 assert reply.kind == "reject" and reply.body.reason.startswith("wrong_robot"), reply
                 for _ in range(3):  # the robot streams on, acked within ack_timeout_s + a margin
                     link.send_batch(*robot.batch(10))
-                wait_until(lambda: not link.unacked, timeout=link.settings.ack_timeout_s + 5,
-                           pump=lambda: link.poll(20))
+                wait_until(
+                    lambda: not link.unacked, timeout=link.settings.ack_timeout_s + 5, pump=lambda: link.poll(20)
+                )
             assert ingest.robots["arm-0"].stream.durable_seq == link.seq == 10
             assert ingest.robots["arm-0"].transitions == 100
             assert link.rejects == {} and link.reconnects == 0 and "arm-1" not in ingest.robots

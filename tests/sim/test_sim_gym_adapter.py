@@ -82,7 +82,7 @@ def test_time_limit_is_truncation_not_termination():
 def test_falling_pole_is_termination():
     r = GymRobot(env_id="InvertedPendulum-v5", seed=1)
     r.reset()
-    for step in range(200):
+    for step in range(200):  # noqa: B007  (step is checked after the loop)
         res = r.step(np.array([3.0], np.float32))
         if res.terminated or res.truncated:
             break
@@ -97,7 +97,7 @@ def test_reacher():
     assert r.observation_space["state"].shape == (10,) and r.action_space.shape == (2,)
     obs = r.reset()
     assert obs in r.observation_space
-    for n in range(1, 51):
+    for n in range(1, 51):  # noqa: B007  (n is checked after the loop)
         res = r.step(r.action_space.sample())
         assert res.observation["state"].dtype == np.float32
         assert isinstance(res.info["reward_dist"], float)

@@ -63,8 +63,11 @@ def test_spaces_joints_and_descriptor(robot):
     (x_lo, x_hi), _, (z_lo, z_hi) = d.workspace
     assert x_lo < -0.5 and x_hi > 0.5 and z_lo <= 0.0 < 0.6 < z_hi  # the whole 0.5 m reach
     described = describe(robot, "lab-1")
-    assert (described["node"], described["action_space"], described["health"]["ok"]) == \
-        ("lab-1", "float32 (3,) in [-1, 1]", True)
+    assert (described["node"], described["action_space"], described["health"]["ok"]) == (
+        "lab-1",
+        "float32 (3,) in [-1, 1]",
+        True,
+    )
     assert described["observation_space"] == {"state": "float32 (18,)"}
     # one control step lasts 1 / control_hz of simulated time
     assert robot.n_substeps * m.opt.timestep == pytest.approx(1 / 25.0)
@@ -75,10 +78,22 @@ def test_target_does_not_collide(robot):
     assert geom.contype == 0 and geom.conaffinity == 0
 
 
-@pytest.mark.parametrize("bad", [{"episode_steps": 0}, {"episode_steps": 101}, {"obs_mode": "depth"}, {"control_hz": 0},
-                                 {"arm": "9dof"}, {"targets": "shelf"}, {"camera": "side"}, {"success_distance": 0},
-                                 {"obs_mode": "image", "camera": "top", "extra_cameras": ("top",)},
-                                 {"goal": "red"}, {"targets": "two_colours", "goal": "blue"}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"episode_steps": 0},
+        {"episode_steps": 101},
+        {"obs_mode": "depth"},
+        {"control_hz": 0},
+        {"arm": "9dof"},
+        {"targets": "shelf"},
+        {"camera": "side"},
+        {"success_distance": 0},
+        {"obs_mode": "image", "camera": "top", "extra_cameras": ("top",)},
+        {"goal": "red"},
+        {"targets": "two_colours", "goal": "blue"},
+    ],
+)
 def test_bad_options_rejected(bad):
     with pytest.raises(ValueError):
         ReachRobot(**bad)
@@ -88,7 +103,7 @@ def test_episodes_differ_and_reproduce():
     a, b = ReachRobot(seed=7), ReachRobot(seed=7)
     first = [(a.reset()["state"], a.data.qpos.copy(), a.target_pos) for _ in range(3)]
     again = [(b.reset()["state"], b.data.qpos.copy(), b.target_pos) for _ in range(3)]
-    for (s1, q1, t1), (s2, q2, t2) in zip(first, again):
+    for (s1, q1, _), (s2, q2, _) in zip(first, again):
         np.testing.assert_array_equal(s1, s2)
         np.testing.assert_array_equal(q1, q2)
     assert not np.allclose(first[0][1], first[1][1]) and not np.allclose(first[0][2], first[1][2])
@@ -247,8 +262,7 @@ def test_two_colours_the_instruction_names_the_target_to_touch():
     """Two targets on the table; each episode's instruction names one, and only touching that one succeeds."""
     from user_rl.hal.instruction import decode_instruction
 
-    r = ReachRobot(obs_mode="image", image_size=32, camera="top", targets="two_colours", success_distance=0.05,
-                   seed=4)
+    r = ReachRobot(obs_mode="image", image_size=32, camera="top", targets="two_colours", success_distance=0.05, seed=4)
     assert r.observation_space["instruction"].shape == (32,) and r.observation_space["state"].shape == (12,)
     said, green_seen = [], 0
     for _ in range(30):

@@ -24,7 +24,18 @@ def test_make_gym():
 
 def test_option_names_for_config_validation():
     assert set(robot_option_names("mujoco_reach")) == {
-        "robot_id", "arm", "obs_mode", "image_size", "extra_cameras", "episode_steps", "control_hz", "seed", "reward",
-        "camera", "targets", "success_distance", "goal",
+        "robot_id",
+        "arm",
+        "obs_mode",
+        "image_size",
+        "extra_cameras",
+        "episode_steps",
+        "control_hz",
+        "seed",
+        "reward",
+        "camera",
+        "targets",
+        "success_distance",
+        "goal",
     }
     assert set(robot_option_names("gym")) == {"env_id", "robot_id", "control_hz", "seed", "env_kwargs"}

@@ -41,14 +41,24 @@ def test_every_body_kind_is_covered() -> None:
     # If someone adds a body to the oneof, this test module must learn it too.
     oneof = pb.Envelope.DESCRIPTOR.oneofs_by_name["body"]
     assert {f.name for f in oneof.fields} == {
-        "hello", "heartbeat", "batch", "ack", "reject", "weights_request",
-        "weights_announce", "weights_chunk", "command", "status_request", "status_reply",
+        "hello",
+        "heartbeat",
+        "batch",
+        "ack",
+        "reject",
+        "weights_request",
+        "weights_announce",
+        "weights_chunk",
+        "command",
+        "status_request",
+        "status_reply",
     }
 
 
 def test_hello_with_descriptor_and_spaces() -> None:
-    desc = DeviceDescriptor(kind="sim", model="reach", id="arm-7", control_hz=25.0,
-                            instruction="reach the ball", cameras=("wrist", "front"))
+    desc = DeviceDescriptor(
+        kind="sim", model="reach", id="arm-7", control_hz=25.0, instruction="reach the ball", cameras=("wrist", "front")
+    )
     hello = pb.Hello(
         descriptor=descriptor_to_proto(desc),
         observation_space=dict_space_to_proto(OBS_SPACE),
@@ -73,7 +83,7 @@ def test_hello_with_descriptor_and_spaces() -> None:
     assert np.all(image.low == 0) and np.all(image.high == 255)
     state = obs["state"]
     assert state.dtype == np.float32 and state.shape == (4,)
-    np.testing.assert_array_equal(state.low, STATE.low)   # per-element bounds survive
+    np.testing.assert_array_equal(state.low, STATE.low)  # per-element bounds survive
     np.testing.assert_array_equal(state.high, STATE.high)
     assert box_from_proto(body.action_space) == ACTION
     # A uniform box is sent as one bound, a per-element one in full.
@@ -82,8 +92,9 @@ def test_hello_with_descriptor_and_spaces() -> None:
 
 
 def test_heartbeat() -> None:
-    hb = pb.Heartbeat(time=1234.5, env_steps=10_000, episodes=7, policy_version=3,
-                      unacked_batches=2, steps_per_second=512.25)
+    hb = pb.Heartbeat(
+        time=1234.5, env_steps=10_000, episodes=7, policy_version=3, unacked_batches=2, steps_per_second=512.25
+    )
     msg = roundtrip(envelope("r", heartbeat=hb))
     assert msg.kind == "heartbeat"
     assert msg.body == hb
@@ -102,8 +113,8 @@ def test_batch_arrays_survive_exactly() -> None:
         "sensor_time": np.array([1.0, 2.0, 3.0, 4.0, 5.0]),
         "half": np.arange(6, dtype=np.float16).reshape(2, 3),
         "i8": np.array([-128, 127], np.int8),
-        "scalar": np.array(7, np.int32),                       # 0-d
-        "final_row": np.zeros(0, np.int64),                   # zero-size
+        "scalar": np.array(7, np.int32),  # 0-d
+        "final_row": np.zeros(0, np.int64),  # zero-size
         "final_obs/image": np.zeros((0, 8, 6, 3), np.uint8),  # zero-size, 4-d
         "strided": np.arange(20, dtype=np.float64).reshape(4, 5)[:, ::2],  # non-contiguous
     }
@@ -133,9 +144,14 @@ def test_ack_reject_weights_and_command() -> None:
         "weights_request": pb.WeightsRequest(have_version=-1),
         "weights_announce": pb.WeightsAnnounce(
             version=4,
-            tensors=[pb.ArraySpec(name="w", dtype="bfloat16", shape=[3, 2]),
-                     pb.ArraySpec(name="b", dtype="float32", shape=[2])],
-            total_bytes=20, num_chunks=3, chunk_bytes=8, created_time=3.25,
+            tensors=[
+                pb.ArraySpec(name="w", dtype="bfloat16", shape=[3, 2]),
+                pb.ArraySpec(name="b", dtype="float32", shape=[2]),
+            ],
+            total_bytes=20,
+            num_chunks=3,
+            chunk_bytes=8,
+            created_time=3.25,
         ),
         "command": pb.Command(kind=pb.Command.KIND_STOP, detail="operator asked"),
     }
@@ -160,15 +176,41 @@ def test_status_request_and_reply_carry_the_fleet_table() -> None:
     from user_rl.cloud.fleet_status import status_from_reply, status_reply
 
     assert roundtrip(envelope(status_request=pb.StatusRequest())).kind == "status_request"
-    status = {"env_steps": 900, "updates": 450, "policy_version": 7, "buffer": 880, "time": 12.5, "robots": {
-        "arm-0": {"health": "ok", "acting_version": 6, "policy_lag": 1, "steps_per_second": 49.5,
-                  "backlog_bytes": 4096, "backlog_batches": 2, "last_error": None, "transitions": 440,
-                  "seconds_since_seen": 0.25, "quarantined_batches": 1,
-                  "rearmed": "by op:alice at 2026-11-26 21:03:11 (cleared the cli stop: gripper jam)"},
-        "arm-1": {"health": "unhealthy: motor 2 hot", "acting_version": None, "policy_lag": None,
-                  "steps_per_second": 0.0, "backlog_bytes": 0, "backlog_batches": 0,
-                  "last_error": "robot: motor 2 hot", "transitions": 440, "seconds_since_seen": 3.0,
-                  "quarantined_batches": 0, "rearmed": None}}}
+    status = {
+        "env_steps": 900,
+        "updates": 450,
+        "policy_version": 7,
+        "buffer": 880,
+        "time": 12.5,
+        "robots": {
+            "arm-0": {
+                "health": "ok",
+                "acting_version": 6,
+                "policy_lag": 1,
+                "steps_per_second": 49.5,
+                "backlog_bytes": 4096,
+                "backlog_batches": 2,
+                "last_error": None,
+                "transitions": 440,
+                "seconds_since_seen": 0.25,
+                "quarantined_batches": 1,
+                "rearmed": "by op:alice at 2026-11-26 21:03:11 (cleared the cli stop: gripper jam)",
+            },
+            "arm-1": {
+                "health": "unhealthy: motor 2 hot",
+                "acting_version": None,
+                "policy_lag": None,
+                "steps_per_second": 0.0,
+                "backlog_bytes": 0,
+                "backlog_batches": 0,
+                "last_error": "robot: motor 2 hot",
+                "transitions": 440,
+                "seconds_since_seen": 3.0,
+                "quarantined_batches": 0,
+                "rearmed": None,
+            },
+        },
+    }
     msg = roundtrip(envelope(status_reply=status_reply(status)))
     assert msg.kind == "status_reply" and status_from_reply(msg.body) == status
 
@@ -181,6 +223,7 @@ def test_envelope_needs_exactly_one_body() -> None:
 
 
 # -- rejections ------------------------------------------------------------------------------
+
 
 def good_frames() -> list[bytes]:
     arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([1, 2, 3], np.int64)}
@@ -283,10 +326,12 @@ def test_huge_declared_shape_is_frame_size_not_a_crash() -> None:
 
 # -- transition batches (validate_batch) -----------------------------------------------------
 
-SMALL_OBS = gym.spaces.Dict({
-    "image": gym.spaces.Box(0, 255, (4, 4, 3), np.uint8),
-    "state": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
-})
+SMALL_OBS = gym.spaces.Dict(
+    {
+        "image": gym.spaces.Box(0, 255, (4, 4, 3), np.uint8),
+        "state": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
+    }
+)
 SMALL_ACTION = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
 
 
@@ -299,10 +344,18 @@ def built_batch(rows: int = 6, end_at: dict[int, str] | None = None) -> tuple[in
         obs = {"image": np.full((4, 4, 3), row, np.uint8), "state": np.array([row / 10, -row / 10], np.float32)}
         ends = end_at.get(row)
         builder.add(
-            obs, np.array([0.1 * row, -0.1], np.float32), float(row), ends == "terminated", ends == "truncated",
-            episode=episode, step=step, policy_version=1, actor=pb.ACTOR_POLICY, label=pb.LABEL_NONE,
-            sensor_time=float(row), final_obs={"image": np.full((4, 4, 3), 200, np.uint8),
-                                               "state": np.zeros(2, np.float32)} if ends else None,
+            obs,
+            np.array([0.1 * row, -0.1], np.float32),
+            float(row),
+            ends == "terminated",
+            ends == "truncated",
+            episode=episode,
+            step=step,
+            policy_version=1,
+            actor=pb.ACTOR_POLICY,
+            label=pb.LABEL_NONE,
+            sensor_time=float(row),
+            final_obs={"image": np.full((4, 4, 3), 200, np.uint8), "state": np.zeros(2, np.float32)} if ends else None,
         )
         step += 1
         if ends:

@@ -12,12 +12,14 @@ from user_rl.wire.codec import WireError, decode, encode, envelope
 from user_rl.wire.images import ImageCompression, compress_columns, compressed_bytes, decode_columns
 
 H = W = 128
-SPACE = gym.spaces.Dict({
-    "image": gym.spaces.Box(0, 255, (H, W, 3), np.uint8),
-    "wrist": gym.spaces.Box(0, 255, (32, 48, 1), np.uint8),
-    "depth": gym.spaces.Box(0, 255, (32, 48), np.uint8),
-    "state": gym.spaces.Box(-1.0, 1.0, (4,), np.float32),
-})
+SPACE = gym.spaces.Dict(
+    {
+        "image": gym.spaces.Box(0, 255, (H, W, 3), np.uint8),
+        "wrist": gym.spaces.Box(0, 255, (32, 48, 1), np.uint8),
+        "depth": gym.spaces.Box(0, 255, (32, 48), np.uint8),
+        "state": gym.spaces.Box(-1.0, 1.0, (4,), np.float32),
+    }
+)
 JPEG = ImageCompression("jpeg", quality=90)
 PNG = ImageCompression("png")
 
@@ -80,9 +82,7 @@ def test_jpeg_is_close_and_small() -> None:
 
 def test_grey_jpeg_with_and_without_channel_axis() -> None:
     grey = render(3, 32, 48)[..., 1]
-    packed = compress_columns(
-        {"obs/wrist": grey[..., None], "obs/depth": grey}, {"wrist": JPEG, "depth": JPEG}
-    )
+    packed = compress_columns({"obs/wrist": grey[..., None], "obs/depth": grey}, {"wrist": JPEG, "depth": JPEG})
     restored = decode_columns(packed, SPACE)
     assert restored["obs/wrist"].shape == (3, 32, 48, 1)
     assert restored["obs/depth"].shape == (3, 32, 48)
@@ -94,8 +94,15 @@ def test_only_configured_non_empty_columns_change() -> None:
     columns["final_obs/image"] = np.zeros((0, H, W, 3), np.uint8)  # no episode ended
     packed = compress_columns(columns, {"image": JPEG, "not_there": PNG})
     assert set(packed) == {
-        "obs/image#jpeg", "obs/image#sizes", "obs/wrist", "obs/depth", "obs/state", "reward",
-        "final_obs/image", "final_obs/state", "final_row",
+        "obs/image#jpeg",
+        "obs/image#sizes",
+        "obs/wrist",
+        "obs/depth",
+        "obs/state",
+        "reward",
+        "final_obs/image",
+        "final_obs/state",
+        "final_row",
     }
     for name in ("obs/wrist", "obs/state", "reward", "final_obs/image", "final_row"):
         assert packed[name] is columns[name]
@@ -129,6 +136,7 @@ def test_settings_and_edge_inputs_are_checked() -> None:
 
 # -- hostile input ---------------------------------------------------------------------------
 
+
 def packed_image(fmt: str = "jpeg", n: int = 3) -> dict[str, np.ndarray]:
     setting = ImageCompression(fmt)  # type: ignore[arg-type]
     return compress_columns({"obs/image": render(n)}, {"image": setting})
@@ -139,9 +147,9 @@ def headers_only(cols: dict[str, np.ndarray]) -> None:
     (Garbage scan data would not do: libjpeg decodes it to garbage pixels with a warning.)"""
     frame = cols["obs/image#jpeg"][: cols["obs/image#sizes"][0]].tobytes()
     sof = frame.index(b"\xff\xc0")
-    cut = sof + 2 + int.from_bytes(frame[sof + 2:sof + 4], "big")
+    cut = sof + 2 + int.from_bytes(frame[sof + 2 : sof + 4], "big")
     first = np.frombuffer(frame[:cut] + b"\xff\xd9", np.uint8)
-    cols["obs/image#jpeg"] = np.concatenate([first, cols["obs/image#jpeg"][len(frame):]])
+    cols["obs/image#jpeg"] = np.concatenate([first, cols["obs/image#jpeg"][len(frame) :]])
     resize(cols, lambda s: [len(first), s[1], s[2]])
 
 

@@ -59,5 +59,7 @@ def test_committed_module_loads_on_the_oldest_protobuf_the_package_accepts() -> 
     generated = tuple(int(n) for n in text.split("# Protobuf Python Version: ")[1].split()[0].split("."))
     pyproject = (gen.WIRE_DIR.parent.parent / "pyproject.toml").read_text()
     floor = tuple(int(n) for n in pyproject.split('"protobuf>=')[1].split('"')[0].split("."))
-    assert generated <= floor, (f"user_rl_pb2.py needs protobuf >= {generated} but pyproject.toml accepts "
-                                f"{floor}: regenerate with the old protoc (see user_rl/wire/generate.py)")
+    assert generated <= floor, (
+        f"user_rl_pb2.py needs protobuf >= {generated} but pyproject.toml accepts "
+        f"{floor}: regenerate with the old protoc (see user_rl/wire/generate.py)"
+    )

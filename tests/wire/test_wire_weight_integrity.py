@@ -69,8 +69,10 @@ def test_a_slow_edge_never_applies_a_version_made_of_two(context) -> None:
             assert publish(server, buffers, model, 3)  # ... and the trainer writes into whatever came back
             link.set(bandwidth_bps=None)  # the rest at loopback speed, to keep the test short
             wait_until(lambda: edge.version == 3, 40, "the slow edge on version 3")
-            print(f"the edge applied {[r['version'] for r in edge.reports]}; "
-                  f"checksum failures {edge.reports[-1]['checksum_failures']}")
+            print(
+                f"the edge applied {[r['version'] for r in edge.reports]}; "
+                f"checksum failures {edge.reports[-1]['checksum_failures']}"
+            )
             assert edge.torn() == [], f"versions made of two: {edge.torn()}"
             assert [r["version"] for r in edge.reports] == [1, 3]  # v1 whole (its buffer was held), then the newest
             assert edge.reports[-1]["checksum_failures"] == 0
@@ -99,8 +101,11 @@ def test_hung_edges_lose_their_claim_so_publishing_goes_on_and_they_catch_up(con
         wait_until(lambda: len(server.server.waiting) == 3, 20, "three edges asking")
         version = 1
         assert publish(server, buffers, model, version)
-        wait_until(lambda: all(e.version == 1 for e in edges) and len(server.server.waiting) == 3, 20,
-                   "every edge on version 1 and asking again")
+        wait_until(
+            lambda: all(e.version == 1 for e in edges) and len(server.server.waiting) == 3,
+            20,
+            "every edge on version 1 and asking again",
+        )
         hung_a.stop()  # hangs while connected, its request served: v2 goes out to it and stalls
         version = 2
         assert publish(server, buffers, model, version)
@@ -129,14 +134,17 @@ def test_hung_edges_lose_their_claim_so_publishing_goes_on_and_they_catch_up(con
         got = [(r["at"] - stopped_at, r["version"]) for r in live.reports if r["at"] <= resumed_at]
         failures = [max(r["checksum_failures"] for r in e.reports) for e in edges]
         duplicates = [e.reports[-1]["duplicate_chunks"] for e in edges]
-        print(f"while two edges hung {HUNG_S:.0f} s: {len(published)} published, {skipped} skipped; the live edge "
-              f"got {len([t for t, _ in got if t > 0])} versions; claims dropped {server.server.dropped_claims}; "
-              f"buffers held at most {most_held}; caught up {caught_up_s:.1f} s after resuming; "
-              f"checksum failures {failures}; chunks received twice {duplicates}")
+        print(
+            f"while two edges hung {HUNG_S:.0f} s: {len(published)} published, {skipped} skipped; the live edge "
+            f"got {len([t for t, _ in got if t > 0])} versions; claims dropped {server.server.dropped_claims}; "
+            f"buffers held at most {most_held}; caught up {caught_up_s:.1f} s after resuming; "
+            f"checksum failures {failures}; chunks received twice {duplicates}"
+        )
         # The live edge receives new versions throughout, after the claim timeout too.
         for start in range(int(CLAIM_S) + 2, int(HUNG_S), 3):
-            assert any(start <= t < start + 3 for t, _ in got), \
+            assert any(start <= t < start + 3 for t, _ in got), (
                 f"the live edge got nothing in [{start}, {start + 3}) s: {got}"
+            )
         assert skipped <= (CLAIM_S + 2.0) / PUBLISH_EVERY_S  # only until the hung edges' claims were dropped
         assert server.server.dropped_claims >= 2
         assert most_held <= 3  # the trainer's three buffers, never more, however long the edges hang
@@ -165,8 +173,10 @@ def test_a_peer_that_asks_again_and_again_but_never_reads_gets_one_copy_queued(c
             peer.send_multipart(request)
             time.sleep(0.02)
         wait_until(lambda: server.server.deferred_requests >= 19, 10, "the requests to arrive")
-        print(f"20 requests, never read: sent {server.server.sent_versions} versions "
-              f"({server.server.sent_bytes / MIB:.0f} MiB), {server.server.deferred_requests} requests deferred")
+        print(
+            f"20 requests, never read: sent {server.server.sent_versions} versions "
+            f"({server.server.sent_bytes / MIB:.0f} MiB), {server.server.deferred_requests} requests deferred"
+        )
         assert server.server.sent_versions == 1 and server.server.sent_bytes == 64 * MIB  # one copy, not 20
         assert publish(server, buffers, model, 2)  # v1 replaced: the peer's claim on it goes after CLAIM_S
         wait_until(lambda: server.server.dropped_claims == 1, CLAIM_S + 10, "the stalled peer's claim dropped")

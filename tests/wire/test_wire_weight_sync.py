@@ -4,7 +4,6 @@ backbone, a new version moves only the trainable bytes. Real sockets, a real TCP
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import zmq
@@ -23,8 +22,10 @@ FROZEN = ["backbone.weight"]
 def model_state(seed: int) -> dict[str, torch.Tensor]:
     """4 MiB of trainable head (changes each version) and 4 MiB of frozen backbone (never changes)."""
     head = torch.Generator().manual_seed(seed)
-    return {"head.weight": torch.randn(1024, 1024, generator=head),
-            "backbone.weight": torch.randn(1024, 1024, generator=torch.Generator().manual_seed(1234))}
+    return {
+        "head.weight": torch.randn(1024, 1024, generator=head),
+        "backbone.weight": torch.randn(1024, 1024, generator=torch.Generator().manual_seed(1234)),
+    }
 
 
 @pytest.fixture
@@ -59,8 +60,11 @@ def test_an_edge_whose_link_drops_mid_transfer_fetches_only_what_it_lacks(contex
             version, state = receiver.wait_for(1, timeout=30)
             assert version == 1
             assert_equal_state(state, v1)
-            print(f"held {held} of 8 chunks when the link dropped; resumed {receiver.resumed}x; "
-                  f"received {receiver.received_bytes / MIB:.1f} MiB, the server sent {server.server.sent_bytes / MIB:.1f} MiB")
+            print(
+                f"held {held} of 8 chunks when the link dropped; resumed {receiver.resumed}x; "
+                f"received {receiver.received_bytes / MIB:.1f} MiB, "
+                f"the server sent {server.server.sent_bytes / MIB:.1f} MiB"
+            )
             assert link.drops == 1 and receiver.resumed >= 1
             assert receiver.duplicate_chunks == 0  # nothing it held came again
             assert receiver.received_bytes == total  # every byte once
@@ -77,8 +81,11 @@ def test_an_edge_cut_off_while_a_newer_version_comes_ends_on_it_keeping_the_back
         receiver = WeightReceiver(context, link.address, resend_s=1.0)
         try:
             # The version's own 4 MiB come first, then the backbone's: cut once part of the backbone is in.
-            wait_until(lambda: receiver._base is not None and len(receiver._base.held) >= 1, 20,
-                       "a first chunk of the backbone")
+            wait_until(
+                lambda: receiver._base is not None and len(receiver._base.held) >= 1,
+                20,
+                "a first chunk of the backbone",
+            )
             link.drop(3.0)
             base_held = len(receiver._base.held)
             v2 = model_state(2)
@@ -86,7 +93,9 @@ def test_an_edge_cut_off_while_a_newer_version_comes_ends_on_it_keeping_the_back
             version, state = receiver.wait_for(1, timeout=30)
             assert version == 2  # the newest, not the one it was collecting
             assert_equal_state(state, v2)
-            print(f"held {base_held} of 4 backbone chunks when cut off; received {receiver.received_bytes / MIB:.1f} MiB")
+            print(
+                f"held {base_held} of 4 backbone chunks when cut off; received {receiver.received_bytes / MIB:.1f} MiB"
+            )
             assert receiver.duplicate_chunks == 0
             # v1's head (4 MiB), the backbone once (4 MiB), v2's head (4 MiB): not a byte more.
             assert receiver.received_bytes == 12 * MIB
@@ -102,8 +111,9 @@ def test_a_late_edge_gets_the_newest_and_then_only_the_trainable_bytes_of_a_froz
     from user_rl.hal.registry import make_robot
     from user_rl.policies import make_actor
 
-    robot = make_robot("mujoco_reach", robot_id="probe", obs_mode="image", image_size=32, camera="top",
-                       targets="two_colours")
+    robot = make_robot(
+        "mujoco_reach", robot_id="probe", obs_mode="image", image_size=32, camera="top", targets="two_colours"
+    )
     actor = make_actor("vla", robot.observation_space, robot.action_space, chunk=5, size="tiny", freeze=["encoder"])
     robot.close()
     buffers = ActorBuffers(actor, torch.bfloat16)

@@ -112,8 +112,13 @@ def test_inconsistent_announce_is_refused() -> None:
         WeightsAssembly(announce)
     assert info.value.reason == "bad_announce"
     # A layout that runs past its bytes is refused before any chunk is taken.
-    announce = pb.WeightsAnnounce(version=1, total_bytes=8, num_chunks=1, chunk_bytes=8,
-                                  tensors=[pb.ArraySpec(name="w", dtype="float32", shape=[4])])
+    announce = pb.WeightsAnnounce(
+        version=1,
+        total_bytes=8,
+        num_chunks=1,
+        chunk_bytes=8,
+        tensors=[pb.ArraySpec(name="w", dtype="float32", shape=[4])],
+    )
     with pytest.raises(WireError) as info:
         WeightsAssembly(announce)
     assert info.value.reason == "bad_announce"
@@ -125,6 +130,7 @@ def test_inconsistent_announce_is_refused() -> None:
 
 
 # -- live: WeightServer <-> WeightReceiver over real sockets ---------------------------------
+
 
 @pytest.fixture
 def context():

@@ -7,8 +7,8 @@
 |---|---|---|
 | `sac` | `SAC` | rewards; with `critic_layer_norm`, a high `utd_ratio` and `buffer.mix` it is RLPD / HIL-SERL |
 | `drq` | `DrQ` | rewards, from pixels: SAC with one camera encoder (the critic's) and random-shift augmentation |
-| `bc` | `BehaviourCloning` | the actions of people (and the scripted intervener): HG-DAgger; MLP or flow chunk policies |
-| `qc` | `QChunking` | rewards, for a flow chunk policy: a chunk critic picks the best of N sampled chunks (Q-chunking) |
+| `bc` | `BehaviourCloning` | the actions of people (and the scripted intervener): HG-DAgger; MLP or flow chunks |
+| `qc` | `QChunking` | rewards, for a flow chunk policy: a chunk critic picks the best of N sampled chunks (QC) |
 
 To add one here: a class with the interface of `base.Algorithm`, its settings fields added to
 `AlgoConfig` under the same names, its name in `ALGOS` and in `config.BUILTIN_ALGOS`. Another
@@ -20,7 +20,8 @@ like `AlgoConfig` fields come from there, the others from `algo.options`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import gymnasium as gym
 import torch
@@ -60,9 +61,15 @@ def algo_settings(name: str, fields: Mapping[str, Any] | None = None) -> Any:
     return settings(**{**chosen, **options})
 
 
-def make_algo(name: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, policy: str = "mlp",
-              policy_options: dict | None = None, settings: Any = None,
-              device: str | torch.device = "cpu") -> Algorithm:
+def make_algo(
+    name: str,
+    obs_space: gym.spaces.Dict,
+    action_space: gym.spaces.Box,
+    policy: str = "mlp",
+    policy_options: dict | None = None,
+    settings: Any = None,
+    device: str | torch.device = "cpu",
+) -> Algorithm:
     """Build algorithm `name` (settings: its `Settings`, or None for the defaults)."""
     cls = algo_class(name)
     if settings is not None and not isinstance(settings, cls.Settings):
@@ -70,6 +77,21 @@ def make_algo(name: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Bo
     return cls(obs_space, action_space, policy, policy_options, settings, device)
 
 
-__all__ = ["ALGOS", "Algorithm", "BCSettings", "BehaviourCloning", "DrQ", "DrQSettings", "QCSettings", "QChunking",
-           "SAC", "SACSettings", "algo_class", "algo_names",
-           "algo_settings", "check_state_is_for", "make_algo", "metrics_to_floats"]
+__all__ = [
+    "ALGOS",
+    "Algorithm",
+    "BCSettings",
+    "BehaviourCloning",
+    "DrQ",
+    "DrQSettings",
+    "QCSettings",
+    "QChunking",
+    "SAC",
+    "SACSettings",
+    "algo_class",
+    "algo_names",
+    "algo_settings",
+    "check_state_is_for",
+    "make_algo",
+    "metrics_to_floats",
+]

@@ -14,5 +14,5 @@ def random_shift(images: torch.Tensor, pad: int) -> torch.Tensor:
     device = images.device
     shift = torch.randint(-pad, pad + 1, (batch, 2), device=device)
     rows = (torch.arange(height, device=device) + shift[:, :1]).clamp(0, height - 1)  # (B, H)
-    cols = (torch.arange(width, device=device) + shift[:, 1:]).clamp(0, width - 1)    # (B, W)
+    cols = (torch.arange(width, device=device) + shift[:, 1:]).clamp(0, width - 1)  # (B, W)
     return images[torch.arange(batch, device=device)[:, None, None], rows[:, :, None], cols[:, None, :]]

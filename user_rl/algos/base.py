@@ -43,8 +43,10 @@ def check_state_is_for(state: dict, name: str) -> None:
     """Refuse a state written by another algorithm (states from before the registry are SAC's)."""
     written_by = state.get("algo", "sac")
     if written_by != name:
-        raise ValueError(f"this state was written by algorithm {written_by!r}, not {name!r}: "
-                         f"set algo.type: {written_by} to continue it, or start a new run")
+        raise ValueError(
+            f"this state was written by algorithm {written_by!r}, not {name!r}: "
+            f"set algo.type: {written_by} to continue it, or start a new run"
+        )
 
 
 def metrics_to_floats(metrics: dict[str, Any]) -> dict[str, float]:

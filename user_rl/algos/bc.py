@@ -54,8 +54,15 @@ class BCSettings:
 class BehaviourCloning:
     name = "bc"
     Settings = BCSettings
-    batch_columns = ("obs", "action", "intervened", "policy_acted", "action_chunk", "chunk_intervened",
-                     "chunk_policy_acted")  # the chunk_ columns: for a chunk policy (in its runs' batches only)
+    batch_columns = (
+        "obs",
+        "action",
+        "intervened",
+        "policy_acted",
+        "action_chunk",
+        "chunk_intervened",
+        "chunk_policy_acted",
+    )  # the chunk_ columns: for a chunk policy (in its runs' batches only)
 
     def __init__(
         self,
@@ -81,10 +88,14 @@ class BehaviourCloning:
         (for a chunk policy: per action of each row's chunk, (B, H))."""
         prefix = "chunk_" if self.chunked else ""
         if self.chunked and prefix + "intervened" not in batch:
-            raise KeyError("a chunk policy learns from action chunks: the batch needs action_chunk and "
-                           "chunk_intervened (buffer.action_horizon = policy.chunk)")
-        return batch[prefix + "intervened"].float() + \
-            self.settings.policy_row_weight * batch[prefix + "policy_acted"].float()
+            raise KeyError(
+                "a chunk policy learns from action chunks: the batch needs action_chunk and "
+                "chunk_intervened (buffer.action_horizon = policy.chunk)"
+            )
+        return (
+            batch[prefix + "intervened"].float()
+            + self.settings.policy_row_weight * batch[prefix + "policy_acted"].float()
+        )
 
     def update(self, batch: dict) -> dict[str, torch.Tensor]:
         """One gradient step towards the weighted rows' actions: obs, action, intervened, policy_acted.
@@ -126,8 +137,12 @@ class BehaviourCloning:
         return {**self._last, "imitated_rows": torch.tensor(float(len(chunks)), device=self.device)}
 
     def state_dict(self) -> dict:
-        return {"algo": self.name, "actor": self.actor.state_dict(), "actor_optim": self.actor_optim.state_dict(),
-                "updates": self.updates}
+        return {
+            "algo": self.name,
+            "actor": self.actor.state_dict(),
+            "actor_optim": self.actor_optim.state_dict(),
+            "updates": self.updates,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         check_state_is_for(state, self.name)

@@ -32,13 +32,21 @@ class DrQ(SAC):
     name = "drq"
     Settings = DrQSettings
 
-    def __init__(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, policy: str = "mlp",
-                 policy_options: dict | None = None, settings: DrQSettings | None = None,
-                 device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        obs_space: gym.spaces.Dict,
+        action_space: gym.spaces.Box,
+        policy: str = "mlp",
+        policy_options: dict | None = None,
+        settings: DrQSettings | None = None,
+        device: str | torch.device = "cpu",
+    ) -> None:
         self.cameras = [k for k, space in obs_space.spaces.items() if is_image(space)]
         if not self.cameras:
-            raise ValueError("algo.type drq learns from camera images, and this robot's observations have none "
-                             f"({', '.join(sorted(obs_space.spaces))}): use algo.type sac")
+            raise ValueError(
+                "algo.type drq learns from camera images, and this robot's observations have none "
+                f"({', '.join(sorted(obs_space.spaces))}): use algo.type sac"
+            )
         super().__init__(obs_space, action_space, policy, policy_options, settings or DrQSettings(), device)
         self.actor.encoder = self.critic.encoder
         own = [p for name, p in self.actor.named_parameters() if not name.startswith("encoder.")]

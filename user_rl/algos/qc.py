@@ -42,8 +42,16 @@ class QCSettings:
 class QChunking:
     name = "qc"
     Settings = QCSettings
-    batch_columns = ("obs", "next_obs", "reward", "terminated", "discount", "action_chunk", "chunk_intervened",
-                     "chunk_policy_acted")
+    batch_columns = (
+        "obs",
+        "next_obs",
+        "reward",
+        "terminated",
+        "discount",
+        "action_chunk",
+        "chunk_intervened",
+        "chunk_policy_acted",
+    )
 
     def __init__(
         self,
@@ -87,7 +95,9 @@ class QChunking:
         critic_loss.backward()
         self.critic_optim.step()
 
-        weight = batch["chunk_intervened"].float() + self.settings.policy_row_weight * batch["chunk_policy_acted"].float()
+        weight = (
+            batch["chunk_intervened"].float() + self.settings.policy_row_weight * batch["chunk_policy_acted"].float()
+        )
         flow_loss = self.actor.flow_loss(self.actor.encoder(obs), chunks, weight)
         self.actor_optim.zero_grad(set_to_none=True)
         flow_loss.backward()
@@ -100,9 +110,14 @@ class QChunking:
         return {"critic_loss": critic_loss.detach(), "flow_loss": flow_loss.detach(), "q": q1.detach().mean()}
 
     def state_dict(self) -> dict:
-        return {"algo": self.name, "actor": self.actor.state_dict(), "critic_target": self.critic_target.state_dict(),
-                "actor_optim": self.actor_optim.state_dict(), "critic_optim": self.critic_optim.state_dict(),
-                "updates": self.updates}
+        return {
+            "algo": self.name,
+            "actor": self.actor.state_dict(),
+            "critic_target": self.critic_target.state_dict(),
+            "actor_optim": self.actor_optim.state_dict(),
+            "critic_optim": self.critic_optim.state_dict(),
+            "updates": self.updates,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         check_state_is_for(state, self.name)

@@ -72,10 +72,13 @@ class SAC:
     def alpha(self) -> torch.Tensor:
         return self.log_alpha.exp()
 
-    def build_critic(self, policy: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box,
-                     policy_options: dict) -> nn.Module:
+    def build_critic(
+        self, policy: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, policy_options: dict
+    ) -> nn.Module:
         """The policy's critic: twin Q-networks; `q_of(features, action)` gives a tuple of Q-values."""
-        return make_critic(policy, obs_space, action_space, **policy_options, layer_norm=self.settings.critic_layer_norm)
+        return make_critic(
+            policy, obs_space, action_space, **policy_options, layer_norm=self.settings.critic_layer_norm
+        )
 
     def target_q(self, qs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """The target critics' value of (s', a'): the smaller of the two (clipped double Q)."""

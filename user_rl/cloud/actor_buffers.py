@@ -20,8 +20,7 @@ import time
 import torch
 from torch import nn
 
-from user_rl.wire.weights import (DEFAULT_CHUNK_BYTES, Layout, PackedWeights, Part, base_part_id, byte_view,
-                                  own_part_id)
+from user_rl.wire.weights import DEFAULT_CHUNK_BYTES, Layout, PackedWeights, Part, base_part_id, byte_view, own_part_id
 
 BUFFERS = 3  # one the server sends from, one a slow edge may still drain, one to write the next into
 
@@ -29,8 +28,13 @@ BUFFERS = 3  # one the server sends from, one a slow edge may still drain, one t
 class ActorBuffers:
     """Shared between the trainer (writes) and the learner (serves); crosses the process boundary once."""
 
-    def __init__(self, actor: nn.Module, cast_floats_to: torch.dtype | None = None, count: int = BUFFERS,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    def __init__(
+        self,
+        actor: nn.Module,
+        cast_floats_to: torch.dtype | None = None,
+        count: int = BUFFERS,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
         state = actor.state_dict()
         frozen = {name for name, p in actor.named_parameters() if not p.requires_grad and name in state}
         self.own_layout = Layout.of(((n, t) for n, t in state.items() if n not in frozen), cast_floats_to)
@@ -74,4 +78,3 @@ class ActorBuffers:
     @property
     def free(self) -> int:
         return int((self.busy == 0).sum())
-

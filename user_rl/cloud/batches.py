@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -29,15 +29,20 @@ DERIVED = {  # float32 columns computed from who acted (algorithms never see the
     "intervened": ("actor", lambda batch: intervened(batch["actor"]).astype(np.float32)),
     "policy_acted": ("actor", lambda batch: (batch["actor"] == pb.ACTOR_POLICY).astype(np.float32)),
     # per action of a row's chunk, and 0 past its episode's end
-    "chunk_intervened": ("chunk_actor", lambda batch: (intervened(batch["chunk_actor"]) & batch["chunk_mask"])
-                         .astype(np.float32)),
-    "chunk_policy_acted": ("chunk_actor", lambda batch: ((batch["chunk_actor"] == pb.ACTOR_POLICY)
-                                                         & batch["chunk_mask"]).astype(np.float32)),
+    "chunk_intervened": (
+        "chunk_actor",
+        lambda batch: (intervened(batch["chunk_actor"]) & batch["chunk_mask"]).astype(np.float32),
+    ),
+    "chunk_policy_acted": (
+        "chunk_actor",
+        lambda batch: ((batch["chunk_actor"] == pb.ACTOR_POLICY) & batch["chunk_mask"]).astype(np.float32),
+    ),
 }
 
 
-def training_columns(batch: dict[str, np.ndarray],
-                     wanted: tuple[str, ...] = SAC.batch_columns) -> dict[str, np.ndarray]:
+def training_columns(
+    batch: dict[str, np.ndarray], wanted: tuple[str, ...] = SAC.batch_columns
+) -> dict[str, np.ndarray]:
     """The columns the algorithm reads (its `batch_columns`), and nothing else of the buffer's
     batch (policy_version, robot, ... stay here), so a batch slot is no bigger than it must be.
 
@@ -54,8 +59,10 @@ def training_columns(batch: dict[str, np.ndarray],
             out[name] = DERIVED[name][1](batch)
         elif name not in OPTIONAL:
             source = f" (derived from the {DERIVED[name][0]} column)" if name in DERIVED else ""
-            raise ValueError(f"the algorithm needs the batch column {name!r}{source}; the buffer's batch has "
-                           f"{', '.join(sorted(batch))}")
+            raise ValueError(
+                f"the algorithm needs the batch column {name!r}{source}; the buffer's batch has "
+                f"{', '.join(sorted(batch))}"
+            )
     return out
 
 
@@ -68,9 +75,16 @@ class BatchPreparer:
     buffer is safe for one writer and one sampler thread; a checkpoint reads the RNG's state).
     """
 
-    def __init__(self, buffer: Callable[[], PersistentReplay | None], trainer: Callable[[], Trainer | None],
-                 batch_size: int, rng: np.random.Generator, may_submit: Callable[[], bool],
-                 stop: threading.Event, rng_lock: threading.Lock) -> None:
+    def __init__(
+        self,
+        buffer: Callable[[], PersistentReplay | None],
+        trainer: Callable[[], Trainer | None],
+        batch_size: int,
+        rng: np.random.Generator,
+        may_submit: Callable[[], bool],
+        stop: threading.Event,
+        rng_lock: threading.Lock,
+    ) -> None:
         self.buffer = buffer
         self.trainer = trainer
         self.batch_size = batch_size

@@ -23,7 +23,7 @@ from user_rl.cloud.buffer.rows import StreamState
 
 class StepCredit:
     def __init__(self) -> None:
-        self.increment: int | None = None   # None: unpaced (acks carry 0 = no limit); may be negative
+        self.increment: int | None = None  # None: unpaced (acks carry 0 = no limit); may be negative
         self.max_records: int | None = None  # the run's step budget, all robots together
         self._granted: dict[int, tuple[StreamState, int]] = {}  # stream id -> (stream, credit granted)
 

@@ -32,8 +32,8 @@ import logging
 import sqlite3
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -45,7 +45,8 @@ from user_rl.cloud.credit import StepCredit
 from user_rl.cloud.fleet_status import status_reply
 from user_rl.cloud.lives import resume_acks, spooled_epochs
 from user_rl.cloud.peer_guard import PeerGuard
-from user_rl.cloud.quarantine import MAX_BYTES as QUARANTINE_MAX_BYTES, Quarantine
+from user_rl.cloud.quarantine import MAX_BYTES as QUARANTINE_MAX_BYTES
+from user_rl.cloud.quarantine import Quarantine
 from user_rl.cloud.sessions import RobotSession
 from user_rl.cloud.staleness import LagCounts, PublishedVersions, row_lags, stale_rows
 from user_rl.config import BufferConfig
@@ -53,8 +54,13 @@ from user_rl.security.curve import Gatekeeper, secure_server, split_user_id
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import MAX_ARRAYS_PER_MESSAGE, Message, WireError, decode, encode, envelope
 from user_rl.wire.images import decode_columns
-from user_rl.wire.spaces import (MAX_NAME_CHARS, MAX_OBSERVATION_KEYS, MAX_TEXT_CHARS, descriptor_from_proto,
-                                 hello_spaces)
+from user_rl.wire.spaces import (
+    MAX_NAME_CHARS,
+    MAX_OBSERVATION_KEYS,
+    MAX_TEXT_CHARS,
+    descriptor_from_proto,
+    hello_spaces,
+)
 from user_rl.wire.transitions import EDGE_RESTART, MAX_INDEX_INT, validate_batch
 
 log = logging.getLogger(__name__)
@@ -69,10 +75,21 @@ RECEIVE_QUEUE_MESSAGES = 128  # per connection: an edge has at most fleet.max_in
 
 
 class Ingest:
-    def __init__(self, context: zmq.Context, endpoint: str, buffer_dir: Path, buffer: BufferConfig | None = None,
-                 gamma: float = 0.99, max_rejects_logged: int = 20, gate: Gatekeeper | None = None,
-                 max_messages_per_s: float = 2000.0, max_message_bytes: int = 64 << 20, max_robots: int = 1024,
-                 forget_idle_s: float = 600.0, max_quarantine_bytes: int = QUARANTINE_MAX_BYTES) -> None:
+    def __init__(
+        self,
+        context: zmq.Context,
+        endpoint: str,
+        buffer_dir: Path,
+        buffer: BufferConfig | None = None,
+        gamma: float = 0.99,
+        max_rejects_logged: int = 20,
+        gate: Gatekeeper | None = None,
+        max_messages_per_s: float = 2000.0,
+        max_message_bytes: int = 64 << 20,
+        max_robots: int = 1024,
+        forget_idle_s: float = 600.0,
+        max_quarantine_bytes: int = QUARANTINE_MAX_BYTES,
+    ) -> None:
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         # A bigger frame: ZeroMQ drops the peer. A bigger message of many frames: dropped in `_receive`.
@@ -162,8 +179,11 @@ class Ingest:
                 continue  # dropped as it arrives
             total += len(frame)
             if total > self.max_message_bytes:
-                refused = WireError("message_too_large", f"over {self.max_message_bytes / 2**20:g} MiB in total "
-                                                         "(learner.max_message_mb, counted over all frames)")
+                refused = WireError(
+                    "message_too_large",
+                    f"over {self.max_message_bytes / 2**20:g} MiB in total "
+                    "(learner.max_message_mb, counted over all frames)",
+                )
             elif len(frames) > MAX_ARRAYS_PER_MESSAGE:  # the envelope and its arrays
                 refused = WireError("too_many_arrays", f"more than {MAX_ARRAYS_PER_MESSAGE} arrays")
             if refused is not None:
@@ -238,8 +258,11 @@ class Ingest:
         if hello.stream_epoch > MAX_INDEX_INT:  # epochs are indexed in SQLite (signed 64-bit)
             raise WireError("bad_hello", f"{robot_id}: stream epoch {hello.stream_epoch} is above 2**63 - 1")
         d = hello.descriptor
-        if max(len(d.model), len(d.id), len(d.kind)) > MAX_NAME_CHARS or len(d.instruction) > MAX_TEXT_CHARS \
-                or len(d.cameras) > MAX_OBSERVATION_KEYS:
+        if (
+            max(len(d.model), len(d.id), len(d.kind)) > MAX_NAME_CHARS
+            or len(d.instruction) > MAX_TEXT_CHARS
+            or len(d.cameras) > MAX_OBSERVATION_KEYS
+        ):
             raise WireError("bad_hello", f"{robot_id}: descriptor fields too long")
         self._check_spaces(robot_id, hello)
         spooled = spooled_epochs(robot_id, hello)
@@ -250,13 +273,20 @@ class Ingest:
             session = old
         else:
             # Nothing is stored for a hello: a stream is made when its first batch arrives (`_stream`).
-            stream = (self.buffer.stream(robot_id, hello.stream_epoch)
-                      or self.buffer.unstored_stream(robot_id, hello.stream_epoch, descriptor.instruction))
+            stream = self.buffer.stream(robot_id, hello.stream_epoch) or self.buffer.unstored_stream(
+                robot_id, hello.stream_epoch, descriptor.instruction
+            )
             if old is None:
                 self._make_room()
                 self._sessions_made += 1
-            session = RobotSession(robot_id=robot_id, index=old.index if old else self._sessions_made - 1,
-                                   identity=identity, descriptor=descriptor, epoch=hello.stream_epoch, stream=stream)
+            session = RobotSession(
+                robot_id=robot_id,
+                index=old.index if old else self._sessions_made - 1,
+                identity=identity,
+                descriptor=descriptor,
+                epoch=hello.stream_epoch,
+                stream=stream,
+            )
             session.admit(identity)
             if old is not None:  # a restarted edge: counters carry on, its open episode was cut short
                 self.credit.forget(old.stream)
@@ -265,8 +295,12 @@ class Ingest:
                 session.stale_transitions = old.stale_transitions
                 session.quarantined_batches = old.quarantined_batches
             self.robots[robot_id] = session
-            log.info("robot %s joined (epoch %d, %d batches already stored)", robot_id, hello.stream_epoch,
-                     stream.durable_seq)
+            log.info(
+                "robot %s joined (epoch %d, %d batches already stored)",
+                robot_id,
+                hello.stream_epoch,
+                stream.durable_seq,
+            )
         session.spooled = frozenset(spooled)
         self._touch(session)
         if old is None or hello.stream_epoch >= old.epoch:  # a stale hello (a dead life's, late) ends nothing
@@ -326,8 +360,9 @@ class Ingest:
             self._marker(session, stream, msg)
             return
         try:
-            arrays = decode_columns(msg.arrays, self.obs_space, body.count,
-                                    DECODED_PER_MESSAGE * self.max_message_bytes)
+            arrays = decode_columns(
+                msg.arrays, self.obs_space, body.count, DECODED_PER_MESSAGE * self.max_message_bytes
+            )
             validate_batch(arrays, body.count, self.obs_space, self.action_space)
         except WireError as exc:  # its content: sent again it would be refused again
             self._quarantine(session, stream, msg, exc, identity)
@@ -339,8 +374,9 @@ class Ingest:
         self.stale_transitions += stale
         session.account(arrays, stale)
 
-    def _quarantine(self, session: RobotSession, stream: StreamState, msg: Message, exc: WireError,
-                    identity: bytes) -> None:
+    def _quarantine(
+        self, session: RobotSession, stream: StreamState, msg: Message, exc: WireError, identity: bytes
+    ) -> None:
         """Refuse a batch for its content without stopping its stream: keep it in the quarantine, take
         its seq like a lost batch (the row before it gets no successor; its episode goes on or is
         ended by the edge), count it, and tell the sender in an ack why."""
@@ -373,16 +409,23 @@ class Ingest:
         """A batch without steps that takes its seq: a lost batch (an explicit gap) or an episode end."""
         body = msg.body
         if body.count or msg.arrays or (body.lost and body.end_reason):
-            raise WireError("bad_marker", f"{session.robot_id}: a lost or episode-end batch carries no steps "
-                                          f"(count {body.count}, {len(msg.arrays)} arrays, end_reason {body.end_reason!r})")
+            raise WireError(
+                "bad_marker",
+                f"{session.robot_id}: a lost or episode-end batch carries no steps "
+                f"(count {body.count}, {len(msg.arrays)} arrays, end_reason {body.end_reason!r})",
+            )
         if len(body.end_reason) > MAX_NAME_CHARS or not body.end_reason.isprintable():
             raise WireError("bad_marker", f"{session.robot_id}: end_reason too long or unprintable")
         if body.lost:
             self.buffer.record_lost(stream, body.seq)
             self.lost_batches += 1
             session.lost_batches += 1
-            log.warning("robot %s: batch %d of epoch %d was lost on the edge (unreadable spool file); "
-                        "recorded as a gap", session.robot_id, body.seq, stream.record.epoch)
+            log.warning(
+                "robot %s: batch %d of epoch %d was lost on the edge (unreadable spool file); recorded as a gap",
+                session.robot_id,
+                body.seq,
+                stream.record.epoch,
+            )
         else:
             self.maybe_commit(force=True)  # what it ends is durable before the index says it ended
             self.buffer.end_open_episodes(stream, reason=body.end_reason)
@@ -418,17 +461,27 @@ class Ingest:
         }
 
     # -- replying --------------------------------------------------------------------------
-    def _ack(self, session: RobotSession, stream: StreamState, gap: bool = False, to: bytes | None = None,
-             refused: tuple[int, str] | None = None) -> None:
+    def _ack(
+        self,
+        session: RobotSession,
+        stream: StreamState,
+        gap: bool = False,
+        to: bytes | None = None,
+        refused: tuple[int, str] | None = None,
+    ) -> None:
         """Cumulative ack of the stream's durable batches; after a gap, also where to resume; with
         `refused` (seq, reason), that this batch was refused and quarantined.
 
         Sent to `to` (the connection that asked), or to every connection of the session."""
         if self.failure is not None:  # after a buffer write error no ack may cover what was not committed
             return
-        ack = pb.Ack(stream_epoch=stream.record.epoch, seq=stream.durable_seq,
-                     next_seq=stream.record.last_seq + 1 if gap else 0,
-                     step_credit=self._step_credit(session, stream), policy_version=self.policy_version)
+        ack = pb.Ack(
+            stream_epoch=stream.record.epoch,
+            seq=stream.durable_seq,
+            next_seq=stream.record.last_seq + 1 if gap else 0,
+            step_credit=self._step_credit(session, stream),
+            policy_version=self.policy_version,
+        )
         if refused is not None:
             ack.refused_seq, ack.refused_reason = refused[0], refused[1][:500]
         frames = encode(envelope(session.robot_id, ack=ack))
@@ -476,9 +529,11 @@ class Ingest:
         code = getattr(exc, "errno", None)
         name = errno.errorcode.get(code, type(exc).__name__) if isinstance(code, int) else type(exc).__name__
         detail = getattr(self.buffer, "failure", None) or str(exc)
-        self.failure = (f"buffer write failed in {self.buffer_dir}: {name} ({detail})"[:400] + "; the learner takes "
-                        "no more data and acks nothing after it (edges keep their spools): fix the disk and restart "
-                        "the learner")
+        self.failure = (
+            f"buffer write failed in {self.buffer_dir}: {name} ({detail})"[:400] + "; the learner takes "
+            "no more data and acks nothing after it (edges keep their spools): fix the disk and restart "
+            "the learner"
+        )
         log.critical("%s", self.failure, exc_info=exc)
 
     def _touch(self, session: RobotSession) -> None:
@@ -512,8 +567,12 @@ class Ingest:
         self.credit.forget(session.stream)
         self.forgotten += 1
         if self.forgotten <= self._max_logged:
-            log.info("forgot robot %s (%s, last heard %.0f s ago)", session.robot_id, why,
-                     time.monotonic() - session.last_seen)
+            log.info(
+                "forgot robot %s (%s, last heard %.0f s ago)",
+                session.robot_id,
+                why,
+                time.monotonic() - session.last_seen,
+            )
         if self.buffer is not None:  # its stream leaves RAM (at the next seal if it has uncommitted data)
             self.buffer.release_stream(session.stream)  # a hello reloads it from the index
 

@@ -29,8 +29,14 @@ import zmq
 
 from user_rl.algos import algo_settings
 from user_rl.cloud.batches import BatchPreparer
-from user_rl.cloud.checkpoint import (BackgroundCheckpointer, load_checkpoint, save_checkpoint, snapshot,
-                                      spaces_from_text, spaces_to_text)
+from user_rl.cloud.checkpoint import (
+    BackgroundCheckpointer,
+    load_checkpoint,
+    save_checkpoint,
+    snapshot,
+    spaces_from_text,
+    spaces_to_text,
+)
 from user_rl.cloud.endpoints import reachable_endpoint
 from user_rl.cloud.ingest import Ingest
 from user_rl.cloud.staleness import PUBLISHED_FILE, PublishedVersions
@@ -38,11 +44,11 @@ from user_rl.cloud.threads import GuardedThread
 from user_rl.cloud.trainer import Reply, Trainer, TrainerFailed, TrainerSpec
 from user_rl.cloud.version_lease import VersionLease
 from user_rl.cloud.weight_server import WeightServer
-from user_rl.wire.weights import CASTS, PackedWeights
 from user_rl.config import Config
 from user_rl.hal.registry import robot_spaces
 from user_rl.security.curve import learner_gate
 from user_rl.tensorboard_log import LearnerCurves, open_log
+from user_rl.wire.weights import CASTS, PackedWeights
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +63,22 @@ def pick_device(name: str) -> torch.device:
 
 
 def describe_device(device: torch.device) -> str:
-    """"cpu (4 threads)" or "cuda:0 (NVIDIA H100 80GB HBM3)": what the first log line and the status say."""
+    """ "cpu (4 threads)" or "cuda:0 (NVIDIA H100 80GB HBM3)": what the first log line and the status say."""
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
     return f"{device.type} ({torch.get_num_threads()} threads)"
 
 
-def credit_increment(learning_starts: int, updates: int, utd_ratio: float, env_steps: int, robots: int,
-                     batch_transitions: int, max_env_steps: int) -> int:
+def credit_increment(
+    learning_starts: int,
+    updates: int,
+    utd_ratio: float,
+    env_steps: int,
+    robots: int,
+    batch_transitions: int,
+    max_env_steps: int,
+) -> int:
     """Steps each paced robot may take beyond what the learner has stored of its stream.
 
     The fleet may run `learning_starts + updates / utd_ratio - env_steps` steps ahead of the
@@ -96,14 +109,27 @@ class Learner:
         self.context = zmq.Context()
         host, lc = cfg.learner.host, cfg.learner
         self.gate = learner_gate(self.context, cfg.security, host)  # None: links in the clear (loopback)
-        self.ingest = Ingest(self.context, f"tcp://{host}:{lc.data_port}", self.run_dir / "buffer", cfg.buffer,
-                             cfg.algo.gamma, gate=self.gate, max_messages_per_s=lc.max_messages_per_s,
-                             max_message_bytes=int(lc.max_message_mb * 2**20), max_robots=lc.max_robots,
-                             forget_idle_s=lc.forget_idle_s)
+        self.ingest = Ingest(
+            self.context,
+            f"tcp://{host}:{lc.data_port}",
+            self.run_dir / "buffer",
+            cfg.buffer,
+            cfg.algo.gamma,
+            gate=self.gate,
+            max_messages_per_s=lc.max_messages_per_s,
+            max_message_bytes=int(lc.max_message_mb * 2**20),
+            max_robots=lc.max_robots,
+            forget_idle_s=lc.forget_idle_s,
+        )
         # Lags count the versions earlier learners of this run published too (staleness.py)
         self.ingest.published = PublishedVersions(self.run_dir / PUBLISHED_FILE)
-        self.weights = WeightServer(self.context, f"tcp://{host}:{lc.weights_port}", CASTS[lc.weight_dtype],
-                                    gate=self.gate, claim_timeout_s=lc.weight_claim_timeout_s)
+        self.weights = WeightServer(
+            self.context,
+            f"tcp://{host}:{lc.weights_port}",
+            CASTS[lc.weight_dtype],
+            gate=self.gate,
+            claim_timeout_s=lc.weight_claim_timeout_s,
+        )
         self.rng = np.random.default_rng(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.trainer: Trainer | None = None  # started once the fleet's spaces are known
@@ -142,8 +168,15 @@ class Learner:
         fleet = cfg.fleet
         self._credit_push_every = max(1, int(fleet.num_robots * fleet.batch_transitions * cfg.algo.utd_ratio / 2))
         self._update_ingest_credit()
-        self.sampler = BatchPreparer(lambda: self.ingest.buffer, lambda: self.trainer, cfg.algo.batch_size,
-                                     self.rng, self._may_submit, self._stop, self._rng_lock)
+        self.sampler = BatchPreparer(
+            lambda: self.ingest.buffer,
+            lambda: self.trainer,
+            cfg.algo.batch_size,
+            self.rng,
+            self._may_submit,
+            self._stop,
+            self._rng_lock,
+        )
         self._threads: dict[str, GuardedThread] = {}
         self._board_thread: GuardedThread | None = None
         self._status = self._snapshot()  # no thread runs yet: the first status (it names the device) is ready now
@@ -164,8 +197,12 @@ class Learner:
         try:
             obs_space, action_space = robot_spaces(self.cfg.robot.type, self.cfg.robot_options(0))
         except Exception as exc:  # the driver is not installed here, or is real hardware: the first hello decides
-            log.warning("the learner cannot read the spaces of robot %r here (%s); the first robot's hello will "
-                        "fix the fleet's spaces", self.cfg.robot.type, exc)
+            log.warning(
+                "the learner cannot read the spaces of robot %r here (%s); the first robot's hello will "
+                "fix the fleet's spaces",
+                self.cfg.robot.type,
+                exc,
+            )
             return
         self.ingest.open_buffer(obs_space, action_space)
         self._ensure_trainer()
@@ -179,25 +216,43 @@ class Learner:
         rng = {key: value for key, value in state["rng"].items() if key in ("torch", "cuda")}
         trainer = self._ensure_trainer(state["algo"], rng)
         checkpoint_version = int(state["policy_version"])
-        self.resumed_from = {"updates": trainer.updates, "policy_version": checkpoint_version,
-                             "buffer_transitions": len(self.ingest.buffer)}
+        self.resumed_from = {
+            "updates": trainer.updates,
+            "policy_version": checkpoint_version,
+            "buffer_transitions": len(self.ingest.buffer),
+        }
         # The checkpoint's actor may be newer than its version, and versions after it may have
         # been published before a crash: it goes out under a number never used before.
         self.lease.last = max(self.lease.last, checkpoint_version)
         self._publish_now(state["algo"]["actor"])
-        log.warning("resumed from %s: %s; publishing its actor as policy version %d",
-                    self.checkpoint_path, self.resumed_from, self.version)
+        log.warning(
+            "resumed from %s: %s; publishing its actor as policy version %d",
+            self.checkpoint_path,
+            self.resumed_from,
+            self.version,
+        )
 
     def _ensure_trainer(self, state: dict | None = None, rng: dict | None = None) -> Trainer | None:
         """Start the trainer process once the fleet's spaces are known (from a checkpoint's state)."""
         if self.trainer is None and self.ingest.obs_space is not None:
             cfg = self.cfg
             settings = algo_settings(cfg.algo.type, cfg.algo.model_dump())  # the fields its Settings has
-            spec = TrainerSpec(self.ingest.obs_space, self.ingest.action_space, cfg.policy.type,
-                               cfg.policy.options(), settings, str(self.device),
-                               learner_torch_threads(cfg), cfg.seed, cfg.learner.publish_every_updates, state, rng,
-                               algo=cfg.algo.type, initial_weights=cfg.policy.weights,
-                               weight_dtype=cfg.learner.weight_dtype)
+            spec = TrainerSpec(
+                self.ingest.obs_space,
+                self.ingest.action_space,
+                cfg.policy.type,
+                cfg.policy.options(),
+                settings,
+                str(self.device),
+                learner_torch_threads(cfg),
+                cfg.seed,
+                cfg.learner.publish_every_updates,
+                state,
+                rng,
+                algo=cfg.algo.type,
+                initial_weights=cfg.policy.weights,
+                weight_dtype=cfg.learner.weight_dtype,
+            )
             self.trainer = Trainer(spec, cfg.learner.prefetch_batches)
         return self.trainer
 
@@ -219,8 +274,14 @@ class Learner:
             return
         credit.max_records = self.step_limit
         credit.increment = credit_increment(
-            algo.learning_starts, self.updates, algo.utd_ratio, self.env_steps, max(1, self.active_robots),
-            fleet.batch_transitions, self.step_limit)
+            algo.learning_starts,
+            self.updates,
+            algo.utd_ratio,
+            self.env_steps,
+            max(1, self.active_robots),
+            fleet.batch_transitions,
+            self.step_limit,
+        )
 
     @property
     def step_limit(self) -> int:
@@ -230,8 +291,12 @@ class Learner:
     def _may_submit(self) -> bool:
         """Whether the sampler may send the trainer one more batch (read under its `send_lock`)."""
         buffer, trainer = self.ingest.buffer, self.trainer
-        if self._pause_requested.is_set() or trainer is None or buffer is None \
-                or len(buffer) < max(1, self.cfg.algo.learning_starts):
+        if (
+            self._pause_requested.is_set()
+            or trainer is None
+            or buffer is None
+            or len(buffer) < max(1, self.cfg.algo.learning_starts)
+        ):
             return False
         if not self.cfg.fleet.pace_to_learner:
             return True
@@ -246,8 +311,10 @@ class Learner:
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> None:
         """Train until `stop()`; the ingest and sampler threads run alongside and end with it."""
-        self._threads = {"ingest": GuardedThread("learner-ingest", self._ingest_loop),
-                         "sampler": GuardedThread("learner-sampler", self.sampler.run)}
+        self._threads = {
+            "ingest": GuardedThread("learner-ingest", self._ingest_loop),
+            "sampler": GuardedThread("learner-sampler", self.sampler.run),
+        }
         if self.cfg.learner.tensorboard_every_s > 0:  # beside the others, not one of them: logs never stop training
             self._board_thread = GuardedThread("learner-tensorboard", self._log_curves)
             self._board_thread.start()
@@ -404,7 +471,9 @@ class Learner:
         deadline = time.monotonic() + timeout
         while self.checkpoints.written <= written:
             if time.monotonic() > deadline or self.checkpoints.error:
-                raise TimeoutError(f"no checkpoint written within {timeout:.0f} s: {self.checkpoints.error or 'no error'}")
+                raise TimeoutError(
+                    f"no checkpoint written within {timeout:.0f} s: {self.checkpoints.error or 'no error'}"
+                )
             time.sleep(0.01)
 
     def resume(self) -> None:
@@ -456,10 +525,14 @@ class Learner:
             "resumed_from": self.resumed_from,
             "metrics": self.last_metrics,
             # the trainer with no batch (any cause); the sampler held back by the pacing or a pause
-            "update_waits_s": {"trainer_idle": round(self.trainer.idle_s if self.trainer else 0.0, 2),
-                               "held_back": round(self.sampler.held_back_s, 2)},
-            "errors": {**{f"buffer {name}": error for name, error in buffer_errors.items()},
-                       **({"storage": ingest["failure"]} if ingest.get("failure") else {})},
+            "update_waits_s": {
+                "trainer_idle": round(self.trainer.idle_s if self.trainer else 0.0, 2),
+                "held_back": round(self.sampler.held_back_s, 2),
+            },
+            "errors": {
+                **{f"buffer {name}": error for name, error in buffer_errors.items()},
+                **({"storage": ingest["failure"]} if ingest.get("failure") else {}),
+            },
         }
 
     # -- persistence -----------------------------------------------------------------------

@@ -17,7 +17,7 @@ from user_rl.wire.codec import WireError
 if TYPE_CHECKING:
     from user_rl.cloud.buffer.store import PersistentReplay
 
-MAX_SPOOLED_EPOCHS = 256   # older epochs one hello may announce (an edge names at most 64)
+MAX_SPOOLED_EPOCHS = 256  # older epochs one hello may announce (an edge names at most 64)
 
 
 def spooled_epochs(robot_id: str, hello: pb.Hello) -> list[int]:
@@ -26,8 +26,10 @@ def spooled_epochs(robot_id: str, hello: pb.Hello) -> list[int]:
     if len(epochs) > MAX_SPOOLED_EPOCHS:
         raise WireError("bad_hello", f"{robot_id}: {len(epochs)} spooled epochs, at most {MAX_SPOOLED_EPOCHS}")
     if epochs and epochs[-1] >= hello.stream_epoch:
-        raise WireError("bad_hello", f"{robot_id}: spooled epoch {epochs[-1]} is not older than the "
-                                     f"stream epoch {hello.stream_epoch}")
+        raise WireError(
+            "bad_hello",
+            f"{robot_id}: spooled epoch {epochs[-1]} is not older than the stream epoch {hello.stream_epoch}",
+        )
     return epochs
 
 
@@ -36,5 +38,8 @@ def resume_acks(buffer: PersistentReplay, robot_id: str, epochs: list[int], poli
     loading none of them. An epoch it never stored (a life that started and died while it was down,
     or a name a hostile peer made up) gets no ack: the edge sends from its first spooled batch, and
     a gap ack answers that if earlier ones are missing. One index query, O(len(epochs))."""
-    return [pb.Ack(stream_epoch=epoch, seq=durable, next_seq=last + 1, policy_version=policy_version)
-            for epoch, (durable, last) in buffer.stream_positions(robot_id, epochs).items() if last]
+    return [
+        pb.Ack(stream_epoch=epoch, seq=durable, next_seq=last + 1, policy_version=policy_version)
+        for epoch, (durable, last) in buffer.stream_positions(robot_id, epochs).items()
+        if last
+    ]

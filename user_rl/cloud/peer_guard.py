@@ -24,6 +24,7 @@ OTHER_PEERS = "(other peers)"  # rejections of peers beyond the first `max_named
 
 class _Peer:
     """One connection's budgets: messages it may send, rejection replies it may still get."""
+
     __slots__ = ("messages", "replies")
 
     def __init__(self, rate: float, burst: float, now: float) -> None:

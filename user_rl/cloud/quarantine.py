@@ -53,9 +53,9 @@ class Quarantine:
         self.directory = Path(directory)
         self.max_bytes = max_bytes
         self.max_logged = max_logged
-        self.batches = 0     # refused batches (this run), kept or not
-        self.kept = 0        # batches written with their frames (this run)
-        self.not_kept = 0    # refused batches whose frames were left out (full, or a disk error)
+        self.batches = 0  # refused batches (this run), kept or not
+        self.kept = 0  # batches written with their frames (this run)
+        self.not_kept = 0  # refused batches whose frames were left out (full, or a disk error)
         self.write_error: str | None = None
         self._full_logged = False
         # What earlier runs left counts against the bound (a handful of files: read once).
@@ -75,10 +75,22 @@ class Quarantine:
         body, robot_id = msg.body, msg.envelope.robot_id
         self.batches += 1
         if self.batches <= self.max_logged:
-            log.warning("robot %s: refused batch %d of epoch %d (%s); kept in %s, the stream goes on",
-                        robot_id, body.seq, body.stream_epoch, reason, self.directory)
-        record = {"time": time.time(), "robot": robot_id, "epoch": body.stream_epoch, "seq": body.seq,
-                  "count": body.count, "reason": reason}
+            log.warning(
+                "robot %s: refused batch %d of epoch %d (%s); kept in %s, the stream goes on",
+                robot_id,
+                body.seq,
+                body.stream_epoch,
+                reason,
+                self.directory,
+            )
+        record = {
+            "time": time.time(),
+            "robot": robot_id,
+            "epoch": body.stream_epoch,
+            "seq": body.seq,
+            "count": body.count,
+            "reason": reason,
+        }
         head = msg.envelope.SerializeToString()
         encoded = 4 * (len(head) + sum(a.nbytes for a in msg.arrays.values())) // 3 + 1024  # base64, and the rest
         if self.bytes + encoded <= self.max_bytes:  # only then are the frames encoded
@@ -89,8 +101,12 @@ class Quarantine:
             self._append(robot_id, _line({**record, "frames": "not kept: the quarantine is full"}))  # while it fits
         if not self._full_logged and self.write_error is None:
             self._full_logged = True
-            log.warning("the quarantine in %s is full (%d MiB): refused batches are still counted and "
-                        "acknowledged, their frames no longer kept", self.directory, self.max_bytes >> 20)
+            log.warning(
+                "the quarantine in %s is full (%d MiB): refused batches are still counted and "
+                "acknowledged, their frames no longer kept",
+                self.directory,
+                self.max_bytes >> 20,
+            )
         self.not_kept += 1
         return False
 
@@ -111,9 +127,15 @@ class Quarantine:
         return True
 
     def report(self) -> dict:
-        return {"batches": self.batches, "directory": str(self.directory), "bytes": self.bytes,
-                "max_bytes": self.max_bytes, "full": self.full, "frames_not_kept": self.not_kept,
-                "write_error": self.write_error}
+        return {
+            "batches": self.batches,
+            "directory": str(self.directory),
+            "bytes": self.bytes,
+            "max_bytes": self.max_bytes,
+            "full": self.full,
+            "frames_not_kept": self.not_kept,
+            "write_error": self.write_error,
+        }
 
 
 def read_quarantine(path: str | Path) -> Iterator[tuple[dict, Message | None]]:

@@ -17,8 +17,8 @@ from user_rl.hal.descriptor import DeviceDescriptor
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.transitions import intervened
 
-MAX_CONNECTIONS = 4        # connections that said hello for one session and may speak for it
-RATE_WINDOW_ROWS = 1000    # the intervention rate is over about this many recent stored steps
+MAX_CONNECTIONS = 4  # connections that said hello for one session and may speak for it
+RATE_WINDOW_ROWS = 1000  # the intervention rate is over about this many recent stored steps
 
 
 @dataclass
@@ -65,18 +65,31 @@ class RobotSession:
     def take_heartbeat(self, hb: pb.Heartbeat, policy_lag: int | None) -> None:
         """What the edge said of itself (`summary` reports it); `policy_lag`: versions published since
         the one it acts with."""
-        self.heartbeat = {"env_steps": hb.env_steps, "steps_per_second": hb.steps_per_second,
-                          "policy_version": hb.policy_version, "unacked": hb.unacked_batches,
-                          "policy_lag": policy_lag,
-                          "backlog_bytes": hb.backlog_bytes, "dropped_transitions": hb.dropped_transitions,
-                          "safety_violations": dict(hb.safety_violations), "watchdog_holds": hb.watchdog_holds,
-                          "estopped": hb.estopped or None, "rearmed": hb.rearmed or None,
-                          "intervention_steps": hb.intervention_steps,
-                          "take_overs": hb.take_overs, "driver": hb.driver,
-                          "health": hb.health or "unknown", "last_error": hb.last_error or None,
-                          "inference": {"latency_ms": hb.inference_ms, "latency_p99_ms": hb.inference_p99_ms,
-                                        "chunk_age_steps": hb.chunk_age_steps, "starved_steps": hb.starved_steps,
-                                        "loop_jitter_p99_ms": hb.loop_jitter_p99_ms}}
+        self.heartbeat = {
+            "env_steps": hb.env_steps,
+            "steps_per_second": hb.steps_per_second,
+            "policy_version": hb.policy_version,
+            "unacked": hb.unacked_batches,
+            "policy_lag": policy_lag,
+            "backlog_bytes": hb.backlog_bytes,
+            "dropped_transitions": hb.dropped_transitions,
+            "safety_violations": dict(hb.safety_violations),
+            "watchdog_holds": hb.watchdog_holds,
+            "estopped": hb.estopped or None,
+            "rearmed": hb.rearmed or None,
+            "intervention_steps": hb.intervention_steps,
+            "take_overs": hb.take_overs,
+            "driver": hb.driver,
+            "health": hb.health or "unknown",
+            "last_error": hb.last_error or None,
+            "inference": {
+                "latency_ms": hb.inference_ms,
+                "latency_p99_ms": hb.inference_p99_ms,
+                "chunk_age_steps": hb.chunk_age_steps,
+                "starved_steps": hb.starved_steps,
+                "loop_jitter_p99_ms": hb.loop_jitter_p99_ms,
+            },
+        }
 
     def summary(self) -> dict:
         return {

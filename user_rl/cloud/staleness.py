@@ -53,13 +53,17 @@ class PublishedVersions:
         except FileNotFoundError:
             return []
         except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"{self.path} does not hold the published policy versions ({exc}); delete it "
-                             "to count policy lags from this learner's versions only") from None
-        ok = all(isinstance(r, list) and len(r) == 2 and all(isinstance(v, int) for v in r) and r[0] <= r[1]
-                 for r in runs) and all(a[1] < b[0] for a, b in zip(runs, runs[1:]))
+            raise ValueError(
+                f"{self.path} does not hold the published policy versions ({exc}); delete it "
+                "to count policy lags from this learner's versions only"
+            ) from None
+        ok = all(
+            isinstance(r, list) and len(r) == 2 and all(isinstance(v, int) for v in r) and r[0] <= r[1] for r in runs
+        ) and all(a[1] < b[0] for a, b in zip(runs, runs[1:]))
         if not ok:
-            raise ValueError(f"{self.path}: runs of published versions must be increasing [first, last] "
-                             f"pairs, got {str(runs)[:200]}")
+            raise ValueError(
+                f"{self.path}: runs of published versions must be increasing [first, last] pairs, got {str(runs)[:200]}"
+            )
         return [list(r) for r in runs]
 
     def _refresh(self) -> None:

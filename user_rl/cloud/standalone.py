@@ -18,8 +18,8 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from user_rl.cloud.learner import Learner
 from user_rl.cloud.threads import GuardedThread
@@ -42,8 +42,10 @@ def serve_learner(cfg: Config, run_dir: str | Path, out: Callable[[str], None] =
     learner = Learner(cfg, run_dir)
     write_status_json(run_dir / "addresses.json", learner.addresses)
     resumed = learner.resumed_from
-    out(f"learner at {learner.addresses['data']} (weights {learner.addresses['weights']}) trains on "
-        f"{learner.device_name}; " + (f"resumed from {resumed}" if resumed else "fresh run"))
+    out(
+        f"learner at {learner.addresses['data']} (weights {learner.addresses['weights']}) trains on "
+        f"{learner.device_name}; " + (f"resumed from {resumed}" if resumed else "fresh run")
+    )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

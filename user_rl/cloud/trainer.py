@@ -28,8 +28,9 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -124,8 +125,11 @@ class Trainer:
         self._slots: dict[str, torch.Tensor] | None = None
         self.actor_buffers: ActorBuffers | None = None  # shared with the trainer, from its first actor on
         self.process = context.Process(
-            target=serve, name="user-rl-trainer", daemon=True,
-            args=(spec, self._ring, self._slots_channel, self._outbox, self._updates, self._idle_us, os.getpid()))
+            target=serve,
+            name="user-rl-trainer",
+            daemon=True,
+            args=(spec, self._ring, self._slots_channel, self._outbox, self._updates, self._idle_us, os.getpid()),
+        )
         self.process.start()
         ready = self._next_message(start_timeout_s)
         if ready is None or ready[0] != "ready":
@@ -158,8 +162,10 @@ class Trainer:
         if not self._holding:
             return False
         if self._slots is None:  # shaped by the first batch; every batch has the same columns
-            self._slots = {key: torch.empty((self.depth, *array.shape), dtype=torch.from_numpy(array).dtype).share_memory_()
-                           for key, array in columns.items()}
+            self._slots = {
+                key: torch.empty((self.depth, *array.shape), dtype=torch.from_numpy(array).dtype).share_memory_()
+                for key, array in columns.items()
+            }
             self._slots_channel.put(self._slots)
         entry = self._next % self.depth
         for key, tensor in self._slots.items():
@@ -266,14 +272,18 @@ def serve(spec: TrainerSpec, ring: Ring, slots_channel, outbox, updates, idle_us
         torch.set_num_threads(spec.threads)
         device = torch.device(spec.device)
         torch.manual_seed(spec.seed)
-        algo = make_algo(spec.algo, spec.obs_space, spec.action_space, spec.policy, spec.policy_options,
-                         spec.settings, device)
+        algo = make_algo(
+            spec.algo, spec.obs_space, spec.action_space, spec.policy, spec.policy_options, spec.settings, device
+        )
         if spec.state is not None:
             algo.load_state_dict(spec.state)
         elif spec.initial_weights is not None:
             fresh = load_weights(algo.actor, spec.initial_weights)
-            log.warning("the actor starts from %s%s", spec.initial_weights,
-                        f"; {len(fresh)} tensors keep their initial values ({', '.join(fresh[:3])}, ...)" if fresh else "")
+            log.warning(
+                "the actor starts from %s%s",
+                spec.initial_weights,
+                f"; {len(fresh)} tensors keep their initial values ({', '.join(fresh[:3])}, ...)" if fresh else "",
+            )
         if spec.rng is not None:
             torch.set_rng_state(spec.rng["torch"])
             if device.type == "cuda" and "cuda" in spec.rng:  # SAC's action noise is drawn on the GPU
@@ -304,8 +314,17 @@ def _own_scheduling_group() -> None:
         pass
 
 
-def _train(spec: TrainerSpec, algo: Algorithm, device: torch.device, ring: Ring, slots_channel, outbox, updates,
-           idle_us, parent_pid: int) -> None:
+def _train(
+    spec: TrainerSpec,
+    algo: Algorithm,
+    device: torch.device,
+    ring: Ring,
+    slots_channel,
+    outbox,
+    updates,
+    idle_us,
+    parent_pid: int,
+) -> None:
     slots: dict[str, torch.Tensor] | None = None
     metrics: dict[str, torch.Tensor] = {}
     on_gpu = device.type == "cuda"
@@ -343,8 +362,15 @@ def _train(spec: TrainerSpec, algo: Algorithm, device: torch.device, ring: Ring,
         elif kind == STATE:
             rng = {"torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state(device)} if on_gpu else {})}
             state = snapshot(algo.state_dict())  # copied here, between updates; serialised by the sender
-            publisher.later(lambda updates=algo.updates, state=state, tag=tag:
-                            ("state", tag, updates, to_bytes((state, rng)), None))
+            publisher.later(
+                lambda updates=algo.updates, state=state, tag=tag, rng=rng: (
+                    "state",
+                    tag,
+                    updates,
+                    to_bytes((state, rng)),
+                    None,
+                )
+            )
         elif kind == STOP:
             publisher.close()
             return

@@ -31,8 +31,10 @@ class VersionLease:
         except FileNotFoundError:
             return 0
         except ValueError as exc:
-            raise ValueError(f"{self.path} is not a version number ({exc}); delete it only if no edge "
-                             "or checkpoint of this run will ever be used again") from None
+            raise ValueError(
+                f"{self.path} is not a version number ({exc}); delete it only if no edge "
+                "or checkpoint of this run will ever be used again"
+            ) from None
 
     def next(self) -> int:
         """A new version number, reserved on disk before it is returned."""

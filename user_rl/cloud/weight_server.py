@@ -26,18 +26,18 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
 
 import numpy as np
 import torch
 import zmq
 
-from user_rl.wire.codec import WireError, decode, encode, envelope
-from user_rl.wire.weights import PackedWeights, Part, pack
 from user_rl.security.curve import Gatekeeper, secure_server
 from user_rl.security.keys import LEARNER
 from user_rl.wire import user_rl_pb2 as pb
+from user_rl.wire.codec import WireError, decode, encode, envelope
+from user_rl.wire.weights import PackedWeights, Part, pack
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +64,14 @@ class _Claim:
 
 
 class WeightServer:
-    def __init__(self, context: zmq.Context, endpoint: str, cast_floats_to: torch.dtype | None = None,
-                 gate: Gatekeeper | None = None, claim_timeout_s: float = CLAIM_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        context: zmq.Context,
+        endpoint: str,
+        cast_floats_to: torch.dtype | None = None,
+        gate: Gatekeeper | None = None,
+        claim_timeout_s: float = CLAIM_TIMEOUT_S,
+    ) -> None:
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.SNDHWM, 0)
@@ -130,13 +136,19 @@ class WeightServer:
                 del self._claims[peer]
                 if peer in self._deferred:
                     drained.append((peer, self._deferred.pop(peer)))
-            elif (claim.holds_buffer and claim.packed is not self.latest
-                  and now - claim.progress_at > self.claim_timeout_s):
+            elif (
+                claim.holds_buffer
+                and claim.packed is not self.latest
+                and now - claim.progress_at > self.claim_timeout_s
+            ):
                 claim.holds_buffer = False  # its frames stay queued (ZeroMQ cannot take them back): watched still
                 self.dropped_claims += 1
-                log.warning("weights: an edge took none of version %d for %.0f s; its claim on the buffer is "
-                            "dropped (what it gets later fails its checksum and it asks again)",
-                            claim.packed.version, now - claim.progress_at)
+                log.warning(
+                    "weights: an edge took none of version %d for %.0f s; its claim on the buffer is "
+                    "dropped (what it gets later fails its checksum and it asks again)",
+                    claim.packed.version,
+                    now - claim.progress_at,
+                )
         claimed = {id(claim.packed) for claim in self._claims.values() if claim.holds_buffer}
         still = []
         for packed in self._retiring:
@@ -201,8 +213,9 @@ class WeightServer:
             del self._claims[identity]
         self.sent_versions += 1
 
-    def _send_part(self, identity: bytes, version: int, part: Part, is_base: bool, held: pb.PartHeld | None,
-                   claim: _Claim) -> None:
+    def _send_part(
+        self, identity: bytes, version: int, part: Part, is_base: bool, held: pb.PartHeld | None, claim: _Claim
+    ) -> None:
         """Every chunk of `part` the edge does not hold, as views of the part's buffer."""
         if held is not None and held.complete:
             return

@@ -14,11 +14,12 @@ MIN_JPEG_QUALITY = 50
 
 
 class BacklogAdapter:
-    def __init__(self, batch_transitions: int, compression: dict[str, ImageCompression], max_in_flight: int,
-                 max_factor: int = 4) -> None:
+    def __init__(
+        self, batch_transitions: int, compression: dict[str, ImageCompression], max_in_flight: int, max_factor: int = 4
+    ) -> None:
         self.base_batch = batch_transitions
         self.base_compression = dict(compression)
-        self.high = max(2, max_in_flight // 2)   # backlog (batches) that counts as "growing"
+        self.high = max(2, max_in_flight // 2)  # backlog (batches) that counts as "growing"
         self.low = max(1, max_in_flight // 8)
         self.max_level = max_factor.bit_length() - 1
         self.level = 0

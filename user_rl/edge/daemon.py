@@ -21,8 +21,8 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import zmq
@@ -54,18 +54,18 @@ class RobotRefused(RuntimeError):
 
 @dataclass
 class EdgeSettings:
-    control_hz: float = 0.0          # 0: as fast as the robot steps (sims in training)
-    pace_to_learner: bool = False    # sims only (refused for a real robot): wait for step credit from the learner
+    control_hz: float = 0.0  # 0: as fast as the robot steps (sims in training)
+    pace_to_learner: bool = False  # sims only (refused for a real robot): wait for step credit from the learner
     batch_transitions: int = 64
     max_batch_delay_s: float = 0.1
     heartbeat_s: float = 1.0
     seed: int = 0
     link: LinkSettings = field(default_factory=LinkSettings)
-    adapt: bool = True               # grow batches / compress harder while the backlog grows
+    adapt: bool = True  # grow batches / compress harder while the backlog grows
     safety: SafetySettings = field(default_factory=SafetySettings)
-    async_chunks: bool = True        # a chunk policy infers its next chunk while the current one runs
-    device: str = "cpu"              # where the policy runs ("cuda" on a controller with a GPU)
-    apply_weights: str = "chunk"     # new weights take over between two chunks, or only between episodes
+    async_chunks: bool = True  # a chunk policy infers its next chunk while the current one runs
+    device: str = "cpu"  # where the policy runs ("cuda" on a controller with a GPU)
+    apply_weights: str = "chunk"  # new weights take over between two chunks, or only between episodes
 
 
 class EdgeDaemon:
@@ -90,30 +90,43 @@ class EdgeDaemon:
         ahead = s.async_chunks and chunk_length(actor) > 1 and period > 0
         self.chunks: ChunkRunner | AsyncChunkRunner = (
             AsyncChunkRunner(self.actor, device=s.device, period_s=period if ahead else None)
-            if ahead or s.device != "cpu" else ChunkRunner(self.actor))
+            if ahead or s.device != "cpu"
+            else ChunkRunner(self.actor)
+        )
         self.jitter = LoopJitter(period)
         if s.pace_to_learner and robot.device_kind == "robot":
-            raise ValueError(f"{robot.descriptor.id}: pace_to_learner is for simulators; a real robot never "
-                             "waits for the learner")
+            raise ValueError(
+                f"{robot.descriptor.id}: pace_to_learner is for simulators; a real robot never waits for the learner"
+            )
         self.context = context or zmq.Context.instance()
-        self.link = DataLink(self.context, data_address, robot.descriptor, robot.observation_space,
-                             robot.action_space, settings=s.link)
+        self.link = DataLink(
+            self.context, data_address, robot.descriptor, robot.observation_space, robot.action_space, settings=s.link
+        )
         self.weights = WeightReceiver(self.context, weights_address, curve=s.link.curve)
         self.batch = BatchBuilder(robot.observation_space, robot.action_space, s.batch_transitions)
         self.adapter = BacklogAdapter(s.batch_transitions, s.link.compression or {}, s.link.max_in_flight)
         self.safety = ActionFilter(robot.action_space, s.safety, robot, s.control_hz)
         self._robot_lock = threading.Lock()  # one call to the robot at a time: reset, step, hold
         self._held = False  # the robot was held since its last step: that episode is over
-        self._answers = 0   # robot calls that returned
-        self.watchdog = Watchdog(s.safety.deadline_s, self._hold_unless_answered, self._on_hold,
-                                 name=robot.descriptor.id)
+        self._answers = 0  # robot calls that returned
+        self.watchdog = Watchdog(
+            s.safety.deadline_s, self._hold_unless_answered, self._on_hold, name=robot.descriptor.id
+        )
         self.estop = EStopLatch(self.link.spool.directory / LATCH_NAME)  # next to the spool: survives restarts
         self.estops = 0
         self.observations = ObservationCheck(robot.descriptor.id)  # NaN / inf observations end episodes
-        self.health = EdgeHealth(robot, self.estop.tripped, lambda: self.link.refused, {
-            "learner rejected": lambda: self.link.last_reject, "link": lambda: self.link.handshake_error,
-            "hold failed": lambda: self.watchdog.last_failure, "weights": lambda: self.weights.error,
-            "observation": lambda: self.observations.error})
+        self.health = EdgeHealth(
+            robot,
+            self.estop.tripped,
+            lambda: self.link.refused,
+            {
+                "learner rejected": lambda: self.link.last_reject,
+                "link": lambda: self.link.handshake_error,
+                "hold failed": lambda: self.watchdog.last_failure,
+                "weights": lambda: self.weights.error,
+                "observation": lambda: self.observations.error,
+            },
+        )
         self.rng = np.random.default_rng(s.seed)
         # an actor built from local weights (`pretrained`) acts with them, as version 0, until the learner's
         # first version arrives; any other acts randomly (warm-up) until then
@@ -189,14 +202,22 @@ class EdgeDaemon:
         if now - self._last_heartbeat > self.settings.heartbeat_s:
             self._update_rate(now)
             health, last_error = self.health.check()
-            self.link.heartbeat(env_steps=self.steps, episodes=self.episodes,
-                                policy_version=self.acting_version, steps_per_second=self.steps_per_second,
-                                safety_violations=self._violations(), watchdog_holds=self.watchdog.holds,
-                                estopped=self.estop.tripped() or "", rearmed=self.estop.rearm_text(),
-                                intervention_steps=self.interventions.intervention_steps,
-                                take_overs=self.interventions.take_overs, driver=self.interventions.driver_name,
-                                health=health, last_error=last_error,
-                                **self._inference_stats())
+            self.link.heartbeat(
+                env_steps=self.steps,
+                episodes=self.episodes,
+                policy_version=self.acting_version,
+                steps_per_second=self.steps_per_second,
+                safety_violations=self._violations(),
+                watchdog_holds=self.watchdog.holds,
+                estopped=self.estop.tripped() or "",
+                rearmed=self.estop.rearm_text(),
+                intervention_steps=self.interventions.intervention_steps,
+                take_overs=self.interventions.take_overs,
+                driver=self.interventions.driver_name,
+                health=health,
+                last_error=last_error,
+                **self._inference_stats(),
+            )
             self._last_heartbeat = now
         self.link.poll(0)
 
@@ -263,6 +284,7 @@ class EdgeDaemon:
 
     def _start_episode(self, seed: int | None) -> dict[str, np.ndarray]:
         """Reset the robot: a new episode starts (any hold before it belongs to the last one)."""
+
         def reset() -> dict[str, np.ndarray]:
             self._held = False
             return self.robot.reset(seed=seed)
@@ -280,8 +302,13 @@ class EdgeDaemon:
             return  # none in progress (nothing sent since the last one ended)
         self._flush()
         self.link.send_episode_end(reason)
-        log.warning("%s: episode %d ended after %d steps (%s)", self.robot.descriptor.id, self.episodes,
-                    self._episode_step, reason)
+        log.warning(
+            "%s: episode %d ended after %d steps (%s)",
+            self.robot.descriptor.id,
+            self.episodes,
+            self._episode_step,
+            reason,
+        )
         self.episodes += 1
         self._episode_step = 0
 
@@ -326,8 +353,13 @@ class EdgeDaemon:
             self.watchdog.due()
             self.jitter.stepped()
             step = self._outcome(result)
-            reward, terminated, truncated, label, label_by = (step.reward, step.terminated, step.truncated,
-                                                              step.label, step.label_by)
+            reward, terminated, truncated, label, label_by = (
+                step.reward,
+                step.terminated,
+                step.truncated,
+                step.label,
+                step.label_by,
+            )
             bad = self.observations.step(result.observation, reward, self.episodes, self._episode_step)
             if bad is not None:  # its episode ends here; the good rows before it go on their own
                 self._flush()
@@ -336,16 +368,37 @@ class EdgeDaemon:
             if self.batch.count == 0:
                 self._batch_started = time.monotonic()
             self.batch.add(
-                obs, result.action_applied, reward, terminated, truncated,
-                episode=self.episodes, step=self._episode_step, policy_version=self.acting_version,
-                actor=actor, label=label, sensor_time=time.time(),
+                obs,
+                result.action_applied,
+                reward,
+                terminated,
+                truncated,
+                episode=self.episodes,
+                step=self._episode_step,
+                policy_version=self.acting_version,
+                actor=actor,
+                label=label,
+                sensor_time=time.time(),
                 final_obs=result.observation if ended else None,
                 label_by=label_by if label != pb.LABEL_NONE else pb.LABEL_BY_ENV,
-                policy_action=proposal, chunk_step=chunk_step,
+                policy_action=proposal,
+                chunk_step=chunk_step,
             )
-            self._tell_watchers(StepRecord(result.observation, result.action_applied, proposal, actor, reward,
-                                           self.episodes, self._episode_step, self.acting_version, ended, label,
-                                           sent_at))
+            self._tell_watchers(
+                StepRecord(
+                    result.observation,
+                    result.action_applied,
+                    proposal,
+                    actor,
+                    reward,
+                    self.episodes,
+                    self._episode_step,
+                    self.acting_version,
+                    ended,
+                    label,
+                    sent_at,
+                )
+            )
             if bad is not None:  # this step alone in its batch (the learner quarantines it); the episode ends
                 self._flush()
                 self.link.send_episode_end(END_REASON)
@@ -424,15 +477,15 @@ class EdgeDaemon:
             "lost_batches": self.link.lost_batches,  # unreadable spool files, sent as explicit gaps
             "bad_observations": self.observations.bad,  # NaN / inf observations: episode ended, robot reset
             "refused_batches": self.link.refused_batches,  # batches the learner refused (and quarantined)
-            "reconnects": self.link.reconnects,      # connections replaced after ack_timeout_s of silence
+            "reconnects": self.link.reconnects,  # connections replaced after ack_timeout_s of silence
             "safety_violations": self._violations(),
             "watchdog_holds": self.watchdog.holds,
             "hold_error": self.watchdog.last_failure,  # the last hold that failed (counted as hold_failed)
             "errors": self.errors(),
             "last_error": self.health.last_error or None,
             "estopped": self.estop.tripped(),
-            "estop": self.estop.stop(),             # its reason, source ("cli", "page", ...) and who set it
-            "rearmed": self.estop.last_rearm(),     # who re-armed this robot last, and what they cleared
+            "estop": self.estop.stop(),  # its reason, source ("cli", "page", ...) and who set it
+            "rearmed": self.estop.last_rearm(),  # who re-armed this robot last, and what they cleared
             "refused_requests": self.requests.refused,  # marks / resets for an episode that had ended
             "estops": self.estops,
             "interventions": self.interventions.status(),
@@ -446,8 +499,12 @@ class EdgeDaemon:
         stats = {"loop_jitter_p99_ms": self.jitter.p99_ms()}
         if isinstance(self.chunks, AsyncChunkRunner):
             runner = self.chunks.status()
-            stats.update(inference_ms=runner["inference_ms"] or 0.0, inference_p99_ms=runner["inference_p99_ms"] or 0.0,
-                         chunk_age_steps=runner["chunk_age_steps"], starved_steps=runner["starved_steps"])
+            stats.update(
+                inference_ms=runner["inference_ms"] or 0.0,
+                inference_p99_ms=runner["inference_p99_ms"] or 0.0,
+                chunk_age_steps=runner["chunk_age_steps"],
+                starved_steps=runner["starved_steps"],
+            )
         return stats
 
     def _violations(self) -> dict[str, int]:
@@ -471,8 +528,13 @@ class EdgeDaemon:
         held = self.watchdog.hold_now("estop", self._hold_robot)
         self.estops += 1
         stop = self.estop.stop() or {"reason": "emergency stop", "source": "?", "by": ""}
-        log.warning("%s: EMERGENCY STOP (%s; set by the %s%s): holding until re-armed", self.robot.descriptor.id,
-                    stop["reason"], stop["source"], f" ({stop['by']})" if stop["by"] else "")
+        log.warning(
+            "%s: EMERGENCY STOP (%s; set by the %s%s): holding until re-armed",
+            self.robot.descriptor.id,
+            stop["reason"],
+            stop["source"],
+            f" ({stop['by']})" if stop["by"] else "",
+        )
         self._end_episode("estop")
         retry_at = time.monotonic() + 1.0
         while self.estop.tripped() and not self._stop.is_set():
@@ -483,12 +545,19 @@ class EdgeDaemon:
             self.link.poll(20)
         if not self._stop.is_set():
             rearm = self.estop.last_rearm() or {}
-            by = rearm["by"] if rearm.get("time", 0.0) >= stop.get("time", 0.0) else "nobody named (the latch was removed)"
+            by = (
+                rearm["by"]
+                if rearm.get("time", 0.0) >= stop.get("time", 0.0)
+                else "nobody named (the latch was removed)"
+            )
             log.warning("%s: re-armed by %s", self.robot.descriptor.id, by)
 
     def _on_hold(self) -> None:
-        log.warning("%s: no action for %.2f s (policy stalled?): holding the robot", self.robot.descriptor.id,
-                    self.settings.safety.deadline_s)
+        log.warning(
+            "%s: no action for %.2f s (policy stalled?): holding the robot",
+            self.robot.descriptor.id,
+            self.settings.safety.deadline_s,
+        )
 
     def close(self) -> None:
         if self.teleop is not None:

@@ -29,7 +29,7 @@ from user_rl.files import replace_durably
 log = logging.getLogger(__name__)
 
 COUNTER_NAME = "stream_epoch"  # inside the spool directory
-MAX_EPOCH = 2**63 - 1          # the learner indexes epochs as signed 64-bit
+MAX_EPOCH = 2**63 - 1  # the learner indexes epochs as signed 64-bit
 
 
 def next_epoch(spool_dir: Path | None, robot_id: str, spooled: Iterable[int] = ()) -> int:

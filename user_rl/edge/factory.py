@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,9 +29,15 @@ if TYPE_CHECKING:  # the teleop page is optional (its web framework is the teleo
 log = logging.getLogger(__name__)
 
 
-def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
-              spool_root: str | Path | None = None, robot_id: str | None = None,
-              progress: Callable[[str], None] | None = None) -> EdgeDaemon:
+def make_edge(
+    cfg: Config,
+    index: int,
+    data_address: str,
+    weights_address: str,
+    spool_root: str | Path | None = None,
+    robot_id: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> EdgeDaemon:
     """`spool_root/<robot id>` keeps unacked batches across restarts of this edge (None: a temp dir).
 
     The robot is the fleet's `index`-th (id `<type>-<index>`) unless `robot_id` names it. Pacing to the
@@ -56,9 +63,12 @@ def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
         max_batch_delay_s=cfg.fleet.max_batch_delay_s,
         heartbeat_s=cfg.fleet.heartbeat_s,
         seed=options["seed"],
-        link=link_settings(cfg, Path(spool_root) / options["robot_id"] if spool_root else None,
-                           robot_client_keys(cfg.security, data_address, options["robot_id"]),
-                           real_robot=real_robot),
+        link=link_settings(
+            cfg,
+            Path(spool_root) / options["robot_id"] if spool_root else None,
+            robot_client_keys(cfg.security, data_address, options["robot_id"]),
+            real_robot=real_robot,
+        ),
         adapt=cfg.fleet.adapt,
         safety=SafetySettings(max_action_delta=cfg.safety.max_action_delta, deadline_s=cfg.safety.deadline_s),
         async_chunks=cfg.edge.async_chunks,
@@ -77,8 +87,16 @@ def make_edge(cfg: Config, index: int, data_address: str, weights_address: str,
         robot.close()
         raise
     step("opening the links and the spool")
-    edge = EdgeDaemon(robot, actor, data_address, weights_address, settings, interventions=interventions,
-                      reward=reward, requests=requests)
+    edge = EdgeDaemon(
+        robot,
+        actor,
+        data_address,
+        weights_address,
+        settings,
+        interventions=interventions,
+        reward=reward,
+        requests=requests,
+    )
     if teleop is not None:
         from user_rl.edge.teleop import start_server
 
@@ -95,13 +113,16 @@ def edge_device(device: str) -> str:
     """The configured device, if this controller has it: a run's config may ask for a GPU that one
     robot's controller lacks."""
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("edge.device is cuda but this controller has no CUDA GPU (torch.cuda.is_available() "
-                         "is False); set edge.device: cpu")
+        raise ValueError(
+            "edge.device is cuda but this controller has no CUDA GPU (torch.cuda.is_available() "
+            "is False); set edge.device: cpu"
+        )
     return device
 
 
-def intervention_sources(cfg: Config, robot: Robot, requests: OperatorRequests
-                         ) -> tuple[InterventionMux, "WebTeleop | None"]:
+def intervention_sources(
+    cfg: Config, robot: Robot, requests: OperatorRequests
+) -> tuple[InterventionMux, WebTeleop | None]:
     """Who may act instead of the policy: a person at the teleop page first (the scripted expert
     never locks them out), then a person at a LeRobot teleoperator, then the scripted intervener.
     `requests` takes the teleoperator's success, failure and re-record events."""
@@ -115,15 +136,17 @@ def intervention_sources(cfg: Config, robot: Robot, requests: OperatorRequests
     if i.teleoperator is not None:
         from user_rl.interop.lerobot_teleop import LeRobotTeleop
 
-        interventions.add(LeRobotTeleop(i.teleoperator, robot, requests, i.teleoperator_drives,
-                                        i.teleoperator_calibrate))
+        interventions.add(
+            LeRobotTeleop(i.teleoperator, robot, requests, i.teleoperator_drives, i.teleoperator_calibrate)
+        )
     if i.scripted:
         interventions.add(ScriptedIntervener(robot, i.patience, i.min_progress, i.handback_distance, i.demo_episodes))
     return interventions, teleop
 
 
-def link_settings(cfg: Config, spool_dir: Path | None, curve: ClientKeys | None = None,
-                  real_robot: bool = False) -> LinkSettings:
+def link_settings(
+    cfg: Config, spool_dir: Path | None, curve: ClientKeys | None = None, real_robot: bool = False
+) -> LinkSettings:
     """The link's settings from the fleet config. `real_robot`: the edge drives real hardware
     (`device_kind == "robot"`): `fleet.spool_fsync: null` then fsyncs every spooled batch."""
     fleet = cfg.fleet

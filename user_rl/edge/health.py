@@ -8,7 +8,7 @@ stays shown after the problem went away, so an operator who looks later still se
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from user_rl.hal.robot import Robot
 

@@ -39,8 +39,14 @@ LATENCY_WINDOW = 50  # inferences whose latency the status summarises
 class AsyncChunkRunner:
     """Drop-in for `ChunkRunner` on an edge: `runner(obs) -> (action, index in its chunk)`."""
 
-    def __init__(self, actor: nn.Module, deterministic: bool = False, device: str = "cpu",
-                 period_s: float | None = None, margin_steps: int = 1) -> None:
+    def __init__(
+        self,
+        actor: nn.Module,
+        deterministic: bool = False,
+        device: str = "cpu",
+        period_s: float | None = None,
+        margin_steps: int = 1,
+    ) -> None:
         """`period_s`: the control loop's period (1 / control_hz). None: the loop has no clock of its
         own (a sim stepped as fast as it goes, which waits for the policy anyway), so each chunk is
         inferred when the last one runs out and runs from its start, as `ChunkRunner` does, only on
@@ -54,13 +60,13 @@ class AsyncChunkRunner:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chunk-inference")
         self._swap_lock = threading.Lock()
         self._new_state: tuple[dict[str, torch.Tensor], int] | None = None
-        self._loaded = -1            # the version of the weights the worker has loaded
+        self._loaded = -1  # the version of the weights the worker has loaded
         self._pending: Future | None = None
-        self._pending_step = 0       # the step whose observation the pending inference reads
+        self._pending_step = 0  # the step whose observation the pending inference reads
         self._chunk: np.ndarray | None = None
-        self._chunk_step = 0         # the step the chunk in hand was planned from
-        self.version = -1            # the version of the weights that planned the chunk in hand
-        self._step = 0               # control steps since the last restart
+        self._chunk_step = 0  # the step the chunk in hand was planned from
+        self.version = -1  # the version of the weights that planned the chunk in hand
+        self._step = 0  # control steps since the last restart
         self.period_s = period_s or 0.0
         # Infer ahead only with a clock and a chunk to overlap with: without a clock nothing moves
         # while the loop waits, so a chunk planned one step early would start at its index 1 from a
@@ -68,9 +74,9 @@ class AsyncChunkRunner:
         self._ahead = self.period_s > 0 and self.horizon > 1
         self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
         self.inferences = 0
-        self.starved_steps = 0       # steps that waited for an inference
-        self.stale_chunks = 0        # chunks that arrived after every step they planned had passed
-        self.chunk_age = 0           # steps between the chunk's observation and the action just returned
+        self.starved_steps = 0  # steps that waited for an inference
+        self.stale_chunks = 0  # chunks that arrived after every step they planned had passed
+        self.chunk_age = 0  # steps between the chunk's observation and the action just returned
 
     # -- weights -------------------------------------------------------------------------------
     def swap(self, state: dict[str, torch.Tensor], version: int = -1) -> None:

@@ -129,6 +129,10 @@ class InterventionMux:
                 close()
 
     def status(self) -> dict:
-        return {"driver": self.driver_name, "take_overs": self.take_overs,
-                "intervention_steps": self.intervention_steps, "rate": round(self.rate, 4),
-                "events": [e.__dict__ for e in list(self.events)[-10:]]}
+        return {
+            "driver": self.driver_name,
+            "take_overs": self.take_overs,
+            "intervention_steps": self.intervention_steps,
+            "rate": round(self.rate, 4),
+            "events": [e.__dict__ for e in list(self.events)[-10:]],
+        }

@@ -53,16 +53,24 @@ from user_rl.wire.transitions import EDGE_RESTART
 log = logging.getLogger(__name__)
 
 # A handshake the learner's gatekeeper denied is final: the link stops and says why.
-KEY_REFUSED = ("key_refused: the learner does not accept this robot's key (not enrolled, or revoked): enrol it "
-               "with `user-rl keys generate` or `user-rl keys enroll` on the learner's keys")
+KEY_REFUSED = (
+    "key_refused: the learner does not accept this robot's key (not enrolled, or revoked): enrol it "
+    "with `user-rl keys generate` or `user-rl keys enroll` on the learner's keys"
+)
 # Other failed handshakes look the same as a link that resets mid-handshake, so the link keeps
 # trying; after this many in a row, never a success between, it reports the likely cause.
 HANDSHAKE_STRIKES = 3
-HANDSHAKE_FAILED = ("handshake_failed: the learner and this robot disagree on encryption: security.curve on both "
-                    "sides, and the learner's public key in keys_dir/learner.key (or the network resets "
-                    "connections; the link keeps trying)")
-HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+HANDSHAKE_FAILED = (
+    "handshake_failed: the learner and this robot disagree on encryption: security.curve on both "
+    "sides, and the learner's public key in keys_dir/learner.key (or the network resets "
+    "connections; the link keeps trying)"
+)
+HANDSHAKE_EVENTS = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 # Older epochs announced in one hello; the rest follow once these have arrived.
 MAX_ANNOUNCED_EPOCHS = 64
 
@@ -70,8 +78,8 @@ MAX_ANNOUNCED_EPOCHS = 64
 def end_dead_lives(spool: Spool, robot_id: str, current: int) -> list[int]:
     """End every earlier life's spooled epoch with an `edge_restart` marker after its last batch.
 
-    Every epoch in the spool at start-up (but `current`, this life's) belongs to a life of this edge that is over, and the
-    spool holds the tail of its data. The marker takes the next seq, so the learner ends that
+    Every epoch in the spool at start-up (but `current`, this life's) belongs to a life of this edge
+    that is over, and the spool holds the tail of its data. The marker takes the next seq, so the learner ends that
     epoch's open episode (the one the life died in) only after everything before it arrived:
     episodes completed in the spool stay complete. An epoch already ended (a life that died before
     its marker was acked) gets no second one. Returns the epochs ended now."""
@@ -80,8 +88,9 @@ def end_dead_lives(spool: Spool, robot_id: str, current: int) -> list[int]:
         last = spool.last_pending(epoch)
         if epoch == current or last is None or _is_restart_marker(spool, epoch, last):
             continue
-        body = pb.TransitionBatch(stream_epoch=epoch, seq=last + 1, count=0, send_time=time.time(),
-                                  end_reason=EDGE_RESTART)
+        body = pb.TransitionBatch(
+            stream_epoch=epoch, seq=last + 1, count=0, send_time=time.time(), end_reason=EDGE_RESTART
+        )
         if spool.put(epoch, last + 1, encode(envelope(robot_id, batch=body)), reserve=True):
             ended.append(epoch)
     if ended:
@@ -99,14 +108,14 @@ def _is_restart_marker(spool: Spool, epoch: int, seq: int) -> bool:
 
 @dataclass
 class LinkSettings:
-    spool_dir: str | None = None      # None: a fresh temporary directory (sims)
+    spool_dir: str | None = None  # None: a fresh temporary directory (sims)
     spool_max_bytes: int = 2 * 2**30
-    spool_fsync: bool = False         # fsync every spooled batch (real robots: it survives a power cut)
+    spool_fsync: bool = False  # fsync every spooled batch (real robots: it survives a power cut)
     max_in_flight: int = 64
     resend_after_s: float = 2.0
-    ack_timeout_s: float = 10.0       # connected, answers awaited, not a word from the learner: reconnect
+    ack_timeout_s: float = 10.0  # connected, answers awaited, not a word from the learner: reconnect
     compression: dict[str, ImageCompression] | None = None
-    curve: ClientKeys | None = None   # CurveZMQ keys; None: the link runs in the clear
+    curve: ClientKeys | None = None  # CurveZMQ keys; None: the link runs in the clear
 
 
 @dataclass
@@ -132,8 +141,11 @@ class DataLink:
         self.robot_id = descriptor.id
         self.settings = s = settings or LinkSettings()
         spool_dir = Path(s.spool_dir) if s.spool_dir else None
-        self.spool = Spool(spool_dir or tempfile.mkdtemp(prefix=f"user-rl-spool-{self.robot_id}-"),
-                           s.spool_max_bytes, fsync=s.spool_fsync)
+        self.spool = Spool(
+            spool_dir or tempfile.mkdtemp(prefix=f"user-rl-spool-{self.robot_id}-"),
+            s.spool_max_bytes,
+            fsync=s.spool_fsync,
+        )
         self.epoch = epoch if epoch is not None else next_epoch(spool_dir, self.robot_id, self.spool.epochs())
         self._context, self._address = context, address
         self.reconnects = 0
@@ -174,7 +186,8 @@ class DataLink:
         self.socket.setsockopt(zmq.IMMEDIATE, 1)  # no queueing into a dead connection: the spool holds it
         self.socket.setsockopt(zmq.SNDHWM, 4 * s.max_in_flight)
         self._connection_events = self.socket.get_monitor_socket(
-            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | HANDSHAKE_EVENTS)
+            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | HANDSHAKE_EVENTS
+        )
         self._connected = False
         self._heard_at = time.monotonic()  # the last message from the learner (or when none was awaited)
         if s.curve is not None:
@@ -188,8 +201,12 @@ class DataLink:
 
     def _reconnect(self) -> None:
         """The learner went silent on a live connection: drop it and start over on a new one."""
-        log.warning("%s: no reply from the learner for %.1f s with %d batches waiting: reconnecting",
-                    self.robot_id, self.settings.ack_timeout_s, self.unacked)
+        log.warning(
+            "%s: no reply from the learner for %.1f s with %d batches waiting: reconnecting",
+            self.robot_id,
+            self.settings.ack_timeout_s,
+            self.unacked,
+        )
         self._close_socket()
         self._open_socket()
         self.reconnects += 1
@@ -264,8 +281,14 @@ class DataLink:
                 seq = cursor.sent + 1
                 frames = self.spool.load_or_lost(epoch, seq)
                 if frames is None:  # unreadable: tell the learner it is lost, so the stream moves on
-                    frames = encode(envelope(self.robot_id, batch=pb.TransitionBatch(
-                        stream_epoch=epoch, seq=seq, count=0, lost=True, send_time=time.time())))
+                    frames = encode(
+                        envelope(
+                            self.robot_id,
+                            batch=pb.TransitionBatch(
+                                stream_epoch=epoch, seq=seq, count=0, lost=True, send_time=time.time()
+                            ),
+                        )
+                    )
                 if not self._send(frames):
                     return  # no connection: keep it spooled, try again later
                 if cursor.sent == cursor.acked:
@@ -276,8 +299,13 @@ class DataLink:
         """Report backlog and rates; only once welcomed (before, the learner would reject it as no_hello)."""
         if not self.welcomed:
             return
-        hb = pb.Heartbeat(time=time.time(), unacked_batches=self.unacked, backlog_bytes=self.spool.bytes_used,
-                          dropped_transitions=self.dropped_transitions, **stats)
+        hb = pb.Heartbeat(
+            time=time.time(),
+            unacked_batches=self.unacked,
+            backlog_bytes=self.spool.bytes_used,
+            dropped_transitions=self.dropped_transitions,
+            **stats,
+        )
         self._send(encode(envelope(self.robot_id, heartbeat=hb)))
 
     def leave(self, timeout_s: float = 5.0) -> bool:
@@ -388,8 +416,9 @@ class DataLink:
         """The learner refused a batch for its content: sending it again cannot help, and need not (it
         took the seq): count it and say why; the stream goes on."""
         self.refused_batches += 1
-        self.last_reject = f"batch {ack.refused_seq} of epoch {ack.stream_epoch} refused and quarantined: " \
-                           f"{ack.refused_reason}"
+        self.last_reject = (
+            f"batch {ack.refused_seq} of epoch {ack.stream_epoch} refused and quarantined: {ack.refused_reason}"
+        )
         log.warning("%s: %s", self.robot_id, self.last_reject)
 
     def _on_reject(self, reason: str) -> None:

@@ -12,7 +12,8 @@ relative one the command times half the action's range (+-1 of a [-1, 1] space).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,8 +27,14 @@ if TYPE_CHECKING:
 class Motion:
     """Turns motion commands into actions for one robot; remembers where a hold started."""
 
-    def __init__(self, mode: ActionMode, low: np.ndarray, high: np.ndarray, step: np.ndarray | None,
-                 hold_action: Callable[["Observation"], np.ndarray] | None = None) -> None:
+    def __init__(
+        self,
+        mode: ActionMode,
+        low: np.ndarray,
+        high: np.ndarray,
+        step: np.ndarray | None,
+        hold_action: Callable[[Observation], np.ndarray] | None = None,
+    ) -> None:
         self.mode = mode
         self.low, self.high = np.asarray(low, np.float64), np.asarray(high, np.float64)
         if mode.absolute and (step is None or hold_action is None):
@@ -39,20 +46,25 @@ class Motion:
         self._episode = -1
 
     @classmethod
-    def for_robot(cls, robot: "Robot", max_action_delta: float | None = None, control_hz: float = 0.0) -> "Motion":
+    def for_robot(cls, robot: Robot, max_action_delta: float | None = None, control_hz: float = 0.0) -> Motion:
         """The robot's declared mode and hold, and the same per-step limit its safety filter uses."""
         space = robot.action_space
-        return cls(robot.action_mode, space.low, space.high,
-                   step_limit(space, max_action_delta, robot, control_hz), robot.hold_action)
+        return cls(
+            robot.action_mode,
+            space.low,
+            space.high,
+            step_limit(space, max_action_delta, robot, control_hz),
+            robot.hold_action,
+        )
 
-    def still(self, obs: "Observation") -> np.ndarray:
+    def still(self, obs: Observation) -> np.ndarray:
         """Hold still: the robot's current pose (absolute) or zero (relative)."""
         if not self.mode.absolute:
             return zero_motion(self.low, self.high)
         assert self._hold_action is not None
         return np.asarray(self._hold_action(obs), np.float64).reshape(self.low.shape)
 
-    def action(self, command: np.ndarray, obs: "Observation", episode: int = 0) -> np.ndarray:
+    def action(self, command: np.ndarray, obs: Observation, episode: int = 0) -> np.ndarray:
         """This step's action (float32) for a motion command (each value in [-1, 1]) seen at `obs`."""
         command = np.clip(np.asarray(command, np.float64).reshape(self.low.shape), -1.0, 1.0)
         if episode != self._episode:  # a new episode starts from wherever reset left the robot

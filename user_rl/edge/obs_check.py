@@ -23,7 +23,7 @@ from user_rl.wire.transitions import OBS
 log = logging.getLogger(__name__)
 
 END_REASON = "bad_observation"  # the end_reason of an episode cut by an unusable observation
-RESET_WAIT_S = 0.1       # before a reset retried after an unusable reset observation; doubles each time
+RESET_WAIT_S = 0.1  # before a reset retried after an unusable reset observation; doubles each time
 MAX_RESET_WAIT_S = 5.0
 
 
@@ -44,9 +44,9 @@ class ObservationCheck:
 
     def __init__(self, robot_id: str) -> None:
         self.robot_id = robot_id
-        self.bad = 0                    # unusable observations (or rewards) met
-        self.error: str | None = None   # the newest, for the edge's last error
-        self._bad_resets = 0            # in a row
+        self.bad = 0  # unusable observations (or rewards) met
+        self.error: str | None = None  # the newest, for the edge's last error
+        self._bad_resets = 0  # in a row
 
     def step(self, observation: Mapping[str, np.ndarray], reward: float, episode: int, step: int) -> str | None:
         """Why the step that returned `observation` cannot be sent (its episode ends there), or None."""

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -34,16 +34,16 @@ class StepRecord:
     """One step, as the loop saw it (for watchers such as the teleop page)."""
 
     obs: dict[str, np.ndarray]  # the observation after the step
-    action: np.ndarray          # what the robot was sent (after the safety filter)
-    proposal: np.ndarray        # what the policy proposed
-    actor: int                  # pb.Actor: who chose the action
+    action: np.ndarray  # what the robot was sent (after the safety filter)
+    proposal: np.ndarray  # what the policy proposed
+    actor: int  # pb.Actor: who chose the action
     reward: float
     episode: int
-    step: int                   # within the episode, 0-based (this step's index)
+    step: int  # within the episode, 0-based (this step's index)
     policy_version: int
     ended: bool
-    label: int                  # pb.Label on this row
-    sent_at: float              # time.time() when the action was handed to the robot
+    label: int  # pb.Label on this row
+    sent_at: float  # time.time() when the action was handed to the robot
 
 
 Done = Callable[[bool, str], None]  # (applied, what happened): told on the loop's thread
@@ -53,7 +53,7 @@ Done = Callable[[bool, str], None]  # (applied, what happened): told on the loop
 class Request:
     """One mark or reset, with the episode and step it was made in (None: whatever is in progress)."""
 
-    value: int | str   # pb.Label of a mark; the end reason of a reset
+    value: int | str  # pb.Label of a mark; the end reason of a reset
     episode: int | None = None
     step: int | None = None
     by: str = ""
@@ -78,13 +78,16 @@ class OperatorRequests:
         self._reset: Request | None = None
         self.refused = 0  # marks and resets refused because their episode had ended
 
-    def mark(self, success: bool, episode: int | None = None, step: int | None = None, by: str = "",
-             done: Done | None = None) -> None:
+    def mark(
+        self, success: bool, episode: int | None = None, step: int | None = None, by: str = "", done: Done | None = None
+    ) -> None:
         """Label `episode` (None: the one in progress); its next step is its last."""
         with self._lock:
             self._label = Request(pb.LABEL_SUCCESS if success else pb.LABEL_FAILURE, episode, step, by, done)
 
-    def reset(self, episode: int | None = None, step: int | None = None, by: str = "", done: Done | None = None) -> None:
+    def reset(
+        self, episode: int | None = None, step: int | None = None, by: str = "", done: Done | None = None
+    ) -> None:
         """End `episode` (None: the one in progress) and start a new one."""
         with self._lock:
             if self._reset is None:
@@ -123,7 +126,10 @@ class OperatorRequests:
             return True
         self.refused += 1
         at = f" at its step {request.step}" if request.step is not None else ""
-        request.answer(False, f"{kind} refused: {what} {request.by + ' ' if request.by else ''}asked for episode "
-                              f"{request.episode}{at}, which had already ended (episode {episode} is in progress); "
-                              + ("nothing was labelled" if kind == "mark" else "the episode in progress goes on"))
+        request.answer(
+            False,
+            f"{kind} refused: {what} {request.by + ' ' if request.by else ''}asked for episode "
+            f"{request.episode}{at}, which had already ended (episode {episode} is in progress); "
+            + ("nothing was labelled" if kind == "mark" else "the episode in progress goes on"),
+        )
         return False

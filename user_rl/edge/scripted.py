@@ -1,13 +1,14 @@
 """The scripted intervener: an expert controller that stands in for a person in simulation (CI).
 
-Its take-over rule, the one a watchful operator follows: it watches the policy, and once the
-robot's distance to its goal has shrunk by less than `min_progress` over the last `patience`
-steps (stuck, or moving away) while still farther than `handback_distance`, it takes over and drives with the sim's expert until the distance
-is below `handback_distance`; then it hands back and starts watching again. A new episode starts
-with the policy in charge. As the policy improves it keeps making progress, so the intervention
-rate falls. `demo_episodes`: the expert drives the robot's first episodes from start to end, as a
-person records a few demonstrations before the policy's first try (HIL-SERL does the same): whole
-clean episodes to imitate, where take-overs alone give fragments that start from the policy's mistakes.
+Its take-over rule, the one a watchful operator follows: it watches the policy, and once the robot's
+distance to its goal has shrunk by less than `min_progress` over the last `patience` steps (stuck,
+or moving away) while still farther than `handback_distance`, it takes over and drives with the
+sim's expert until the distance is below `handback_distance`; then it hands back and starts watching
+again. A new episode starts with the policy in charge. As the policy improves it keeps making
+progress, so the intervention rate falls. `demo_episodes`: the expert drives the robot's first
+episodes from start to end, as a person records a few demonstrations before the policy's first try
+(HIL-SERL does the same): whole clean episodes to imitate, where take-overs alone give fragments
+that start from the policy's mistakes.
 
 The robot must offer `expert_action()` and `distance_to_goal()` (a sim knows its target; the
 reach arm has both).
@@ -28,12 +29,20 @@ class ScriptedIntervener:
     name = "scripted"
     actor = pb.ACTOR_SCRIPTED
 
-    def __init__(self, robot: Robot, patience: int = 5, min_progress: float = 0.01,
-                 handback_distance: float = 0.05, demo_episodes: int = 0) -> None:
+    def __init__(
+        self,
+        robot: Robot,
+        patience: int = 5,
+        min_progress: float = 0.01,
+        handback_distance: float = 0.05,
+        demo_episodes: int = 0,
+    ) -> None:
         missing = [m for m in ("expert_action", "distance_to_goal") if not callable(getattr(robot, m, None))]
         if missing:
-            raise ValueError(f"{robot.descriptor.id}: the scripted intervener needs a sim with "
-                             f"{' and '.join(m + '()' for m in missing)} (mujoco_reach has them)")
+            raise ValueError(
+                f"{robot.descriptor.id}: the scripted intervener needs a sim with "
+                f"{' and '.join(m + '()' for m in missing)} (mujoco_reach has them)"
+            )
         self.robot = robot
         self.patience = patience
         self.min_progress = min_progress
@@ -54,8 +63,11 @@ class ScriptedIntervener:
             self.driving = False
             self._distances.clear()
         self._distances.append(distance)
-        stuck = (len(self._distances) > self.patience and self._distances[0] - distance < self.min_progress
-                 and distance >= self.handback_distance)  # hovering at the goal is not being stuck
+        stuck = (
+            len(self._distances) > self.patience
+            and self._distances[0] - distance < self.min_progress
+            and distance >= self.handback_distance
+        )  # hovering at the goal is not being stuck
         if self.driving or stuck:
             self.driving = True
             return self.robot.expert_action()

@@ -157,7 +157,10 @@ class Spool:
             self._full = False
             log.info(
                 "edge spool at %s has room again (%d/%d bytes); %d batches were dropped while it was full",
-                self.directory, self.bytes_used, self.max_bytes, self._dropped_while_full,
+                self.directory,
+                self.bytes_used,
+                self.max_bytes,
+                self._dropped_while_full,
             )
         return True
 
@@ -172,7 +175,10 @@ class Spool:
             "edge spool at %s is full (%d/%d bytes, next batch %d bytes): new transitions are being "
             "dropped until the learner acknowledges what is spooled. Check the link to the learner; "
             "to keep more, raise fleet.spool_max_mb in the config.",
-            self.directory, self.bytes_used, self.max_bytes, size,
+            self.directory,
+            self.bytes_used,
+            self.max_bytes,
+            size,
         )
 
     def ack_through(self, epoch: int, seq: int) -> int:
@@ -272,7 +278,9 @@ class Spool:
         if self.recovered:
             log.info(
                 "edge spool at %s: recovered %d unacknowledged batches (%d bytes) from a previous run",
-                self.directory, self.recovered, self.bytes_used,
+                self.directory,
+                self.recovered,
+                self.bytes_used,
             )
 
     def _fsync_dir(self) -> None:

@@ -28,7 +28,6 @@ import threading
 import time
 
 import numpy as np
-
 import torch
 import zmq
 
@@ -45,8 +44,9 @@ REFETCH_AFTER_S = 0.5  # a part failed its checksum: ask again this soon, unless
 
 
 class WeightReceiver:
-    def __init__(self, context: zmq.Context, address: str, resend_s: float = 5.0,
-                 curve: ClientKeys | None = None) -> None:
+    def __init__(
+        self, context: zmq.Context, address: str, resend_s: float = 5.0, curve: ClientKeys | None = None
+    ) -> None:
         self.context = context
         self.curve = curve
         self.address = address
@@ -56,8 +56,8 @@ class WeightReceiver:
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
         self._stop = threading.Event()
-        self.errors = 0     # messages dropped (undecodable, rejected)
-        self.failures = 0   # times the receiver failed and started over
+        self.errors = 0  # messages dropped (undecodable, rejected)
+        self.failures = 0  # times the receiver failed and started over
         self.last_failure: str | None = None
         self.received_bytes = 0  # chunk bytes that arrived, all versions together
         self.duplicate_chunks = 0  # chunks that arrived when already held (a resumed transfer should have none)
@@ -135,8 +135,9 @@ class WeightReceiver:
                 if completed:
                     request_due = 0.0  # ask for the next version at once
                 elif self._failed_in_row > failed_before:  # the first time soon, then as often as any request
-                    request_due = time.monotonic() + (min(REFETCH_AFTER_S, self.resend_s) if self._failed_in_row == 1
-                                                      else self.resend_s)
+                    request_due = time.monotonic() + (
+                        min(REFETCH_AFTER_S, self.resend_s) if self._failed_in_row == 1 else self.resend_s
+                    )
                 elif collecting:
                     request_due = time.monotonic() + self.resend_s  # chunks are still coming
         finally:
@@ -190,8 +191,12 @@ class WeightReceiver:
         self.checksum_failures += 1
         self._failed_in_row += 1
         announce = self._own.announce
-        log.warning("weights: part %s of version %d failed its checksum (%d so far); fetching it again",
-                    part.id, announce.version, self.checksum_failures)
+        log.warning(
+            "weights: part %s of version %d failed its checksum (%d so far); fetching it again",
+            part.id,
+            announce.version,
+            self.checksum_failures,
+        )
         if part is self._own:
             self._own = WeightsAssembly(announce, part.buffer)
         else:

@@ -39,7 +39,7 @@ def _space_text(space: Any) -> str:
     return f"{space.dtype} {tuple(space.shape)}{bounds}"
 
 
-def describe(robot: "Robot", node: str) -> dict[str, Any]:
+def describe(robot: Robot, node: str) -> dict[str, Any]:
     """Everything a person or a scheduler may ask of a connected device, as plain JSON data."""
     health = robot.health()
     return {

@@ -11,8 +11,9 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from user_rl.hal.descriptor import describe
 from user_rl.hal.registry import driver_kind, make_robot, robot_names
@@ -25,12 +26,12 @@ SERIAL_PATTERNS = ("/dev/serial/by-id/*", "/dev/ttyUSB*", "/dev/ttyACM*")
 class Device:
     """One row of the discovery table. `resource` is None for candidates, which are not scheduled."""
 
-    kind: str               # robot / sim / gpu / camera / serial
+    kind: str  # robot / sim / gpu / camera / serial
     name: str
     model: str
     resource: str | None
     count: int = 1
-    status: str = "ok"      # ok / unreachable: <why> / candidate
+    status: str = "ok"  # ok / unreachable: <why> / candidate
     detail: str = ""
     node: str = field(default_factory=lambda: os.uname().nodename)
     descriptor: dict[str, Any] | None = None  # a probed robot's full description (spaces, limits, health)
@@ -48,8 +49,13 @@ class ConfiguredRobot:
     options: dict[str, Any]
 
 
-def discover(robots: Iterable[ConfiguredRobot] = (), sim_slots: int | None = None, probe: bool = True,
-             cameras: bool = True, lerobot: bool = False) -> list[Device]:
+def discover(
+    robots: Iterable[ConfiguredRobot] = (),
+    sim_slots: int | None = None,
+    probe: bool = True,
+    cameras: bool = True,
+    lerobot: bool = False,
+) -> list[Device]:
     """Everything this node offers; `sim_slots` defaults to the CPU count (one sim per core).
     `lerobot` lists LeRobot's robot types too (importing them all takes seconds)."""
     devices = [_configured(r, probe) for r in robots]
@@ -82,8 +88,10 @@ def _configured(robot: ConfiguredRobot, probe: bool) -> Device:
         with make_robot(robot.driver, **{**robot.options, "robot_id": robot.robot_id}) as connected:
             device.descriptor = described = describe(connected, device.node)
             device.model = described["model"]
-            device.detail = (f"{described['control_hz']:g} Hz, action {described['action_space']}, "
-                             f"obs {sorted(described['observation_space'])}")
+            device.detail = (
+                f"{described['control_hz']:g} Hz, action {described['action_space']}, "
+                f"obs {sorted(described['observation_space'])}"
+            )
         if not described["health"]["ok"]:
             device.status = f"unhealthy: {described['health']['detail']}"
     except Exception as exc:  # a probe reports, it never stops discovery
@@ -92,8 +100,11 @@ def _configured(robot: ConfiguredRobot, probe: bool) -> Device:
 
 
 def _sim_slots(slots: int) -> list[Device]:
-    return [Device("sim", f"{name} slots", name, sim_resource(name), slots, detail="one simulator per slot")
-            for name in robot_names() if _is_sim(name)]
+    return [
+        Device("sim", f"{name} slots", name, sim_resource(name), slots, detail="one simulator per slot")
+        for name in robot_names()
+        if _is_sim(name)
+    ]
 
 
 def _is_sim(name: str) -> bool:
@@ -113,15 +124,16 @@ def _gpus() -> list[Device]:
     devices = []
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
-        devices.append(Device("gpu", f"cuda:{i}", props.name, "GPU",
-                              detail=f"{props.total_memory / 2**30:.0f} GiB"))
+        devices.append(Device("gpu", f"cuda:{i}", props.name, "GPU", detail=f"{props.total_memory / 2**30:.0f} GiB"))
     return devices
 
 
 def _serial_ports() -> list[Device]:
     paths = sorted({os.path.realpath(p): p for pattern in SERIAL_PATTERNS for p in glob.glob(pattern)}.items())
-    return [Device("serial", shown, "usb-serial", None, status="candidate", detail=real if real != shown else "")
-            for real, shown in paths]
+    return [
+        Device("serial", shown, "usb-serial", None, status="candidate", detail=real if real != shown else "")
+        for real, shown in paths
+    ]
 
 
 def _cameras() -> list[Device]:
@@ -138,8 +150,9 @@ def _cameras() -> list[Device]:
         finally:
             capture.release()
         if ok and frame is not None:
-            devices.append(Device("camera", path, "opencv", None, status="candidate",
-                                  detail=f"{frame.shape[1]}x{frame.shape[0]}"))
+            devices.append(
+                Device("camera", path, "opencv", None, status="candidate", detail=f"{frame.shape[1]}x{frame.shape[0]}")
+            )
     return devices
 
 
@@ -153,9 +166,17 @@ def _lerobot_robot_types() -> list[Device]:
         types = known_types("robot")
     except RuntimeError:  # a `lerobot` that is not LeRobot's, or a broken install
         return []
-    return [Device("lerobot", name, "lerobot", None, status="candidate",
-                   detail=f"robot.type: lerobot, robot.options.robot: {{type: {name}, ...}} ({cls.__name__})")
-            for name, cls in sorted(types.items())]
+    return [
+        Device(
+            "lerobot",
+            name,
+            "lerobot",
+            None,
+            status="candidate",
+            detail=f"robot.type: lerobot, robot.options.robot: {{type: {name}, ...}} ({cls.__name__})",
+        )
+        for name, cls in sorted(types.items())
+    ]
 
 
 def format_table(devices: list[Device]) -> str:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Any, Callable
+from typing import Any
 
 from user_rl.hal.robot import Robot
 
@@ -69,13 +70,16 @@ def make_robot(name: str, **options: Any) -> Robot:
     type(robot).check_holds(name)
     declared = any("action_mode" in vars(k) for k in type(robot).__mro__ if k not in (Robot, object))
     if robot.device_kind == "robot" and not declared:
-        log.warning("robot driver %r does not declare action_mode: its actions are taken as deltas (zero = "
-                    "no motion); a driver of position goals must declare ActionMode.ABSOLUTE_POSITION", name)
+        log.warning(
+            "robot driver %r does not declare action_mode: its actions are taken as deltas (zero = "
+            "no motion); a driver of position goals must declare ActionMode.ABSOLUTE_POSITION",
+            name,
+        )
     return robot
 
 
 def driver_kind(name: str) -> str:
-    """"robot" or "sim": how the scheduler counts a driver's devices (read from the class)."""
+    """ "robot" or "sim": how the scheduler counts a driver's devices (read from the class)."""
     return getattr(robot_factory(name), "device_kind", "robot")
 
 
@@ -92,8 +96,10 @@ def robot_spaces(name: str, options: dict[str, Any]) -> tuple[Any, Any]:
     if callable(spaces):
         return spaces(**options)
     if driver_kind(name) != "sim":
-        raise LookupError(f"robot driver {name!r} has no spaces() classmethod and is not a simulator: "
-                          "its spaces are known only from its edge's hello")
+        raise LookupError(
+            f"robot driver {name!r} has no spaces() classmethod and is not a simulator: "
+            "its spaces are known only from its edge's hello"
+        )
     robot = factory(**options)
     try:
         return robot.observation_space, robot.action_space

@@ -12,8 +12,9 @@ placement rules are testable without a cluster.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 NODE_LABEL = "user-rl/node"  # the name a node is shown by (set by `user-rl node start --name`)
 _HIDDEN = ("memory", "object_store_memory")  # Ray's bookkeeping, not devices
@@ -52,7 +53,7 @@ class NodeView:
     labels: dict[str, str]
 
     @classmethod
-    def from_ray(cls, node: dict[str, Any]) -> "NodeView":
+    def from_ray(cls, node: dict[str, Any]) -> NodeView:
         labels = {k: v for k, v in (node.get("Labels") or {}).items() if not k.startswith("ray.io/")}
         name = labels.get(NODE_LABEL) or f"{node.get('NodeManagerAddress', '?')}/{node.get('NodeID', '')[:8]}"
         return cls(name, dict(node.get("Resources") or {}), labels)
@@ -75,8 +76,9 @@ def check_placement(demands: Iterable[Demand], nodes: Iterable[dict[str, Any] | 
     free = {n.name: dict(n.resources) for n in views}
 
     def fits(demand: Demand, node: NodeView) -> bool:
-        return (all(node.labels.get(k) == v for k, v in demand.labels.items())
-                and all(free[node.name].get(r, 0.0) >= q for r, q in demand.resources.items()))
+        return all(node.labels.get(k) == v for k, v in demand.labels.items()) and all(
+            free[node.name].get(r, 0.0) >= q for r, q in demand.resources.items()
+        )
 
     problems = []
     for demand in sorted(demands, key=lambda d: sum(fits(d, n) for n in views)):
@@ -102,12 +104,19 @@ def _why(demand: Demand, nodes: list[NodeView]) -> str:
             return f"{demand.what}: needs resource {resource!r}, which no node has"
         if total < amount or all(n.resources.get(resource, 0.0) < amount for n in labelled):
             return f"{demand.what}: needs {amount:g} of {resource!r} on one node"
-    return f"{demand.what}: the cluster's {', '.join(map(repr, demand.resources))} are all taken by the rest of this launch"
+    taken = ", ".join(map(repr, demand.resources))
+    return f"{demand.what}: the cluster's {taken} are all taken by the rest of this launch"
 
 
-def ray_start_command(resources: dict[str, float], labels: dict[str, str], head: bool = False,
-                      address: str | None = None, port: int | None = None, num_cpus: int | None = None,
-                      block: bool = False) -> list[str]:
+def ray_start_command(
+    resources: dict[str, float],
+    labels: dict[str, str],
+    head: bool = False,
+    address: str | None = None,
+    port: int | None = None,
+    num_cpus: int | None = None,
+    block: bool = False,
+) -> list[str]:
     """The `ray start` command line for a node that advertises these devices."""
     if head == bool(address):
         raise ValueError("start either the head node (--head) or a node that joins one (--address ADDR)")

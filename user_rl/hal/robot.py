@@ -83,7 +83,7 @@ class Robot(abc.ABC):
     def step(self, action: np.ndarray) -> StepResult:
         """Send one action, wait for the next observation."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (optional: most drivers hold nothing to release)
         """Release the device. Safe to call twice."""
 
     def health(self) -> Health:
@@ -101,12 +101,14 @@ class Robot(abc.ABC):
         refuses. Relative modes: zero (inside the action space). Absolute position goals: the
         driver's current joint positions in action units; such a driver must override this."""
         if self.action_mode.absolute:
-            raise NotImplementedError(f"{type(self).__qualname__} declares {self.action_mode.value} actions "
-                                      f"but does not implement hold_action(obs)")
+            raise NotImplementedError(
+                f"{type(self).__qualname__} declares {self.action_mode.value} actions "
+                f"but does not implement hold_action(obs)"
+            )
         space = self.action_space
         return zero_motion(space.low, space.high).astype(space.dtype)
 
-    def hold(self) -> None:
+    def hold(self) -> None:  # noqa: B027  (a sim needs none; make_robot refuses a real robot without one)
         """Stop moving and keep the current pose. Called on an e-stop, and by the watchdog from its
         own thread while the control loop is stalled; the edge never calls it during another call
         to the robot. A real robot's driver must implement it (`make_robot` refuses a
@@ -119,18 +121,24 @@ class Robot(abc.ABC):
         and a driver of absolute position goals that does not say what holding still is."""
         where = f"robot driver {name!r} ({cls.__module__}.{cls.__qualname__})"
         if cls.device_kind == "robot" and cls.hold is Robot.hold:
-            raise TypeError(f"{where} is a real robot "
-                            f"(device_kind = \"robot\") but does not implement hold(): the e-stop and the "
-                            f"watchdog need it to stop the arm and keep its pose")
+            raise TypeError(
+                f"{where} is a real robot "
+                f'(device_kind = "robot") but does not implement hold(): the e-stop and the '
+                f"watchdog need it to stop the arm and keep its pose"
+            )
         if not isinstance(cls.action_mode, ActionMode):
-            raise TypeError(f"{where}: action_mode must be one of "
-                            f"{', '.join('ActionMode.' + m.name for m in ActionMode)}, got {cls.action_mode!r}")
+            raise TypeError(
+                f"{where}: action_mode must be one of "
+                f"{', '.join('ActionMode.' + m.name for m in ActionMode)}, got {cls.action_mode!r}"
+            )
         if cls.action_mode.absolute and cls.hold_action is Robot.hold_action:
-            raise TypeError(f"{where} declares absolute_position actions but does not implement "
-                            f"hold_action(obs): a take-over with nothing held must send the current pose, "
-                            f"not zero")
+            raise TypeError(
+                f"{where} declares absolute_position actions but does not implement "
+                f"hold_action(obs): a take-over with nothing held must send the current pose, "
+                f"not zero"
+            )
 
-    def __enter__(self) -> "Robot":
+    def __enter__(self) -> Robot:
         return self
 
     def __exit__(self, *exc: object) -> None:

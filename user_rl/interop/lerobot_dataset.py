@@ -41,9 +41,15 @@ OURS = "user_rl."
 FINAL = OURS + "final."
 SIDECAR = "meta/user_rl.json"  # the buffer's spaces, so an export imports back with the same bounds
 # our per-step scalar columns: (dtype in the dataset, dtype in the buffer)
-SCALARS = {"terminated": ("bool", np.bool_), "truncated": ("bool", np.bool_), "actor": ("int64", np.uint8),
-           "label": ("int64", np.uint8), "label_by": ("int64", np.uint8), "policy_version": ("int64", np.int64),
-           "step": ("int64", np.int64)}
+SCALARS = {
+    "terminated": ("bool", np.bool_),
+    "truncated": ("bool", np.bool_),
+    "actor": ("int64", np.uint8),
+    "label": ("int64", np.uint8),
+    "label_by": ("int64", np.uint8),
+    "policy_version": ("int64", np.int64),
+    "step": ("int64", np.int64),
+}
 # The robot's timestamp in integer nanoseconds: LeRobot's loader hands float64 columns back as float32,
 # which keeps ~2 minutes of precision on a Unix time.
 SENSOR_TIME_NS = OURS + "sensor_time_ns"
@@ -55,8 +61,10 @@ def require_lerobot():
     try:
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
     except ImportError as exc:
-        raise RuntimeError("the LeRobot format needs the lerobot package: pip install 'user-rl[lerobot]' "
-                           f"(on Python 3.11 that is lerobot 0.4.x; import failed: {exc})") from None
+        raise RuntimeError(
+            "the LeRobot format needs the lerobot package: pip install 'user-rl[lerobot]' "
+            f"(on Python 3.11 that is lerobot 0.4.x; import failed: {exc})"
+        ) from None
     return LeRobotDataset
 
 
@@ -79,16 +87,18 @@ def dataset_features(obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -
         features[feature_name(key, space)] = spec
         features[FINAL + feature_name(key, space)] = spec
     action = {"dtype": "float32", "shape": tuple(action_space.shape), "names": None}
-    features.update({
-        "action": action,
-        "next.reward": {"dtype": "float32", "shape": (1,), "names": None},
-        "next.done": {"dtype": "bool", "shape": (1,), "names": None},
-        "complementary_info.is_intervention": {"dtype": "bool", "shape": (1,), "names": None},
-        OURS + "policy_action": action,
-        OURS + "has_final": {"dtype": "bool", "shape": (1,), "names": None},
-        **{OURS + name: {"dtype": dtype, "shape": (1,), "names": None} for name, (dtype, _) in SCALARS.items()},
-        SENSOR_TIME_NS: {"dtype": "int64", "shape": (1,), "names": None},
-    })
+    features.update(
+        {
+            "action": action,
+            "next.reward": {"dtype": "float32", "shape": (1,), "names": None},
+            "next.done": {"dtype": "bool", "shape": (1,), "names": None},
+            "complementary_info.is_intervention": {"dtype": "bool", "shape": (1,), "names": None},
+            OURS + "policy_action": action,
+            OURS + "has_final": {"dtype": "bool", "shape": (1,), "names": None},
+            **{OURS + name: {"dtype": dtype, "shape": (1,), "names": None} for name, (dtype, _) in SCALARS.items()},
+            SENSOR_TIME_NS: {"dtype": "int64", "shape": (1,), "names": None},
+        }
+    )
     return features
 
 
@@ -99,9 +109,15 @@ def guess_fps(episode: Episode, default: int = 30) -> int:
     return max(1, round(1.0 / float(np.median(steps)))) if len(steps) else default
 
 
-def export_lerobot(buffer_dir: str | Path, out: str | Path, which: EpisodeFilter | None = None,
-                   repo_id: str = "local/user-rl", fps: int | None = None, robot_type: str | None = None,
-                   progress: Progress | None = None) -> dict:
+def export_lerobot(
+    buffer_dir: str | Path,
+    out: str | Path,
+    which: EpisodeFilter | None = None,
+    repo_id: str = "local/user-rl",
+    fps: int | None = None,
+    robot_type: str | None = None,
+    progress: Progress | None = None,
+) -> dict:
     """Write the buffer's episodes that `which` admits as a LeRobotDataset at `out` (which must not exist)."""
     LeRobotDataset = require_lerobot()
     out = Path(out)
@@ -116,23 +132,38 @@ def export_lerobot(buffer_dir: str | Path, out: str | Path, which: EpisodeFilter
     if first is None:
         raise ValueError(f"{buffer_dir}: the matching episodes' steps are no longer stored (evicted)")
     fps = fps or guess_fps(first)
-    dataset = LeRobotDataset.create(repo_id, fps, dataset_features(obs_space, action_space), root=out,
-                                    robot_type=robot_type, use_videos=False)
+    dataset = LeRobotDataset.create(
+        repo_id, fps, dataset_features(obs_space, action_space), root=out, robot_type=robot_type, use_videos=False
+    )
     origins, frames = [], 0  # which (robot, epoch, episode) each dataset episode is
     try:
         for episode in itertools.chain([first], episodes):
             for frame in _frames(episode, obs_space):
                 dataset.add_frame(frame)
             dataset.save_episode()
-            origins.append({"robot": episode.robot, "epoch": episode.epoch, "episode": episode.number,
-                            "frames": len(episode), "end_reason": episode.end_reason})
+            origins.append(
+                {
+                    "robot": episode.robot,
+                    "epoch": episode.epoch,
+                    "episode": episode.number,
+                    "frames": len(episode),
+                    "end_reason": episode.end_reason,
+                }
+            )
             frames += len(episode)
             if progress:
                 progress(len(origins), total)
     finally:
         dataset.finalize()  # LeRobot cannot open a v3 dataset that was not finalized
-    (out / SIDECAR).write_text(json.dumps({"spaces": spaces_to_text(obs_space, action_space)["hello_hex"],
-                                           "source_buffer": str(Path(buffer_dir).resolve()), "episodes": origins}))
+    (out / SIDECAR).write_text(
+        json.dumps(
+            {
+                "spaces": spaces_to_text(obs_space, action_space)["hello_hex"],
+                "source_buffer": str(Path(buffer_dir).resolve()),
+                "episodes": origins,
+            }
+        )
+    )
     return {"episodes": len(origins), "frames": frames, "fps": fps, "root": str(out)}
 
 
@@ -140,12 +171,15 @@ def _frames(episode: Episode, obs_space: gym.spaces.Dict) -> Iterable[dict]:
     s, last = episode.steps, len(episode) - 1
     acted = intervened(s["actor"])
     for i in range(len(episode)):
-        frame = {"task": episode.task or "unnamed task", "action": s["action"][i].astype(np.float32),
-                 "next.reward": np.array([s["reward"][i]], np.float32),
-                 "next.done": np.array([bool(s["terminated"][i] or s["truncated"][i])]),
-                 "complementary_info.is_intervention": np.array([bool(acted[i])]),
-                 OURS + "policy_action": s["policy_action"][i].astype(np.float32),
-                 OURS + "has_final": np.array([i == last and episode.final_obs is not None])}
+        frame = {
+            "task": episode.task or "unnamed task",
+            "action": s["action"][i].astype(np.float32),
+            "next.reward": np.array([s["reward"][i]], np.float32),
+            "next.done": np.array([bool(s["terminated"][i] or s["truncated"][i])]),
+            "complementary_info.is_intervention": np.array([bool(acted[i])]),
+            OURS + "policy_action": s["policy_action"][i].astype(np.float32),
+            OURS + "has_final": np.array([i == last and episode.final_obs is not None]),
+        }
         for name, (dtype, _) in SCALARS.items():
             frame[OURS + name] = np.array([s[name][i]], dtype)
         frame[SENSOR_TIME_NS] = np.array([round(float(s["sensor_time"][i]) * 1e9)], np.int64)
@@ -159,8 +193,14 @@ def _frames(episode: Episode, obs_space: gym.spaces.Dict) -> Iterable[dict]:
 
 # -- import ---------------------------------------------------------------------------------------
 
-def import_lerobot(root: str | Path, buffer_dir: str | Path, repo_id: str = "local/user-rl",
-                   progress: Progress | None = None, gamma: float = 0.99) -> dict:
+
+def import_lerobot(
+    root: str | Path,
+    buffer_dir: str | Path,
+    repo_id: str = "local/user-rl",
+    progress: Progress | None = None,
+    gamma: float = 0.99,
+) -> dict:
     """Write a local LeRobotDataset's episodes into a new buffer directory, ready for `buffer.attach`
     (e.g. `source: demo` for RLPD or behaviour cloning). No hub: `root` must hold the whole dataset."""
     from user_rl.cloud.buffer.store import PersistentReplay
@@ -185,8 +225,10 @@ def import_lerobot(root: str | Path, buffer_dir: str | Path, repo_id: str = "loc
         for number, origin in enumerate(origins):
             start, stop = _episode_bounds(dataset, number)
             if "frames" in origin and origin["frames"] != stop - start:
-                raise ValueError(f"{root}: episode {number} has {stop - start} frames but {SIDECAR} says "
-                                 f"{origin['frames']}: the dataset was changed after the export")
+                raise ValueError(
+                    f"{root}: episode {number} has {stop - start} frames but {SIDECAR} says "
+                    f"{origin['frames']}: the dataset was changed after the export"
+                )
             frames = [dataset[i] for i in range(start, stop)]  # LeRobot's own loader: tensors, images in [0, 1]
             stream, seq = streams.next_batch(number, origin, str(frames[0]["task"]))
             builder = BatchBuilder(obs_space, action_space, capacity=len(frames))
@@ -210,8 +252,10 @@ def _origins(root: Path, total: int) -> list[dict]:
     sidecar = json.loads((root / SIDECAR).read_text()) if (root / SIDECAR).is_file() else {}
     origins = sidecar.get("episodes") or [{"robot": "lerobot", "episode": n} for n in range(total)]
     if len(origins) != total:
-        raise ValueError(f"{root}: {SIDECAR} names {len(origins)} episodes but the dataset has {total}: "
-                         "the dataset was changed after the export")
+        raise ValueError(
+            f"{root}: {SIDECAR} names {len(origins)} episodes but the dataset has {total}: "
+            "the dataset was changed after the export"
+        )
     return origins
 
 
@@ -226,22 +270,26 @@ class _Streams:
         self.store = store
         # (robot, epoch) -> its stream, its task, the seq of its last batch
         self.opened: dict[tuple[str, int], tuple[StreamState, str, int]] = {}
-        self.guessed: dict[tuple[str, str], tuple[int, set[int]]] = {}    # (robot, task) -> epoch, its episodes
-        self.named: set[tuple[str, int, int]] = set()                      # (robot, epoch, episode) imported
+        self.guessed: dict[tuple[str, str], tuple[int, set[int]]] = {}  # (robot, task) -> epoch, its episodes
+        self.named: set[tuple[str, int, int]] = set()  # (robot, epoch, episode) imported
 
     def next_batch(self, number: int, origin: dict, task: str) -> tuple[StreamState, int]:
         """The stream for dataset episode `number` and the seq its batch takes there."""
         robot, episode = str(origin["robot"]), int(origin["episode"])
         epoch = int(origin["epoch"]) if "epoch" in origin else self._guess_epoch(robot, task, episode)
         if (robot, epoch, episode) in self.named:
-            raise ValueError(f"dataset episode {number} is robot {robot}'s epoch {epoch} episode {episode} again: "
-                             f"two episodes would merge into one; {SIDECAR} does not describe this dataset")
+            raise ValueError(
+                f"dataset episode {number} is robot {robot}'s epoch {epoch} episode {episode} again: "
+                f"two episodes would merge into one; {SIDECAR} does not describe this dataset"
+            )
         self.named.add((robot, epoch, episode))
         stream, stream_task, seq = self.opened.get((robot, epoch)) or (None, task, 0)
         if stream_task != task:
-            raise ValueError(f"dataset episode {number} (robot {robot}, epoch {epoch}, episode {episode}) has task "
-                             f"{task!r}, but that epoch's earlier episodes have {stream_task!r}: an epoch has one "
-                             f"task; {SIDECAR} does not describe this dataset")
+            raise ValueError(
+                f"dataset episode {number} (robot {robot}, epoch {epoch}, episode {episode}) has task "
+                f"{task!r}, but that epoch's earlier episodes have {stream_task!r}: an epoch has one "
+                f"task; {SIDECAR} does not describe this dataset"
+            )
         stream = stream or self.store.open_stream(robot, epoch, task)
         self.opened[robot, epoch] = (stream, task, seq + 1)
         return stream, seq + 1
@@ -270,20 +318,23 @@ def _spaces(root: Path, dataset) -> tuple[gym.spaces.Dict, gym.spaces.Box]:
         if name.startswith("observation.images.") and spec["dtype"] == "image":
             obs[name.removeprefix("observation.images.")] = gym.spaces.Box(0, 255, tuple(spec["shape"]), np.uint8)
         elif name.startswith("observation.") and spec["dtype"] not in ("image", "video", "string"):
-            obs[name.removeprefix("observation.")] = gym.spaces.Box(-np.inf, np.inf, tuple(spec["shape"]),
-                                                                    np.dtype(spec["dtype"]))
+            obs[name.removeprefix("observation.")] = gym.spaces.Box(
+                -np.inf, np.inf, tuple(spec["shape"]), np.dtype(spec["dtype"])
+            )
     if not obs or "action" not in dataset.features:
-        raise ValueError(f"{root}: a dataset needs observation.* features and an action to import "
-                         f"(it has {sorted(dataset.features)}); videos are not read yet")
+        raise ValueError(
+            f"{root}: a dataset needs observation.* features and an action to import "
+            f"(it has {sorted(dataset.features)}); videos are not read yet"
+        )
     stats = dataset.meta.stats.get("action", {})
     low = np.asarray(stats.get("min", -np.inf), np.float32).reshape(dataset.features["action"]["shape"])
     high = np.asarray(stats.get("max", np.inf), np.float32).reshape(dataset.features["action"]["shape"])
     return gym.spaces.Dict(obs), gym.spaces.Box(low, high, dtype=np.float32)
 
 
-def _step(frame: dict, last: bool, episode: int, names: dict[str, str], obs_space: gym.spaces.Dict,
-          ours: bool) -> dict:
+def _step(frame: dict, last: bool, episode: int, names: dict[str, str], obs_space: gym.spaces.Dict, ours: bool) -> dict:
     """One frame as `BatchBuilder.add`'s arguments."""
+
     def value(name: str) -> np.ndarray:
         return np.asarray(frame[name]).reshape(-1)
 
@@ -297,21 +348,39 @@ def _step(frame: dict, last: bool, episode: int, names: dict[str, str], obs_spac
         terminated, truncated = bool(scalar["terminated"]), bool(scalar["truncated"])
         has_final = bool(value(OURS + "has_final")[0])
         final = observation(FINAL) if has_final else None
-        extra = {"actor": int(scalar["actor"]), "label": int(scalar["label"]), "label_by": int(scalar["label_by"]),
-                 "policy_version": int(scalar["policy_version"]),
-                 "sensor_time": int(value(SENSOR_TIME_NS)[0]) / 1e9,
-                 "step": int(scalar["step"]), "policy_action": value(OURS + "policy_action").astype(np.float32)}
+        extra = {
+            "actor": int(scalar["actor"]),
+            "label": int(scalar["label"]),
+            "label_by": int(scalar["label_by"]),
+            "policy_version": int(scalar["policy_version"]),
+            "sensor_time": int(value(SENSOR_TIME_NS)[0]) / 1e9,
+            "step": int(scalar["step"]),
+            "policy_action": value(OURS + "policy_action").astype(np.float32),
+        }
     else:  # recorded by LeRobot: a person acted throughout unless the dataset says otherwise
         terminated, truncated = done and last, last and not done
         final = observation("") if last else None  # the last frame stands in for the observation after it
         acted = value("complementary_info.is_intervention")[0] if "complementary_info.is_intervention" in frame else 1
-        extra = {"actor": pb.ACTOR_HUMAN if acted else pb.ACTOR_POLICY, "label": pb.LABEL_NONE, "label_by": 0,
-                 "policy_version": 0, "sensor_time": float(value("timestamp")[0]), "step": int(value("frame_index")[0]),
-                 "policy_action": action}
+        extra = {
+            "actor": pb.ACTOR_HUMAN if acted else pb.ACTOR_POLICY,
+            "label": pb.LABEL_NONE,
+            "label_by": 0,
+            "policy_version": 0,
+            "sensor_time": float(value("timestamp")[0]),
+            "step": int(value("frame_index")[0]),
+            "policy_action": action,
+        }
     reward = float(value("next.reward")[0]) if "next.reward" in frame else 0.0
-    return {"obs": observation(""), "action": action, "reward": reward, "terminated": terminated,
-            "truncated": truncated, "episode": episode, "final_obs": final if (terminated or truncated) else None,
-            **extra}
+    return {
+        "obs": observation(""),
+        "action": action,
+        "reward": reward,
+        "terminated": terminated,
+        "truncated": truncated,
+        "episode": episode,
+        "final_obs": final if (terminated or truncated) else None,
+        **extra,
+    }
 
 
 def _from_lerobot(value, space: gym.spaces.Box) -> np.ndarray:
@@ -331,4 +400,5 @@ def print_progress(label: str) -> Progress:
         if done == total or now - shown[0] >= 2.0:
             shown[0] = now
             print(f"{label}: {done:,}/{total:,} episodes", file=sys.stderr, flush=True)
+
     return report

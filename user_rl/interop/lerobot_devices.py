@@ -34,8 +34,10 @@ def _lerobot(kind: DeviceKind) -> tuple[Any, Any, Any]:
             from lerobot.teleoperators.config import TeleoperatorConfig as base
             from lerobot.teleoperators.utils import make_teleoperator_from_config as make
     except ImportError as exc:
-        raise RuntimeError(f"a LeRobot {kind} needs the lerobot package: {INSTALL} "
-                           f"(on Python 3.11 that is lerobot 0.4.x; import failed: {exc})") from None
+        raise RuntimeError(
+            f"a LeRobot {kind} needs the lerobot package: {INSTALL} "
+            f"(on Python 3.11 that is lerobot 0.4.x; import failed: {exc})"
+        ) from None
     return package, base, make
 
 
@@ -61,15 +63,18 @@ def device_config(kind: DeviceKind, options: dict[str, Any]) -> Any:
 
     _, base, _ = _lerobot(kind)
     if not isinstance(options, dict) or not isinstance(options.get("type"), str):
-        raise ValueError(f"a LeRobot {kind} is configured as {{type: <LeRobot {kind} type>, <its config fields>}}, "
-                         f"got {options!r}")
+        raise ValueError(
+            f"a LeRobot {kind} is configured as {{type: <LeRobot {kind} type>, <its config fields>}}, got {options!r}"
+        )
     choices = dict(base.get_known_choices())
     if options["type"] not in choices:
         choices = known_types(kind)
     if options["type"] not in choices:
-        raise ValueError(f"unknown LeRobot {kind} type {options['type']!r}; this machine has: "
-                         f"{', '.join(sorted(choices))} (a plugin must be installed as a package named "
-                         f"lerobot_{'robot' if kind == 'robot' else 'teleoperator'}_<name>)")
+        raise ValueError(
+            f"unknown LeRobot {kind} type {options['type']!r}; this machine has: "
+            f"{', '.join(sorted(choices))} (a plugin must be installed as a package named "
+            f"lerobot_{'robot' if kind == 'robot' else 'teleoperator'}_<name>)"
+        )
     try:
         return draccus.decode(base, dict(options))
     except Exception as exc:
@@ -85,9 +90,11 @@ def connect_device(kind: DeviceKind, options: dict[str, Any], calibrate: bool = 
     if not device.is_calibrated:
         device.disconnect()
         flag = "robot" if kind == "robot" else "teleop"
-        raise RuntimeError(f"LeRobot {kind} {options['type']!r} (id {config.id!r}) is not calibrated: run "
-                           f"`lerobot-calibrate --{flag}.type={options['type']} --{flag}.id={config.id}` "
-                           f"on this machine, or set calibrate: true to calibrate when it connects")
+        raise RuntimeError(
+            f"LeRobot {kind} {options['type']!r} (id {config.id!r}) is not calibrated: run "
+            f"`lerobot-calibrate --{flag}.type={options['type']} --{flag}.id={config.id}` "
+            f"on this machine, or set calibrate: true to calibrate when it connects"
+        )
     return device
 
 

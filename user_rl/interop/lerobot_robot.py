@@ -53,11 +53,22 @@ class LeRobotRobot(Robot):
     device_kind = "robot"
     action_mode = ActionMode.ABSOLUTE_POSITION
 
-    def __init__(self, robot: dict[str, Any] | Any, *, robot_id: str = "lerobot-0", seed: int | None = None,
-                 control_hz: float = 30.0, episode_steps: int = 300, action_bounds: dict[str, list[float]] | None = None,
-                 reset: Literal["current", "pose"] = "current", reset_pose: dict[str, float] | None = None,
-                 reset_s: float = 2.0, reset_wait_s: float = 0.0, calibrate: bool = False,
-                 instruction: str = "") -> None:
+    def __init__(
+        self,
+        robot: dict[str, Any] | Any,
+        *,
+        robot_id: str = "lerobot-0",
+        seed: int | None = None,
+        control_hz: float = 30.0,
+        episode_steps: int = 300,
+        action_bounds: dict[str, list[float]] | None = None,
+        reset: Literal["current", "pose"] = "current",
+        reset_pose: dict[str, float] | None = None,
+        reset_s: float = 2.0,
+        reset_wait_s: float = 0.0,
+        calibrate: bool = False,
+        instruction: str = "",
+    ) -> None:
         if reset not in ("current", "pose"):
             raise ValueError(f"reset must be 'current' or 'pose', got {reset!r}")
         if episode_steps < 1:
@@ -70,23 +81,31 @@ class LeRobotRobot(Robot):
         else:  # a LeRobot robot object, made and connected by the caller
             self.device, self.lerobot_type = robot, str(getattr(robot, "name", type(robot).__name__))
         try:
-            self.observation_space, self.action_space, self.state_names, self.action_names, self.cameras = \
-                _spaces(self.device, action_bounds)
+            self.observation_space, self.action_space, self.state_names, self.action_names, self.cameras = _spaces(
+                self.device, action_bounds
+            )
             self.reset_pose = _checked_pose(reset_pose, self.action_names, reset)
         except BaseException:
             self.device.disconnect()
             raise
-        self.descriptor = DeviceDescriptor("robot", f"lerobot:{self.lerobot_type}", robot_id, control_hz,
-                                           instruction, tuple(self.cameras),
-                                           {"lerobot_type": self.lerobot_type, "lerobot_id": str(self.device.id)})
+        self.descriptor = DeviceDescriptor(
+            "robot",
+            f"lerobot:{self.lerobot_type}",
+            robot_id,
+            control_hz,
+            instruction,
+            tuple(self.cameras),
+            {"lerobot_type": self.lerobot_type, "lerobot_id": str(self.device.id)},
+        )
         self._last_raw: dict[str, Any] = {}
         self._state_index = {name: i for i, name in enumerate(self.state_names)}
         self._last_sent: dict[str, float] = {}
         self._steps = 0
 
     @classmethod
-    def spaces(cls, robot: dict[str, Any], action_bounds: dict[str, list[float]] | None = None,
-               **_: Any) -> tuple[gym.spaces.Dict, gym.spaces.Box]:
+    def spaces(
+        cls, robot: dict[str, Any], action_bounds: dict[str, list[float]] | None = None, **_: Any
+    ) -> tuple[gym.spaces.Dict, gym.spaces.Box]:
         """The spaces without connecting (features and calibration are known before connect)."""
         from lerobot.robots.utils import make_robot_from_config
 
@@ -116,8 +135,11 @@ class LeRobotRobot(Robot):
     def hold(self) -> None:
         """Command every joint to where it was last seen (a position-controlled arm then stays put);
         joints never observed keep their last command."""
-        target = {name: float(self._last_raw[name]) if name in self._last_raw else self._last_sent[name]
-                  for name in self.action_names if name in self._last_raw or name in self._last_sent}
+        target = {
+            name: float(self._last_raw[name]) if name in self._last_raw else self._last_sent[name]
+            for name in self.action_names
+            if name in self._last_raw or name in self._last_sent
+        }
         if target:
             self._send(target)
 
@@ -126,9 +148,10 @@ class LeRobotRobot(Robot):
         (`<motor>.pos`), else its last goal sent (else the middle of its range: never sent, never seen)."""
         state = np.asarray(obs[STATE], np.float64)
         space = self.action_space
-        goals = [state[self._state_index[name]] if name in self._state_index
-                 else self._last_sent.get(name, (low + high) / 2)
-                 for name, low, high in zip(self.action_names, space.low, space.high)]
+        goals = [
+            state[self._state_index[name]] if name in self._state_index else self._last_sent.get(name, (low + high) / 2)
+            for name, low, high in zip(self.action_names, space.low, space.high)
+        ]
         return np.clip(np.array(goals, np.float64), space.low, space.high).astype(space.dtype)
 
     def health(self) -> Health:
@@ -156,8 +179,9 @@ class LeRobotRobot(Robot):
         return obs
 
 
-def _spaces(device: Any, action_bounds: dict[str, list[float]] | None
-            ) -> tuple[gym.spaces.Dict, gym.spaces.Box, list[str], list[str], list[str]]:
+def _spaces(
+    device: Any, action_bounds: dict[str, list[float]] | None
+) -> tuple[gym.spaces.Dict, gym.spaces.Box, list[str], list[str], list[str]]:
     """(observation space, action space, state names, action names, camera names) of a LeRobot robot."""
     what = f"LeRobot robot {type(device).__name__}"
     features = device.observation_features
@@ -187,8 +211,10 @@ def _action_bounds(device: Any, names: list[str], given: dict[str, list[float]] 
         bounds[name] = (low, high)
     missing = [name for name in names if name not in bounds]
     if missing:
-        raise ValueError(f"no bounds for actions {missing}: the robot has no calibration for them; set "
-                         f"robot.options.action_bounds {{<action>: [low, high]}} (in LeRobot's units)")
+        raise ValueError(
+            f"no bounds for actions {missing}: the robot has no calibration for them; set "
+            f"robot.options.action_bounds {{<action>: [low, high]}} (in LeRobot's units)"
+        )
     return bounds
 
 

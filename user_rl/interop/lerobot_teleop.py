@@ -32,7 +32,12 @@ from user_rl.wire import user_rl_pb2 as pb
 
 Drives = Literal["auto", "events", "always"]
 INTERVENTION, SUCCESS, FAILURE, TERMINATE, RERECORD = (
-    "is_intervention", "success", "failure", "terminate_episode", "rerecord_episode")  # TeleopEvents values
+    "is_intervention",
+    "success",
+    "failure",
+    "terminate_episode",
+    "rerecord_episode",
+)  # TeleopEvents values
 
 
 class LeRobotTeleop:
@@ -40,8 +45,14 @@ class LeRobotTeleop:
 
     actor = pb.ACTOR_HUMAN
 
-    def __init__(self, teleoperator: dict[str, Any], robot: Robot, requests: OperatorRequests,
-                 drives: Drives = "auto", calibrate: bool = False) -> None:
+    def __init__(
+        self,
+        teleoperator: dict[str, Any],
+        robot: Robot,
+        requests: OperatorRequests,
+        drives: Drives = "auto",
+        calibrate: bool = False,
+    ) -> None:
         self.device = connect_device("teleoperator", teleoperator, calibrate=calibrate)
         self.name = f"lerobot:{teleoperator['type']}"
         self.requests = requests
@@ -89,8 +100,9 @@ def _action_names(names: list[str], robot: Robot) -> list[str]:
     wanted = getattr(robot, "action_names", None)
     if wanted is None:
         if len(names) != robot.action_space.shape[0]:
-            raise ValueError(f"the teleoperator gives {len(names)} actions {names}; the robot takes "
-                             f"{robot.action_space.shape[0]}")
+            raise ValueError(
+                f"the teleoperator gives {len(names)} actions {names}; the robot takes {robot.action_space.shape[0]}"
+            )
         return names
     missing = [name for name in wanted if name not in names]
     if missing:

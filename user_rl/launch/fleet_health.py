@@ -15,14 +15,15 @@ stuck in a stage for `fleet.start_timeout_s` is restarted, so no restart is spen
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 Printer = Callable[[str], None]
 STATUS_TIMEOUT_S = 30.0  # a started edge that takes this long to answer a status call is gone
-STATUS_WAIT_S = 1.0      # how long one poll waits for answers (the launch's loop goes on meanwhile)
+STATUS_WAIT_S = 1.0  # how long one poll waits for answers (the launch's loop goes on meanwhile)
 
 
 class FleetHealth:
@@ -31,9 +32,16 @@ class FleetHealth:
     that shows no progress for `start_timeout_s` is restarted. Once started, a status call unanswered
     for `status_timeout_s` means it is gone."""
 
-    def __init__(self, spawn: Callable[[int], Any], robot_ids: list[str], max_restarts: int, out: Printer,
-                 stall_s: float = 30.0, start_timeout_s: float = 300.0,
-                 status_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        spawn: Callable[[int], Any],
+        robot_ids: list[str],
+        max_restarts: int,
+        out: Printer,
+        stall_s: float = 30.0,
+        start_timeout_s: float = 300.0,
+        status_timeout_s: float | None = None,
+    ) -> None:
         self.spawn = spawn
         self.robot_ids = list(robot_ids)
         self.max_restarts = max_restarts
@@ -105,8 +113,11 @@ class FleetHealth:
             if stage != self._progress_at[robot_id][0]:
                 self._progress_at[robot_id] = (stage, time.monotonic())
             if status.get("stage_s", 0.0) > self.start_timeout_s:
-                self._restart(robot_id, f"stuck starting: {stage} for {status['stage_s']:.0f} s "
-                                        f"(fleet.start_timeout_s={self.start_timeout_s:g})")
+                self._restart(
+                    robot_id,
+                    f"stuck starting: {stage} for {status['stage_s']:.0f} s "
+                    f"(fleet.start_timeout_s={self.start_timeout_s:g})",
+                )
             else:
                 self.last[robot_id] = status  # the fleet status shows what it is doing
         elif status.get("robot_unanswered_s", 0.0) > self.stall_s:
@@ -117,8 +128,15 @@ class FleetHealth:
 
     def report(self) -> dict[str, dict]:
         """Per robot: its last status, restarts, and why it failed (None while it runs)."""
-        return {robot_id: {**self.last.get(robot_id, {}), "robot_id": robot_id, "restarts": self.restarts[robot_id],
-                           "failed": self.failed.get(robot_id)} for robot_id in self.robot_ids}
+        return {
+            robot_id: {
+                **self.last.get(robot_id, {}),
+                "robot_id": robot_id,
+                "restarts": self.restarts[robot_id],
+                "failed": self.failed.get(robot_id),
+            }
+            for robot_id in self.robot_ids
+        }
 
     def finish(self) -> list[dict]:
         """Stop every live edge (flushing its batches); failed robots keep their reason."""

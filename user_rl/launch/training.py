@@ -13,17 +13,25 @@ import math
 import os
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import zmq
 
 from user_rl.config import Config, ConfigError, StopConfig, dump_config
 from user_rl.evaluation import EvalResult, evaluate
 from user_rl.launch.fleet_health import FleetHealth
-from user_rl.launch.placement import actor_options, check_cluster, edge_demands, learner_demand, local_resources, node_names
+from user_rl.launch.placement import (
+    actor_options,
+    check_cluster,
+    edge_demands,
+    learner_demand,
+    local_resources,
+    node_names,
+)
 from user_rl.plots import NothingToPlot, render_run_plots
 from user_rl.progress import ProgressPrinter, write_status_json
 from user_rl.tensorboard_log import TensorBoardLog, open_log
@@ -66,18 +74,21 @@ class Evaluator:
 
         self.cfg = cfg
         self.robot = make_robot(cfg.robot.type, **{**cfg.robot_options(0), "robot_id": "eval"})
-        self.actor = make_actor(cfg.policy.type, self.robot.observation_space, self.robot.action_space,
-                                **cfg.policy.options())
+        self.actor = make_actor(
+            cfg.policy.type, self.robot.observation_space, self.robot.action_space, **cfg.policy.options()
+        )
         self.context = zmq.Context()
-        self.receiver = WeightReceiver(self.context, weights_address,
-                                       curve=launch_client_keys(cfg.security, weights_address))
+        self.receiver = WeightReceiver(
+            self.context, weights_address, curve=launch_client_keys(cfg.security, weights_address)
+        )
 
     def run(self, version: int, round_index: int) -> EvalResult:
         """Each evaluation round plays new episodes, so stopping never favours one lucky set."""
         _, state = self.receiver.wait_for(version)
         self.actor.load_state_dict(state)
-        return evaluate(self.robot, self.actor, self.cfg.stop.eval_episodes,
-                        seed=1000 * self.cfg.seed + 100 + round_index)
+        return evaluate(
+            self.robot, self.actor, self.cfg.stop.eval_episodes, seed=1000 * self.cfg.seed + 100 + round_index
+        )
 
     def close(self) -> None:
         self.receiver.close()
@@ -92,8 +103,11 @@ def _start_ray(cfg: Config, address: str | None, out: Printer) -> None:
     cores = os.cpu_count() or 1
     learners = len(cfg.embodiment_configs())
     if address is None and cfg.fleet.num_robots + learners > cores:
-        out(f"note: {cfg.fleet.num_robots} sims and {learners} learner{'s' if learners > 1 else ''} share {cores} cores; "
-            "sims are paced to their learner, so this slows wall time, not learning")
+        out(
+            f"note: {cfg.fleet.num_robots} sims and {learners} learner{'s' if learners > 1 else ''} "
+            f"share {cores} cores; "
+            "sims are paced to their learner, so this slows wall time, not learning"
+        )
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     if address is not None:
         os.environ.setdefault("RAY_AUTH_MODE", "token")  # as `user-rl node start` runs every node
@@ -159,8 +173,11 @@ def _place(run: FleetRun) -> None:
 
     cfg = run.cfg
     demand = learner_demand(cfg, ray.cluster_resources())  # `device: auto` takes a GPU when there is one
-    run.learner = ray.remote(LearnerService).options(**actor_options(demand), name=learner_actor_name(run.run_dir)).remote(
-        cfg.model_dump(), str(run.run_dir.resolve()))
+    run.learner = (
+        ray.remote(LearnerService)
+        .options(**actor_options(demand), name=learner_actor_name(run.run_dir))
+        .remote(cfg.model_dump(), str(run.run_dir.resolve()))
+    )
     run.addresses = addresses = ray.get(run.learner.addresses.remote())
     run.next_eval_steps = cfg.stop.next_eval_steps(ray.get(run.learner.status.remote())["env_steps"])
     ray.get(run.learner.set_hold.remote(run.next_eval_steps))  # before any edge steps
@@ -170,15 +187,26 @@ def _place(run: FleetRun) -> None:
     demands = edge_demands(cfg)
 
     def spawn(index: int) -> Any:  # the same robot, spool and address every time it is (re)started
-        return ray.remote(EdgeService).options(**actor_options(demands[index])).remote(
-            cfg.model_dump(), index, addresses, spool_root)
+        return (
+            ray.remote(EdgeService)
+            .options(**actor_options(demands[index]))
+            .remote(cfg.model_dump(), index, addresses, spool_root)
+        )
 
-    run.fleet = FleetHealth(spawn, [cfg.robot_options(i)["robot_id"] for i in range(len(demands))],
-                            cfg.fleet.max_restarts, run.out, cfg.fleet.stall_s, cfg.fleet.start_timeout_s)
+    run.fleet = FleetHealth(
+        spawn,
+        [cfg.robot_options(i)["robot_id"] for i in range(len(demands))],
+        cfg.fleet.max_restarts,
+        run.out,
+        cfg.fleet.stall_s,
+        cfg.fleet.start_timeout_s,
+    )
     run.fleet.wait_started()
     _record_teleop_pages(run)
-    run.out(f"learner at {addresses['data']} (weights {addresses['weights']}) trains on {device}; "
-            f"{len(run.fleet.active)} edge daemons started")
+    run.out(
+        f"learner at {addresses['data']} (weights {addresses['weights']}) trains on {device}; "
+        f"{len(run.fleet.active)} edge daemons started"
+    )
     run.evaluator = Evaluator(cfg, addresses["weights"])
     run.printer = ProgressPrinter(run.run_dir / "metrics.jsonl", run.out)
     run.board = open_log(run.run_dir, suffix=".eval")
@@ -209,8 +237,11 @@ def train(cfg: Config, out: Printer = print, ray_address: str | None = None) -> 
 
     cfg.security.keys_dir = str(Path(cfg.security.keys_dir).resolve())  # actors run in other directories
     for one_model in cfg.embodiment_configs().values():  # a missing key fails now, not inside a Ray actor
-        check_launch_keys(one_model.security, one_model.learner.host,
-                          [one_model.robot_options(i)["robot_id"] for i in range(one_model.fleet.num_robots)])
+        check_launch_keys(
+            one_model.security,
+            one_model.learner.host,
+            [one_model.robot_options(i)["robot_id"] for i in range(one_model.fleet.num_robots)],
+        )
     _start_ray(cfg, ray_address, out)
     started = time.monotonic()
     runs: list[FleetRun] = []
@@ -261,9 +292,11 @@ def _combine(finals: dict[str, dict]) -> dict:
     """A heterogeneous run's summary: each embodiment's, and the run's stop reason and goal time."""
     reasons = [f["stop_reason"] for f in finals.values()]
     reached = all(r == "goal_reached" for r in reasons)
-    return {"stop_reason": max(reasons, key=STOP_SEVERITY.index),
-            "goal_reached_s": max(f["goal_reached_s"] for f in finals.values()) if reached else None,
-            "embodiments": finals}
+    return {
+        "stop_reason": max(reasons, key=STOP_SEVERITY.index),
+        "goal_reached_s": max(f["goal_reached_s"] for f in finals.values()) if reached else None,
+        "embodiments": finals,
+    }
 
 
 def _finish(run: FleetRun) -> dict:
@@ -271,9 +304,15 @@ def _finish(run: FleetRun) -> dict:
     import ray
 
     final = ray.get(run.learner.finish.remote())
-    return {"stop_reason": run.stop_reason, "goal_reached_s": run.goal_reached_s, "evaluations": run.evals,
-            "final_eval": run.evals[-1] if run.evals else None, "learner": final,
-            "checkpoint": final["checkpoint"], "edges": run.fleet.finish()}
+    return {
+        "stop_reason": run.stop_reason,
+        "goal_reached_s": run.goal_reached_s,
+        "evaluations": run.evals,
+        "final_eval": run.evals[-1] if run.evals else None,
+        "learner": final,
+        "checkpoint": final["checkpoint"],
+        "edges": run.fleet.finish(),
+    }
 
 
 def _watch(runs: list[FleetRun], stop: StopConfig, started: float) -> None:
@@ -297,7 +336,9 @@ def _tend(run: FleetRun, stop: StopConfig, started: float) -> None:
     fleet = run.fleet
     fleet.poll()
     if not fleet.active:
-        raise FleetFailed("every robot of the fleet failed: " + "; ".join(f"{r}: {why}" for r, why in fleet.failed.items()))
+        raise FleetFailed(
+            "every robot of the fleet failed: " + "; ".join(f"{r}: {why}" for r, why in fleet.failed.items())
+        )
     if len(fleet.active) != status.get("active_robots"):
         ray.get(run.learner.set_active_robots.remote(len(fleet.active)))
     _write_fleet_status(run.run_dir, status, fleet)
@@ -315,8 +356,11 @@ def _tend(run: FleetRun, stop: StopConfig, started: float) -> None:
     by_steps = run.next_eval_steps is not None and status["env_steps"] >= run.next_eval_steps
     if by_steps and not updates_caught_up(run.cfg, status, run.next_eval_steps):
         return
-    by_time = stop.eval_every_s is not None and time.monotonic() - run.last_eval >= stop.eval_every_s \
+    by_time = (
+        stop.eval_every_s is not None
+        and time.monotonic() - run.last_eval >= stop.eval_every_s
         and status.get("policy_version", 0) > 0
+    )
     if not (by_steps or by_time):
         return
     result = _evaluate_snapshot(run, started)  # on schedule, goal or not: the learning curve
@@ -342,11 +386,15 @@ def updates_caught_up(cfg: Config, status: dict, env_steps: int) -> bool:
 def _write_fleet_status(run_dir: Path, learner_status: dict, fleet: FleetHealth) -> None:
     """`fleet_status.json`: each robot's edge (pid, steps, restarts, failure), what the learner has of
     it, and the learner's counters (`user-rl status RUN_DIR` reads it)."""
-    counters = {key: learner_status.get(key)
-                for key in ("time", "env_steps", "updates", "policy_version", "buffer", "failure", "errors")}
+    counters = {
+        key: learner_status.get(key)
+        for key in ("time", "env_steps", "updates", "policy_version", "buffer", "failure", "errors")
+    }
     try:  # a full disk: written in place if it fits, else this one is lost, never the launch
-        write_status_json(run_dir / "fleet_status.json",
-                          {"edges": fleet.report(), "learner_robots": learner_status.get("robots", {}), "learner": counters})
+        write_status_json(
+            run_dir / "fleet_status.json",
+            {"edges": fleet.report(), "learner_robots": learner_status.get("robots", {}), "learner": counters},
+        )
     except OSError as exc:
         log.error("cannot write %s: %s", run_dir / "fleet_status.json", exc)
 
@@ -372,12 +420,23 @@ def _evaluate_snapshot(run: FleetRun, started: float) -> EvalResult:
     env_steps = status["env_steps"]
     result = run.evaluator.run(version, round_index=len(run.evals))
     run.last_eval = time.monotonic()
-    record = {"time_s": round(run.last_eval - started, 1), "policy_version": version, "env_steps": env_steps,
-              "updates": status["updates"], **result.as_dict()}
+    record = {
+        "time_s": round(run.last_eval - started, 1),
+        "policy_version": version,
+        "env_steps": env_steps,
+        "updates": status["updates"],
+        **result.as_dict(),
+    }
     run.evals.append(record)
     run.printer.evaluation(record)
     if run.board is not None:
-        run.board.scalars(env_steps, {"eval/success_rate": result.success_rate, "eval/mean_return": result.mean_return,
-                                      "eval/mean_length": result.mean_length})
+        run.board.scalars(
+            env_steps,
+            {
+                "eval/success_rate": result.success_rate,
+                "eval/mean_return": result.mean_return,
+                "eval/mean_length": result.mean_length,
+            },
+        )
         run.board.flush()
     return result

@@ -3,9 +3,9 @@
 | `policy.type` | actor | outputs |
 |---|---|---|
 | `mlp` | `GaussianActor` (`mlp.py`) | one action per step; its critic is `TwinQCritic` |
-| `flow` | `FlowChunkActor` (`flow.py`) | chunks of H actions (flow matching); carries its own chunk critic for best-of-N |
+| `flow` | `FlowChunkActor` (`flow.py`) | chunks of H actions (flow matching), with a chunk critic for best-of-N |
 | `vla` | `VLAChunkActor` (`vla.py`) | the same chunks from images + an instruction + state, through a transformer |
-| `lerobot` | `LeRobotChunkActor` (`lerobot_policy.py`) | a LeRobot ACT or diffusion policy's chunks (needs `user-rl[lerobot]`, imported only when asked for) |
+| `lerobot` | `LeRobotChunkActor` (`lerobot_policy.py`) | a LeRobot ACT or diffusion policy's chunks (lerobot extra) |
 
 Every actor has `act(obs, deterministic)`; a chunk actor also `act_chunk`, `chunk_length` (actions
 executed per inference) and `imitation_loss` (what `algo.type: bc` minimises).
@@ -32,13 +32,22 @@ from user_rl.policies.flow import FlowChunkActor
 from user_rl.policies.mlp import GaussianActor, TwinQCritic
 from user_rl.policies.vla import VLAChunkActor
 
-ACTORS: dict[str, type[nn.Module] | str] = {"mlp": GaussianActor, "flow": FlowChunkActor, "vla": VLAChunkActor,
-                                           "lerobot": "user_rl.policies.lerobot_policy:LeRobotChunkActor"}
+ACTORS: dict[str, type[nn.Module] | str] = {
+    "mlp": GaussianActor,
+    "flow": FlowChunkActor,
+    "vla": VLAChunkActor,
+    "lerobot": "user_rl.policies.lerobot_policy:LeRobotChunkActor",
+}
 CRITICS: dict[str, type[nn.Module]] = {"mlp": TwinQCritic}
 
 
-def make_actor(name: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box,
-               freeze: list[str] | tuple[str, ...] = (), **options: Any) -> nn.Module:
+def make_actor(
+    name: str,
+    obs_space: gym.spaces.Dict,
+    action_space: gym.spaces.Box,
+    freeze: list[str] | tuple[str, ...] = (),
+    **options: Any,
+) -> nn.Module:
     actor = actor_class(name)(obs_space, action_space, **options)
     freeze_parameters(actor, freeze)
     return actor
@@ -50,7 +59,8 @@ def policy_names() -> list[str]:
 
 
 def actor_class(name: str) -> type[nn.Module]:
-    """The class of a policy type; one named "module:Class" (an optional extra) or a plugin's is imported on first use."""
+    """The class of a policy type; one named "module:Class" (an optional extra) or a plugin's is imported
+    on first use."""
     found = ACTORS[name] if name in ACTORS else load_plugin(POLICIES, name)
     if found is None:
         raise KeyError(f"unknown policy {name!r}; known: {', '.join(policy_names())}")
@@ -67,8 +77,9 @@ def freeze_parameters(module: nn.Module, prefixes: list[str] | tuple[str, ...]) 
         matched = [name for name in names if name == prefix or name.startswith(prefix + ".")]
         if not matched:
             roots = sorted({name.split(".")[0] for name in names})
-            raise ValueError(f"freeze: no parameter is named {prefix!r} or {prefix}.*; this policy's parts: "
-                             f"{', '.join(roots)}")
+            raise ValueError(
+                f"freeze: no parameter is named {prefix!r} or {prefix}.*; this policy's parts: {', '.join(roots)}"
+            )
         for name, parameter in module.named_parameters():
             if name in matched:
                 parameter.requires_grad_(False)
@@ -78,10 +89,26 @@ def make_critic(name: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.
     """The critic SAC-family algorithms train beside policy `name`'s actor (a plugin's class names it as `Critic`)."""
     critic = CRITICS.get(name) or getattr(actor_class(name), "Critic", None)
     if critic is None:
-        raise KeyError(f"policy {name!r} has no separate critic; built-in policies with one: {', '.join(sorted(CRITICS))} "
-                       "(a plugin policy names its own in a `Critic` class attribute)")
+        raise KeyError(
+            f"policy {name!r} has no separate critic; built-in policies with one: {', '.join(sorted(CRITICS))} "
+            "(a plugin policy names its own in a `Critic` class attribute)"
+        )
     return critic(obs_space, action_space, **options)
 
 
-__all__ = ["ACTORS", "CRITICS", "ChunkRunner", "FlowChunkActor", "GaussianActor", "TwinQCritic", "VLAChunkActor",
-           "act_chunk", "actor_class", "chunk_length", "freeze_parameters", "make_actor", "make_critic", "policy_names"]
+__all__ = [
+    "ACTORS",
+    "CRITICS",
+    "ChunkRunner",
+    "FlowChunkActor",
+    "GaussianActor",
+    "TwinQCritic",
+    "VLAChunkActor",
+    "act_chunk",
+    "actor_class",
+    "chunk_length",
+    "freeze_parameters",
+    "make_actor",
+    "make_critic",
+    "policy_names",
+]

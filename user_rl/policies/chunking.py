@@ -27,8 +27,9 @@ def act_chunk(actor: nn.Module, obs: dict[str, torch.Tensor], deterministic: boo
     return actor.act(obs, deterministic=deterministic).unsqueeze(1)
 
 
-def infer_chunk(actor: nn.Module, obs: dict[str, np.ndarray], deterministic: bool = False,
-                device: torch.device | str = "cpu") -> np.ndarray:
+def infer_chunk(
+    actor: nn.Module, obs: dict[str, np.ndarray], deterministic: bool = False, device: torch.device | str = "cpu"
+) -> np.ndarray:
     """One observation in, its (H, A) chunk out as float32 numpy: what an edge runs per chunk."""
     batch = {k: torch.as_tensor(v).unsqueeze(0).to(device) for k, v in obs.items()}
     return act_chunk(actor, batch, deterministic)[0].float().cpu().numpy()
@@ -41,8 +42,8 @@ class ChunkRunner:
         self._chunk: np.ndarray | None = None
         self._next = 0
         self.inferences = 0
-        self._loaded = -1   # the version of the weights loaded
-        self.version = -1   # the version of the weights that planned the chunk in hand
+        self._loaded = -1  # the version of the weights loaded
+        self.version = -1  # the version of the weights that planned the chunk in hand
 
     def restart(self) -> None:
         """The next action starts a new chunk."""

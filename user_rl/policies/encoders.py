@@ -27,9 +27,12 @@ class ConvEncoder(nn.Module):
         super().__init__()
         h, w, c = shape
         self.net = nn.Sequential(
-            nn.Conv2d(c, channels, 3, stride=2), nn.ReLU(),
-            nn.Conv2d(channels, channels, 3, stride=2), nn.ReLU(),
-            nn.Conv2d(channels, channels, 3, stride=1), nn.ReLU(),
+            nn.Conv2d(c, channels, 3, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(channels, channels, 3, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(channels, channels, 3, stride=1),
+            nn.ReLU(),
             nn.Flatten(),
         )
         with torch.no_grad():
@@ -50,13 +53,10 @@ class DictEncoder(nn.Module):
     def __init__(self, space: gym.spaces.Dict) -> None:
         super().__init__()
         self.keys = sorted(space.spaces)
-        self.cameras = nn.ModuleDict(
-            {k: ConvEncoder(space[k].shape) for k in self.keys if is_image(space[k])}
-        )
+        self.cameras = nn.ModuleDict({k: ConvEncoder(space[k].shape) for k in self.keys if is_image(space[k])})
         self.byte_keys = {k for k in self.keys if k not in self.cameras and space[k].dtype == np.uint8}
         self.out_dim = sum(
-            self.cameras[k].out_dim if k in self.cameras else int(np.prod(space[k].shape))
-            for k in self.keys
+            self.cameras[k].out_dim if k in self.cameras else int(np.prod(space[k].shape)) for k in self.keys
         )
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -94,4 +94,3 @@ def mlp(in_dim: int, hidden: list[int], out_dim: int, layer_norm: bool = False) 
         in_dim = width
     layers.append(nn.Linear(in_dim, out_dim))
     return nn.Sequential(*layers)
-

@@ -42,8 +42,16 @@ def chunk_space(action_space: gym.spaces.Box, chunk: int) -> gym.spaces.Box:
 
 
 class FlowChunkActor(ActionScaling):
-    def __init__(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, hidden: list[int],
-                 chunk: int = 4, flow_steps: int = 10, best_of: int = 1, encoder: nn.Module | None = None) -> None:
+    def __init__(
+        self,
+        obs_space: gym.spaces.Dict,
+        action_space: gym.spaces.Box,
+        hidden: list[int],
+        chunk: int = 4,
+        flow_steps: int = 10,
+        best_of: int = 1,
+        encoder: nn.Module | None = None,
+    ) -> None:
         """`encoder`: what turns observations into one feature vector (`out_dim` wide); default the
         MLP/CNN `DictEncoder`, a transformer backbone for the VLA (`vla.py`)."""
         super().__init__(action_space)
@@ -56,8 +64,11 @@ class FlowChunkActor(ActionScaling):
         self.encoder = encoder if encoder is not None else DictEncoder(obs_space)
         flat = chunk * self.action_dim
         self.velocity_net = mlp(self.encoder.out_dim + flat + TIME_FEATURES, hidden, flat)
-        self.value = TwinQCritic(obs_space, gym.spaces.Box(-1.0, 1.0, (flat,), np.float32), hidden,
-                                 layer_norm=True) if best_of > 1 else None
+        self.value = (
+            TwinQCritic(obs_space, gym.spaces.Box(-1.0, 1.0, (flat,), np.float32), hidden, layer_norm=True)
+            if best_of > 1
+            else None
+        )
 
     # -- the flow ------------------------------------------------------------------------------
     def velocity(self, features: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -74,15 +85,19 @@ class FlowChunkActor(ActionScaling):
         per_action = error.view(len(x1), self.chunk_length, self.action_dim).mean(-1)
         return (per_action * weights).sum() / weights.sum().clamp(min=1.0)
 
-    def imitation_loss(self, obs: dict[str, torch.Tensor], chunks: torch.Tensor,
-                       weights: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def imitation_loss(
+        self, obs: dict[str, torch.Tensor], chunks: torch.Tensor, weights: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """What behaviour cloning minimises: `flow_loss` on these observations (no extra metrics)."""
         return self.flow_loss(self.encoder(obs), chunks, weights), {}
 
     def sample_from(self, features: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
         """Normalised chunks (B, H, A) in [-1, 1], integrated from `noise` (default: fresh Gaussian)."""
-        x = torch.randn(len(features), self.chunk_length * self.action_dim, device=features.device) \
-            if noise is None else noise
+        x = (
+            torch.randn(len(features), self.chunk_length * self.action_dim, device=features.device)
+            if noise is None
+            else noise
+        )
         dt = 1.0 / self.flow_steps
         for i in range(self.flow_steps):
             t = torch.full((len(x), 1), i * dt, device=x.device)
@@ -106,8 +121,11 @@ class FlowChunkActor(ActionScaling):
             normalised = self.best_chunks(obs, self.best_of, self.value)
         else:
             features = self.encoder(obs)
-            noise = torch.zeros(len(features), self.chunk_length * self.action_dim, device=features.device) \
-                if deterministic else None
+            noise = (
+                torch.zeros(len(features), self.chunk_length * self.action_dim, device=features.device)
+                if deterministic
+                else None
+            )
             normalised = self.sample_from(features, noise)
         return self.to_robot_units(normalised)
 

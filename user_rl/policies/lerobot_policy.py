@@ -54,8 +54,10 @@ def _lerobot() -> Any:
         importlib.import_module("lerobot.policies")  # registers act, diffusion, ... with their config base
         from lerobot.configs.policies import PreTrainedConfig
     except ImportError as exc:
-        raise RuntimeError(f"policy.type lerobot needs the lerobot package: {INSTALL} "
-                           f"(on Python 3.11 that is lerobot 0.4.x; import failed: {exc})") from None
+        raise RuntimeError(
+            f"policy.type lerobot needs the lerobot package: {INSTALL} "
+            f"(on Python 3.11 that is lerobot 0.4.x; import failed: {exc})"
+        ) from None
     return PreTrainedConfig
 
 
@@ -67,8 +69,10 @@ class PolicyInputs:
         self.cameras = [k for k in keys if is_image(obs_space[k])]
         self.state_keys = [k for k in keys if k not in self.cameras and obs_space[k].dtype != np.uint8]
         if not self.state_keys:
-            raise ValueError("a LeRobot ACT or diffusion policy needs a state vector among the observations; "
-                             f"this robot has only {', '.join(keys)}")
+            raise ValueError(
+                "a LeRobot ACT or diffusion policy needs a state vector among the observations; "
+                f"this robot has only {', '.join(keys)}"
+            )
         self.state_dim = sum(int(np.prod(obs_space[k].shape)) for k in self.state_keys)
         self.env_state = not self.cameras  # the state doubles as the environment state
         self.action_dim = int(action_space.shape[0])
@@ -102,16 +106,23 @@ def build_config(kind: str, chunk: int, inputs: PolicyInputs, fields: dict[str, 
     from lerobot.configs.types import FeatureType, PolicyFeature
 
     if kind not in KINDS:
-        raise ValueError(f"policy.lerobot.type: {kind!r} is not supported; one of {', '.join(KINDS)} "
-                         f"(or path: a directory LeRobot's save_pretrained wrote)")
+        raise ValueError(
+            f"policy.lerobot.type: {kind!r} is not supported; one of {', '.join(KINDS)} "
+            f"(or path: a directory LeRobot's save_pretrained wrote)"
+        )
     taken = {"input_features", "output_features", "chunk_size", "horizon"} & set(fields)
     if taken:
-        raise ValueError(f"policy.lerobot.{sorted(taken)[0]} is set by user-rl: features come from the robot's "
-                         "spaces, the chunk from policy.chunk")
+        raise ValueError(
+            f"policy.lerobot.{sorted(taken)[0]} is set by user-rl: features come from the robot's "
+            "spaces, the chunk from policy.chunk"
+        )
     ins, outs = inputs.features()
-    defaults: dict[str, Any] = {"device": "cpu", "n_action_steps": chunk,
-                                "input_features": {n: PolicyFeature(FeatureType[t], s) for n, (t, s) in ins.items()},
-                                "output_features": {n: PolicyFeature(FeatureType[t], s) for n, (t, s) in outs.items()}}
+    defaults: dict[str, Any] = {
+        "device": "cpu",
+        "n_action_steps": chunk,
+        "input_features": {n: PolicyFeature(FeatureType[t], s) for n, (t, s) in ins.items()},
+        "output_features": {n: PolicyFeature(FeatureType[t], s) for n, (t, s) in outs.items()},
+    }
     if kind == "act":
         defaults.update(chunk_size=chunk, pretrained_backbone_weights=None)  # never download ImageNet weights
     else:
@@ -127,25 +138,33 @@ def build_config(kind: str, chunk: int, inputs: PolicyInputs, fields: dict[str, 
 def load_config(path: Path, chunk: int, inputs: PolicyInputs, overrides: dict[str, Any]) -> Any:
     """A saved policy's config, checked against these spaces and `policy.chunk`."""
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"policy.lerobot.path: {path} holds no config.json (a directory LeRobot's "
-                                "save_pretrained wrote is expected)")
+        raise FileNotFoundError(
+            f"policy.lerobot.path: {path} holds no config.json (a directory LeRobot's "
+            "save_pretrained wrote is expected)"
+        )
     config = _lerobot().from_pretrained(str(path))
     if config.type not in KINDS:
         raise ValueError(f"policy.lerobot.path: {path} holds a {config.type!r} policy; supported: {', '.join(KINDS)}")
     planned = config.chunk_size if config.type == "act" else config.horizon
     if planned != chunk:
-        raise ValueError(f"policy.chunk: the {config.type} policy at {path} plans {planned} actions a chunk; "
-                         f"set policy.chunk: {planned}")
+        raise ValueError(
+            f"policy.chunk: the {config.type} policy at {path} plans {planned} actions a chunk; "
+            f"set policy.chunk: {planned}"
+        )
     if config.type == "diffusion" and config.n_obs_steps != 1:
-        raise ValueError(f"policy.lerobot.path: the diffusion policy at {path} reads {config.n_obs_steps} "
-                         "observations; the edge gives it one (n_obs_steps 1)")
+        raise ValueError(
+            f"policy.lerobot.path: the diffusion policy at {path} reads {config.n_obs_steps} "
+            "observations; the edge gives it one (n_obs_steps 1)"
+        )
     ins, outs = inputs.features()
     saved = {n: (f.type.name, tuple(f.shape)) for n, f in {**config.input_features, **config.output_features}.items()}
     ours = {**ins, **outs}
     if saved != ours:
         differ = sorted(set(saved) ^ set(ours)) or sorted(n for n in saved if saved[n] != ours[n])
-        raise ValueError(f"policy.lerobot.path: the policy at {path} reads {saved}, this robot gives {ours} "
-                         f"(first difference: {differ[0]})")
+        raise ValueError(
+            f"policy.lerobot.path: the policy at {path} reads {saved}, this robot gives {ours} "
+            f"(first difference: {differ[0]})"
+        )
     for key, value in overrides.items():
         if not hasattr(config, key):
             raise ValueError(f"policy.lerobot.{key}: the {config.type} config has no such field")
@@ -188,16 +207,19 @@ def saved_normalisation(path: Path, config: Any) -> dict[str, tuple[torch.Tensor
 class LeRobotChunkActor(nn.Module):
     """A LeRobot ACT or diffusion policy behind the chunk actor interface (`act_chunk`, `imitation_loss`)."""
 
-    def __init__(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, chunk: int,
-                 lerobot: dict[str, Any]) -> None:
+    def __init__(
+        self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, chunk: int, lerobot: dict[str, Any]
+    ) -> None:
         super().__init__()
         _lerobot()  # first: without the package nothing else can be checked
         fields = dict(lerobot)
         path = fields.pop("path", None)
         kind = fields.pop("type", None)
         if (path is None) == (kind is None):
-            raise ValueError("policy.lerobot: give its type (act or diffusion, with LeRobot's config fields) or "
-                             "path (a directory LeRobot's save_pretrained wrote), one of the two")
+            raise ValueError(
+                "policy.lerobot: give its type (act or diffusion, with LeRobot's config fields) or "
+                "path (a directory LeRobot's save_pretrained wrote), one of the two"
+            )
         from lerobot.policies.factory import get_policy_class
 
         self.inputs = PolicyInputs(obs_space, action_space)
@@ -268,7 +290,7 @@ class LeRobotChunkActor(nn.Module):
         batch = self.lerobot_batch(obs)
         self.policy.eval()
         if self.kind == "act":
-            normalised = self.policy.predict_action_chunk(batch)[:, :self.chunk_length]
+            normalised = self.policy.predict_action_chunk(batch)[:, : self.chunk_length]
         else:
             if self.inputs.cameras:
                 batch[IMAGES] = torch.stack([batch[f"{IMAGES}.{k}"] for k in self.inputs.cameras], dim=-4)
@@ -286,8 +308,9 @@ class LeRobotChunkActor(nn.Module):
         return self.act_chunk(obs, deterministic)[:, 0]
 
     # -- what the learner trains -------------------------------------------------------------------
-    def imitation_loss(self, obs: dict[str, torch.Tensor], chunks: torch.Tensor,
-                       weights: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def imitation_loss(
+        self, obs: dict[str, torch.Tensor], chunks: torch.Tensor, weights: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """LeRobot's own loss on normalised chunks (B, H, A); actions of weight 0 are padding."""
         self.policy.train()
         batch = {**self.lerobot_batch(obs), ACTION: chunks, "action_is_pad": weights <= 0}

@@ -59,8 +59,9 @@ class GaussianActor(ActionScaling):
 class TwinQCritic(nn.Module):
     """Two Q networks; `layer_norm` (the RLPD recipe) normalises each hidden layer."""
 
-    def __init__(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, hidden: list[int],
-                 layer_norm: bool = False) -> None:
+    def __init__(
+        self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, hidden: list[int], layer_norm: bool = False
+    ) -> None:
         super().__init__()
         self.encoder = DictEncoder(obs_space)
         in_dim = self.encoder.out_dim + int(np.prod(action_space.shape))

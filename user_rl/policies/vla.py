@@ -63,8 +63,12 @@ class CameraStem(nn.Module):
         super().__init__()
         if patch % 4:
             raise ValueError(f"patch must be a multiple of 4 (two stride-2 convolutions), not {patch}")
-        self.convs = nn.ModuleList([nn.Conv2d(channels, STEM_CHANNELS, 3, stride=2, padding=1),
-                                    nn.Conv2d(STEM_CHANNELS, STEM_CHANNELS, 3, stride=2, padding=1)])
+        self.convs = nn.ModuleList(
+            [
+                nn.Conv2d(channels, STEM_CHANNELS, 3, stride=2, padding=1),
+                nn.Conv2d(STEM_CHANNELS, STEM_CHANNELS, 3, stride=2, padding=1),
+            ]
+        )
         self.patchify = nn.Conv2d(STEM_CHANNELS, dim, patch // 4, stride=patch // 4)
         self.keypoints = SpatialSoftmax(STEM_CHANNELS, dim)  # read at the first convolution's resolution
         self.film = nn.Linear(condition_dim, 2 * STEM_CHANNELS * len(self.convs)) if condition_dim else None
@@ -76,8 +80,11 @@ class CameraStem(nn.Module):
         """uint8 (B, H, W, C) in; tokens (B, 1 + H/patch * W/patch, dim) out: the keypoint token first,
         then the patches."""
         x = unit_pixels(image)
-        films = self.film(condition).view(len(x), len(self.convs), 2, STEM_CHANNELS, 1, 1) \
-            if self.film is not None and condition is not None else None
+        films = (
+            self.film(condition).view(len(x), len(self.convs), 2, STEM_CHANNELS, 1, 1)
+            if self.film is not None and condition is not None
+            else None
+        )
         tokens = []
         for i, conv in enumerate(self.convs):
             x = nn.functional.gelu(conv(x))
@@ -102,8 +109,11 @@ class SpatialSoftmax(nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         h, w = features.shape[-2:]
         weights = torch.softmax(features.flatten(2) / self.log_temperature.exp(), dim=-1)  # (B, C, H*W)
-        ys, xs = torch.meshgrid(torch.linspace(-1, 1, h, device=features.device),
-                                torch.linspace(-1, 1, w, device=features.device), indexing="ij")
+        ys, xs = torch.meshgrid(
+            torch.linspace(-1, 1, h, device=features.device),
+            torch.linspace(-1, 1, w, device=features.device),
+            indexing="ij",
+        )
         grid = torch.stack([xs.flatten(), ys.flatten()], dim=-1)  # (H*W, 2)
         return self.project((weights @ grid).flatten(1))
 
@@ -132,8 +142,9 @@ class VLAEncoder(nn.Module):
         state_dim = sum(int(np.prod(obs_space[k].shape)) for k in self.state_keys)
         self.state_embed = nn.Linear(state_dim, dim) if state_dim else None
         self.readout = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
-        layer = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, activation="gelu", batch_first=True,
-                                           norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            dim, heads, 4 * dim, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+        )
         self.transformer = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(dim)
         self.out_dim = dim
@@ -170,8 +181,17 @@ class VLAEncoder(nn.Module):
 
 
 class VLAChunkActor(FlowChunkActor):
-    def __init__(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, hidden: list[int] | None = None,
-                 chunk: int = 4, flow_steps: int = 10, best_of: int = 1, size: str = "tiny", patch: int = 8) -> None:
+    def __init__(
+        self,
+        obs_space: gym.spaces.Dict,
+        action_space: gym.spaces.Box,
+        hidden: list[int] | None = None,
+        chunk: int = 4,
+        flow_steps: int = 10,
+        best_of: int = 1,
+        size: str = "tiny",
+        patch: int = 8,
+    ) -> None:
         """`size` names the backbone (`SIZES`); `hidden` overrides its flow head's widths."""
         if size not in SIZES:
             raise ValueError(f"unknown VLA size {size!r}; named sizes: {', '.join(SIZES)}")

@@ -35,8 +35,9 @@ def save_weights(module: nn.Module, path: str | Path) -> None:
     """Write `module`'s state as safetensors (contiguous copies; shared tensors are written once each)."""
     from safetensors.torch import save_file
 
-    save_file({name: tensor.detach().cpu().contiguous().clone() for name, tensor in module.state_dict().items()},
-              str(path))
+    save_file(
+        {name: tensor.detach().cpu().contiguous().clone() for name, tensor in module.state_dict().items()}, str(path)
+    )
 
 
 def load_weights(actor: nn.Module, path: str | Path) -> list[str]:
@@ -46,12 +47,15 @@ def load_weights(actor: nn.Module, path: str | Path) -> list[str]:
     own = actor.state_dict()
     unknown = sorted(set(stored) - set(own))
     if unknown:
-        raise ValueError(f"{path} holds {unknown[0]!r}, which this policy does not have "
-                         f"({len(unknown)} such tensors): the file is for another model or configuration")
+        raise ValueError(
+            f"{path} holds {unknown[0]!r}, which this policy does not have "
+            f"({len(unknown)} such tensors): the file is for another model or configuration"
+        )
     for name, tensor in stored.items():
         if tensor.shape != own[name].shape:
-            raise ValueError(f"{path}: {name!r} has shape {list(tensor.shape)}, this policy's is "
-                             f"{list(own[name].shape)}")
+            raise ValueError(
+                f"{path}: {name!r} has shape {list(tensor.shape)}, this policy's is {list(own[name].shape)}"
+            )
     actor.load_state_dict(stored, strict=False)
     return sorted(name for name, _ in actor.named_parameters() if name not in stored)
 
@@ -67,6 +71,7 @@ def load_received(actor: nn.Module, state: dict[str, torch.Tensor]) -> bool:
     own = actor.state_dict()
     fits = own.keys() == state.keys() and all(
         tensor.dtype == own[name].dtype and tensor.shape == own[name].shape and tensor.device == own[name].device
-        for name, tensor in state.items())
+        for name, tensor in state.items()
+    )
     actor.load_state_dict(state, assign=fits)
     return fits

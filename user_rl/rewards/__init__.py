@@ -4,7 +4,7 @@
 |---|---|---|
 | `env` (default) | `env` | the environment's own reward |
 | `labels` | `labels` | 1 on a row labelled success (by a person, or the env's success flag), else 0 |
-| `classifier` | `classifier` | 1 where a learned success classifier judges the observation a success (which ends the episode), else 0 |
+| `classifier` | `classifier` | 1 where a learned success classifier judges the observation a success, else 0 |
 
 With `labels` or `classifier` the environment's reward never leaves the edge: the row's reward
 column is the chosen reward, and nothing else carries the env's. The classifier is trained from
@@ -34,8 +34,13 @@ from user_rl.rewards.labels import LabelReward
 REWARDS: dict[str, type] = {"env": EnvReward, "labels": LabelReward, "classifier": ClassifierReward}
 
 
-def make_reward(name: str, observation_space: gym.spaces.Dict, classifier: str | Path | None = None,
-                threshold: float = 0.5, keys: list[str] | None = None) -> StepReward:
+def make_reward(
+    name: str,
+    observation_space: gym.spaces.Dict,
+    classifier: str | Path | None = None,
+    threshold: float = 0.5,
+    keys: list[str] | None = None,
+) -> StepReward:
     if name == "classifier":
         if classifier is None:
             raise ValueError("reward.classifier: reward.type classifier needs the classifier file's path")
@@ -53,5 +58,13 @@ def reward_names() -> list[str]:
     return known_names(REWARD_GROUP, REWARDS)
 
 
-__all__ = ["REWARDS", "ClassifierReward", "EnvReward", "LabelReward", "RewardedStep", "StepReward", "make_reward",
-           "reward_names"]
+__all__ = [
+    "REWARDS",
+    "ClassifierReward",
+    "EnvReward",
+    "LabelReward",
+    "RewardedStep",
+    "StepReward",
+    "make_reward",
+    "reward_names",
+]

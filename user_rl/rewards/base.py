@@ -21,8 +21,8 @@ class RewardedStep:
     reward: float
     terminated: bool
     truncated: bool
-    label: int      # pb.Label
-    label_by: int   # pb.LabelBy (meaningful where label is not LABEL_NONE)
+    label: int  # pb.Label
+    label_by: int  # pb.LabelBy (meaningful where label is not LABEL_NONE)
 
     @property
     def ended(self) -> bool:

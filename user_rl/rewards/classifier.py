@@ -21,19 +21,32 @@ import gymnasium as gym
 import numpy as np
 
 from user_rl.rewards.base import RewardedStep
-from user_rl.rewards.model import ClassifierFileError, SuccessClassifier, check_fits, load_classifier, observation_subspace
+from user_rl.rewards.model import (
+    ClassifierFileError,
+    SuccessClassifier,
+    check_fits,
+    load_classifier,
+    observation_subspace,
+)
 from user_rl.wire import user_rl_pb2 as pb
 
 
 class ClassifierReward:
     name = "classifier"
 
-    def __init__(self, path: str | Path, observation_space: gym.spaces.Dict, threshold: float = 0.5,
-                 keys: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        observation_space: gym.spaces.Dict,
+        threshold: float = 0.5,
+        keys: list[str] | None = None,
+    ) -> None:
         self.path = Path(path)
         if not self.path.is_file():
-            raise ClassifierFileError(f"reward.classifier: no classifier file at {self.path} (make one with "
-                                      "`user-rl reward train RUN_DIR --out FILE`)")
+            raise ClassifierFileError(
+                f"reward.classifier: no classifier file at {self.path} (make one with "
+                "`user-rl reward train RUN_DIR --out FILE`)"
+            )
         if keys is not None:
             observation_subspace(observation_space, keys)  # a clear error for a key the robot lacks
         self.keys = keys
@@ -65,5 +78,10 @@ class ClassifierReward:
             self.judged_successes += 1
             return RewardedStep(1.0, True, False, pb.LABEL_SUCCESS, pb.LABEL_BY_CLASSIFIER)
         ended = env_step.terminated or env_step.truncated
-        return RewardedStep(0.0, env_step.terminated, env_step.truncated,
-                            pb.LABEL_FAILURE if ended else pb.LABEL_NONE, pb.LABEL_BY_CLASSIFIER)
+        return RewardedStep(
+            0.0,
+            env_step.terminated,
+            env_step.truncated,
+            pb.LABEL_FAILURE if ended else pb.LABEL_NONE,
+            pb.LABEL_BY_CLASSIFIER,
+        )

@@ -36,13 +36,13 @@ class NoLabelledFrames(ValueError):
 @dataclass
 class LabelledFrames:
     obs: dict[str, np.ndarray]  # key -> (n, *shape)
-    success: np.ndarray         # (n,) bool
-    episode: np.ndarray         # (n,) int64: a number per labelled episode (for held-out splits)
+    success: np.ndarray  # (n,) bool
+    episode: np.ndarray  # (n,) int64: a number per labelled episode (for held-out splits)
 
     def __len__(self) -> int:
         return len(self.success)
 
-    def take(self, rows: np.ndarray) -> "LabelledFrames":
+    def take(self, rows: np.ndarray) -> LabelledFrames:
         return LabelledFrames({k: v[rows] for k, v in self.obs.items()}, self.success[rows], self.episode[rows])
 
 
@@ -54,8 +54,10 @@ def buffer_directory(path: str | Path) -> Path:
     for candidate in (path / "buffer", path):
         if any(candidate.glob("seg-*.seg")):
             return candidate
-    raise NoLabelledFrames(f"{path}: no sealed buffer segments here or in {path / 'buffer'} (is it a run or "
-                           "buffer directory? a run still going has not sealed its newest rows)")
+    raise NoLabelledFrames(
+        f"{path}: no sealed buffer segments here or in {path / 'buffer'} (is it a run or "
+        "buffer directory? a run still going has not sealed its newest rows)"
+    )
 
 
 def labelled_frames(path: str | Path, keys: list[str], positives: int = 1) -> LabelledFrames:
@@ -65,7 +67,9 @@ def labelled_frames(path: str | Path, keys: list[str], positives: int = 1) -> La
         raise ValueError(f"positives must be at least 1, got {positives}")
     directory = buffer_directory(path)
     files = sorted(directory.glob("seg-*.seg"))
-    outcome: dict[tuple[int, int], tuple[bool, int, int]] = {}  # (stream, episode) -> (success, final frame's step, margin)
+    outcome: dict[
+        tuple[int, int], tuple[bool, int, int]
+    ] = {}  # (stream, episode) -> (success, final frame's step, margin)
     for file in files:
         cols = read_segment(file, verify=True).columns
         for row in np.flatnonzero((cols["kind"] == KIND_RECORD) & (cols["label"] != pb.LABEL_NONE)):
@@ -73,8 +77,10 @@ def labelled_frames(path: str | Path, keys: list[str], positives: int = 1) -> La
             margin = positives if cols["label_by"][row] == pb.LABEL_BY_PERSON else 0
             outcome[key] = (bool(cols["label"][row] == pb.LABEL_SUCCESS), int(cols["step"][row]) + 1, margin)
     if not outcome:
-        raise NoLabelledFrames(f"{directory}: no labelled episodes (no row labelled success or failure): label "
-                               "episodes on the teleop page, or record a sim that reports is_success")
+        raise NoLabelledFrames(
+            f"{directory}: no labelled episodes (no row labelled success or failure): label "
+            "episodes on the teleop page, or record a sim that reports is_success"
+        )
     numbers = {key: i for i, key in enumerate(sorted(outcome))}
     obs: dict[str, list[np.ndarray]] = {k: [] for k in keys}
     success, episode = [], []
@@ -85,8 +91,10 @@ def labelled_frames(path: str | Path, keys: list[str], positives: int = 1) -> La
             have = sorted(name.removeprefix(OBS) for name in cols if name.startswith(OBS))
             raise ValueError(f"the buffer's observations have no {missing[0]!r}; they have: {', '.join(have)}")
         frame = (cols["kind"] == KIND_RECORD) | (cols["kind"] == KIND_FINAL)
-        found = [(numbers[key], *outcome[key]) if key in outcome else (-1, False, 0, 0)
-                 for key in zip(cols["stream"].tolist(), cols["episode"].tolist())]
+        found = [
+            (numbers[key], *outcome[key]) if key in outcome else (-1, False, 0, 0)
+            for key in zip(cols["stream"].tolist(), cols["episode"].tolist())
+        ]
         number = np.array([f[0] for f in found], np.int64)
         known = frame & (number >= 0)
         won = known & np.array([f[1] for f in found], bool)
@@ -100,8 +108,9 @@ def labelled_frames(path: str | Path, keys: list[str], positives: int = 1) -> La
             obs[k].append(np.array(cols[OBS + k][rows]))
         success.append(positive[rows])
         episode.append(number[rows])
-    frames = LabelledFrames({k: np.concatenate(v) for k, v in obs.items()}, np.concatenate(success),
-                            np.concatenate(episode))
+    frames = LabelledFrames(
+        {k: np.concatenate(v) for k, v in obs.items()}, np.concatenate(success), np.concatenate(episode)
+    )
     if frames.success.all() or not frames.success.any():
         kind = "success" if not frames.success.any() else "failure"
         raise NoLabelledFrames(f"{directory}: the labelled episodes give no {kind} frames; the classifier needs both")

@@ -31,8 +31,9 @@ def observation_subspace(space: gym.spaces.Dict, keys: list[str]) -> gym.spaces.
     """The part of a robot's observation space the classifier reads; a clear error for a missing key."""
     missing = [k for k in keys if k not in space.spaces]
     if missing:
-        raise ValueError(f"reward.keys: the robot has no observation {missing[0]!r}; it has: "
-                         f"{', '.join(sorted(space.spaces))}")
+        raise ValueError(
+            f"reward.keys: the robot has no observation {missing[0]!r}; it has: {', '.join(sorted(space.spaces))}"
+        )
     if not keys:
         raise ValueError("reward.keys: name at least one observation key for the classifier to read")
     return gym.spaces.Dict({k: space[k] for k in keys})
@@ -78,15 +79,20 @@ class SuccessClassifier(nn.Module):
 def save_classifier(model: SuccessClassifier, path: str | Path, metrics: dict | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({
-        "format": FILE_FORMAT,
-        "version": FILE_VERSION,
-        "keys": model.keys,
-        "spaces": {k: {"shape": list(model.space[k].shape), "dtype": str(model.space[k].dtype)} for k in model.keys},
-        "hidden": model.hidden,
-        "metrics": {k: float(v) for k, v in (metrics or {}).items()},
-        "state_dict": model.state_dict(),
-    }, path)
+    torch.save(
+        {
+            "format": FILE_FORMAT,
+            "version": FILE_VERSION,
+            "keys": model.keys,
+            "spaces": {
+                k: {"shape": list(model.space[k].shape), "dtype": str(model.space[k].dtype)} for k in model.keys
+            },
+            "hidden": model.hidden,
+            "metrics": {k: float(v) for k, v in (metrics or {}).items()},
+            "state_dict": model.state_dict(),
+        },
+        path,
+    )
     return path
 
 
@@ -94,17 +100,16 @@ def load_classifier(path: str | Path) -> SuccessClassifier:
     """A saved classifier, ready to judge (eval mode)."""
     path = Path(path)
     if not path.is_file():
-        raise ClassifierFileError(f"reward.classifier: no classifier file at {path} (make one with "
-                                  "`user-rl reward train RUN_DIR --out FILE`)")
+        raise ClassifierFileError(
+            f"reward.classifier: no classifier file at {path} (make one with `user-rl reward train RUN_DIR --out FILE`)"
+        )
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise ClassifierFileError(f"reward.classifier: {path} is not a classifier file ({exc})") from None
     if not isinstance(saved, dict) or saved.get("format") != FILE_FORMAT:
         raise ClassifierFileError(f"reward.classifier: {path} is not a {FILE_FORMAT} file")
-    space = gym.spaces.Dict({
-        k: box_space(spec["shape"], spec["dtype"]) for k, spec in saved["spaces"].items()
-    })
+    space = gym.spaces.Dict({k: box_space(spec["shape"], spec["dtype"]) for k, spec in saved["spaces"].items()})
     model = SuccessClassifier(space, saved["hidden"])
     model.load_state_dict(saved["state_dict"])
     return model.eval()
@@ -114,12 +119,16 @@ def check_fits(model: SuccessClassifier, space: gym.spaces.Dict, path: str | Pat
     """The robot's observations must be what the classifier was trained on (same keys, shapes, dtypes)."""
     for k in model.keys:
         if k not in space.spaces:
-            raise ClassifierFileError(f"reward.classifier: {path} reads observation {k!r}, which this robot "
-                                      f"does not have (it has: {', '.join(sorted(space.spaces))})")
+            raise ClassifierFileError(
+                f"reward.classifier: {path} reads observation {k!r}, which this robot "
+                f"does not have (it has: {', '.join(sorted(space.spaces))})"
+            )
         want, have = model.space[k], space[k]
         if tuple(want.shape) != tuple(have.shape) or want.dtype != have.dtype:
-            raise ClassifierFileError(f"reward.classifier: {path} was trained on {k!r} of shape {tuple(want.shape)} "
-                                      f"{want.dtype}; this robot's is {tuple(have.shape)} {have.dtype}")
+            raise ClassifierFileError(
+                f"reward.classifier: {path} was trained on {k!r} of shape {tuple(want.shape)} "
+                f"{want.dtype}; this robot's is {tuple(have.shape)} {have.dtype}"
+            )
 
 
 def box_space(shape: list[int], dtype: str) -> gym.spaces.Box:

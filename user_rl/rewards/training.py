@@ -22,16 +22,18 @@ from user_rl.rewards.model import SuccessClassifier, box_space, save_classifier
 
 @dataclass
 class TrainResult:
-    frames: int            # training frames
-    held_out: int          # held-out frames
-    accuracy: float        # on the held-out frames
+    frames: int  # training frames
+    held_out: int  # held-out frames
+    accuracy: float  # on the held-out frames
     success_recall: float  # held-out success frames judged success
     failure_recall: float  # held-out failure frames judged failure
     path: Path | None = None
 
     def line(self) -> str:
-        return (f"held-out accuracy {self.accuracy:.3f} on {self.held_out} frames (success recall "
-                f"{self.success_recall:.3f}, failure recall {self.failure_recall:.3f}); trained on {self.frames} frames")
+        return (
+            f"held-out accuracy {self.accuracy:.3f} on {self.held_out} frames (success recall "
+            f"{self.success_recall:.3f}, failure recall {self.failure_recall:.3f}); trained on {self.frames} frames"
+        )
 
 
 def split_episodes(frames: LabelledFrames, holdout: float, seed: int) -> tuple[LabelledFrames, LabelledFrames]:
@@ -48,21 +50,34 @@ def split_episodes(frames: LabelledFrames, holdout: float, seed: int) -> tuple[L
     return frames.take(np.flatnonzero(~test)), frames.take(np.flatnonzero(test))
 
 
-def evaluate(model: SuccessClassifier, frames: LabelledFrames, threshold: float = 0.5,
-             chunk: int = 512) -> tuple[float, float, float]:
+def evaluate(
+    model: SuccessClassifier, frames: LabelledFrames, threshold: float = 0.5, chunk: int = 512
+) -> tuple[float, float, float]:
     """(accuracy, success recall, failure recall) of the judgement P >= threshold."""
     model.eval()
-    judged = np.concatenate([
-        model.probability({k: v[i:i + chunk] for k, v in frames.obs.items()}) >= threshold
-        for i in range(0, len(frames), chunk)
-    ])
+    judged = np.concatenate(
+        [
+            model.probability({k: v[i : i + chunk] for k, v in frames.obs.items()}) >= threshold
+            for i in range(0, len(frames), chunk)
+        ]
+    )
     truth = frames.success
-    return (float((judged == truth).mean()), float(judged[truth].mean()) if truth.any() else float("nan"),
-            float((~judged[~truth]).mean()) if (~truth).any() else float("nan"))
+    return (
+        float((judged == truth).mean()),
+        float(judged[truth].mean()) if truth.any() else float("nan"),
+        float((~judged[~truth]).mean()) if (~truth).any() else float("nan"),
+    )
 
 
-def fit(frames: LabelledFrames, space: gym.spaces.Dict, updates: int = 1500, batch_size: int = 128,
-        lr: float = 1e-3, hidden: list[int] | None = None, seed: int = 0) -> SuccessClassifier:
+def fit(
+    frames: LabelledFrames,
+    space: gym.spaces.Dict,
+    updates: int = 1500,
+    batch_size: int = 128,
+    lr: float = 1e-3,
+    hidden: list[int] | None = None,
+    seed: int = 0,
+) -> SuccessClassifier:
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = SuccessClassifier(space, hidden)
@@ -73,16 +88,26 @@ def fit(frames: LabelledFrames, space: gym.spaces.Dict, updates: int = 1500, bat
     for _ in range(updates):
         rows = np.concatenate([rng.choice(pos, batch_size // 2), rng.choice(neg, batch_size - batch_size // 2)])
         batch = {k: torch.as_tensor(v[rows]) for k, v in frames.obs.items()}
-        loss = F.binary_cross_entropy_with_logits(model(batch), torch.as_tensor(frames.success[rows], dtype=torch.float32))
+        loss = F.binary_cross_entropy_with_logits(
+            model(batch), torch.as_tensor(frames.success[rows], dtype=torch.float32)
+        )
         optim.zero_grad()
         loss.backward()
         optim.step()
     return model.eval()
 
 
-def train_classifier(path: str | Path, keys: list[str], out: str | Path | None = None, positives: int = 1,
-                     holdout: float = 0.2, updates: int = 1500, threshold: float = 0.5, seed: int = 0,
-                     hidden: list[int] | None = None) -> TrainResult:
+def train_classifier(
+    path: str | Path,
+    keys: list[str],
+    out: str | Path | None = None,
+    positives: int = 1,
+    holdout: float = 0.2,
+    updates: int = 1500,
+    threshold: float = 0.5,
+    seed: int = 0,
+    hidden: list[int] | None = None,
+) -> TrainResult:
     """Train on the labelled frames of the run or buffer at `path`; save to `out` (weights only)."""
     frames = labelled_frames(path, keys, positives)
     space = gym.spaces.Dict({k: box_space(list(v.shape[1:]), str(v.dtype)) for k, v in frames.obs.items()})
@@ -91,6 +116,7 @@ def train_classifier(path: str | Path, keys: list[str], out: str | Path | None =
     accuracy, success_recall, failure_recall = evaluate(model, test, threshold) if len(test) else (float("nan"),) * 3
     result = TrainResult(len(train), len(test), accuracy, success_recall, failure_recall)
     if out is not None:
-        result.path = save_classifier(model, out, {"accuracy": accuracy, "success_recall": success_recall,
-                                                   "failure_recall": failure_recall})
+        result.path = save_classifier(
+            model, out, {"accuracy": accuracy, "success_recall": success_recall, "failure_recall": failure_recall}
+        )
     return result

@@ -37,7 +37,7 @@ class EStopLatch:
         self._stop: dict | None = None
 
     @classmethod
-    def for_robot(cls, spool_root: str | Path, robot_id: str) -> "EStopLatch":
+    def for_robot(cls, spool_root: str | Path, robot_id: str) -> EStopLatch:
         return cls(Path(spool_root) / robot_id / LATCH_NAME)
 
     @property
@@ -93,7 +93,9 @@ class EStopLatch:
         if rearm is None:
             return ""
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(rearm.get("time") or 0.0)))
-        return f"by {rearm['by']} at {at} (cleared the {rearm.get('source', '?')} stop: {rearm.get('reason', '')})"[:200]
+        return f"by {rearm['by']} at {at} (cleared the {rearm.get('source', '?')} stop: {rearm.get('reason', '')})"[
+            :200
+        ]
 
     def _read(self) -> dict | None:
         try:
@@ -108,6 +110,9 @@ class EStopLatch:
             when = float(data.get("time") or 0.0)
         except (TypeError, ValueError):
             when = 0.0
-        return {"reason": str(data.get("reason") or "emergency stop"),
-                "source": str(data.get("source") or UNKNOWN_SOURCE),
-                "by": str(data.get("by") or ""), "time": when}
+        return {
+            "reason": str(data.get("reason") or "emergency stop"),
+            "source": str(data.get("source") or UNKNOWN_SOURCE),
+            "by": str(data.get("by") or ""),
+            "time": when,
+        }

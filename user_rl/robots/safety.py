@@ -20,8 +20,8 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -40,12 +40,13 @@ FALLBACK_HZ = 30.0
 @dataclass(frozen=True)
 class SafetySettings:
     max_action_delta: float | None = None  # per step and component, in action units; None: no rate limit
-    deadline_s: float = 0.0                # watchdog: no action for this long means hold; 0: off
-    hold_wait_s: float = 0.5               # a hold waits this long for a robot call in progress, then gives up
+    deadline_s: float = 0.0  # watchdog: no action for this long means hold; 0: off
+    hold_wait_s: float = 0.5  # a hold waits this long for a robot call in progress, then gives up
 
 
-def step_limit(action_space: gym.spaces.Box, max_action_delta: float | None, robot: Robot | None = None,
-               control_hz: float = 0.0) -> np.ndarray | None:
+def step_limit(
+    action_space: gym.spaces.Box, max_action_delta: float | None, robot: Robot | None = None, control_hz: float = 0.0
+) -> np.ndarray | None:
     """The most each action component may change in one step: `max_action_delta` if set; else, for
     a robot of absolute position goals, its action range / (`FULL_RANGE_S` x the control rate); else
     None (no limit). A person's held key moves an absolute robot by this much a step."""
@@ -55,15 +56,22 @@ def step_limit(action_space: gym.spaces.Box, max_action_delta: float | None, rob
     if robot is None or not robot.action_mode.absolute:
         return None
     if not (np.isfinite(low).all() and np.isfinite(high).all()):
-        raise ValueError(f"{robot.descriptor.id}: its actions are absolute positions but its action space has "
-                         f"no finite bounds, so no default rate limit: set safety.max_action_delta")
+        raise ValueError(
+            f"{robot.descriptor.id}: its actions are absolute positions but its action space has "
+            f"no finite bounds, so no default rate limit: set safety.max_action_delta"
+        )
     hz = control_hz or robot.descriptor.control_hz or FALLBACK_HZ
     return (high - low) / (FULL_RANGE_S * hz)
 
 
 class ActionFilter:
-    def __init__(self, action_space: gym.spaces.Box, settings: SafetySettings | None = None,
-                 robot: Robot | None = None, control_hz: float = 0.0) -> None:
+    def __init__(
+        self,
+        action_space: gym.spaces.Box,
+        settings: SafetySettings | None = None,
+        robot: Robot | None = None,
+        control_hz: float = 0.0,
+    ) -> None:
         """`control_hz`: the loop's rate, for an absolute robot's default rate limit (`step_limit`)."""
         self.low = action_space.low.astype(np.float64)
         self.high = action_space.high.astype(np.float64)
@@ -132,8 +140,11 @@ class ActionFilter:
     def _refuse(self, kind: str, obs: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """Hold still instead: the robot's own still action for `obs`, else the middle of the range."""
         self.violations[kind] += 1
-        hold = (np.asarray(self.robot.hold_action(obs), np.float64).reshape(self.low.shape)
-                if self.robot is not None and obs is not None else self.hold.astype(np.float64))
+        hold = (
+            np.asarray(self.robot.hold_action(obs), np.float64).reshape(self.low.shape)
+            if self.robot is not None and obs is not None
+            else self.hold.astype(np.float64)
+        )
         self._last = hold
         return hold.astype(self.dtype)
 
@@ -152,8 +163,9 @@ class Watchdog:
     A hold that fails (the driver raises, or `HoldBlocked`) is logged with its cause, counted in
     `failures` and kept in `last_failure`; the watchdog goes on watching."""
 
-    def __init__(self, deadline_s: float, hold: Callable[[], bool | None], on_hold: Callable[[], None],
-                 name: str = "robot") -> None:
+    def __init__(
+        self, deadline_s: float, hold: Callable[[], bool | None], on_hold: Callable[[], None], name: str = "robot"
+    ) -> None:
         self.deadline_s = deadline_s
         self.name = name
         self._hold, self._on_hold = hold, on_hold
@@ -161,7 +173,7 @@ class Watchdog:
         self._armed = False  # armed by the first `due()`: the robot's first reset may take long
         self._held = False
         self._stop = threading.Event()
-        self.holds = 0      # stalls the watchdog acted on (held, or tried to)
+        self.holds = 0  # stalls the watchdog acted on (held, or tried to)
         self.failures = 0
         self.last_failure: str | None = None
         self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
@@ -190,8 +202,12 @@ class Watchdog:
         except Exception as exc:  # a driver's hold may raise anything; the caller must survive it
             self.failures += 1
             self.last_failure = f"{why}: {type(exc).__name__}: {exc}"
-            log.error("%s: could not hold the robot (%s)", self.name, self.last_failure,
-                      exc_info=not isinstance(exc, HoldBlocked))
+            log.error(
+                "%s: could not hold the robot (%s)",
+                self.name,
+                self.last_failure,
+                exc_info=not isinstance(exc, HoldBlocked),
+            )
             return False
 
     def _run(self) -> None:

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
-from zmq.utils import z85
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 
 from user_rl.config import SecurityConfig
 from user_rl.security.keys import LEARNER, Enrolment, KeyPair, learner_keys, learner_public_key, robot_keys
@@ -79,11 +79,11 @@ class ClientKeys:
     learner_public: bytes
 
     @classmethod
-    def for_robot(cls, keys_dir: str | Path, robot_id: str) -> "ClientKeys":
+    def for_robot(cls, keys_dir: str | Path, robot_id: str) -> ClientKeys:
         return cls(robot_keys(keys_dir, robot_id), learner_public_key(keys_dir))
 
     @classmethod
-    def for_learner_host(cls, keys_dir: str | Path) -> "ClientKeys":
+    def for_learner_host(cls, keys_dir: str | Path) -> ClientKeys:
         """The launch itself (evaluator) speaks with the learner's own keypair."""
         keys = learner_keys(keys_dir)
         return cls(keys, keys.public)
@@ -102,7 +102,7 @@ class Gatekeeper:
     # Refused handshakes by key (or "<robot> (revoked)"), the most recent last; bounded.
     denied: OrderedDict[str, int] = field(default_factory=OrderedDict)
     denied_total: int = 0  # every refused handshake, also of keys no longer named in `denied`
-    denied_keys: int = 0   # distinct refused keys seen (a key dropped from `denied` and back counts again)
+    denied_keys: int = 0  # distinct refused keys seen (a key dropped from `denied` and back counts again)
 
     def __post_init__(self) -> None:
         self.keys = learner_keys(self.keys_dir)
@@ -155,8 +155,9 @@ class Gatekeeper:
         if 0 < new_key_number <= MAX_DENIED_LOGGED:
             log.warning("refused a connection: key %s is not enrolled in %s", shown, self.enrolment.directory)
             if new_key_number == MAX_DENIED_LOGGED:
-                log.warning("refused %d distinct keys: further refusals are only counted (status: keys_refused)",
-                            new_key_number)
+                log.warning(
+                    "refused %d distinct keys: further refusals are only counted (status: keys_refused)", new_key_number
+                )
         return False
 
     def denied_report(self) -> tuple[dict[str, int], int]:
@@ -187,7 +188,6 @@ def launch_client_keys(security: SecurityConfig, learner_address: str) -> Client
     if not curve_enabled(security.curve, learner_address):
         return None
     return ClientKeys.for_learner_host(security.keys_dir)
-
 
 
 def check_launch_keys(security: SecurityConfig, learner_host: str, robot_ids: list[str]) -> None:

@@ -105,8 +105,10 @@ def enroll(keys_dir: str | Path, robot_id: str, public_key_file: str | Path) -> 
     public, _ = _load(Path(public_key_file), need_secret=False)
     for path, _robot in key_files(keys_dir / "revoked"):
         if _public_key(path) == public:
-            raise ConfigError(f"keys: {public_key_file} holds a revoked key ({path}); a revoked key stays out "
-                              "for good: make the robot a new keypair")
+            raise ConfigError(
+                f"keys: {public_key_file} holds a revoked key ({path}); a revoked key stays out "
+                "for good: make the robot a new keypair"
+            )
     target = keys_dir / "enrolled" / f"{robot_id}.key"
     target.parent.mkdir(parents=True, exist_ok=True)
     # Written aside, then renamed over the old key: a learner never reads half a key, and the rename

@@ -2,9 +2,10 @@
 
 `arm="3dof"` (assets/reach_arm.xml) has base yaw, shoulder pitch and elbow pitch, 0.25 m links;
 `arm="4dof"` (assets/reach_arm4.xml) adds a wrist pitch, with 0.2 / 0.2 / 0.1 m links. Both have
-stiff position servos and differ in observation and action spaces (a heterogeneous fleet). An action is a vector of joint-position deltas in [-1, 1] (x 0.1 rad),
-like the relative joint commands a real arm's driver accepts, so a policy trained here talks to
-a real arm the same way. Every episode draws a new start pose and a new target.
+stiff position servos and differ in observation and action spaces (a heterogeneous fleet). An action
+is a vector of joint-position deltas in [-1, 1] (x 0.1 rad), like the relative joint commands a real
+arm's driver accepts, so a policy trained here talks to a real arm the same way. Every episode draws
+a new start pose and a new target.
 """
 
 from __future__ import annotations
@@ -160,8 +161,10 @@ class ReachRobot(Robot):
             raise ValueError(f"image_size must be in 8..512, got {image_size}")
         unknown = sorted(set(extra_cameras) - set(CAMERAS) | set(extra_cameras) & {camera})
         if unknown:
-            raise ValueError(f"extra camera {unknown[0]!r}: the arm's other cameras are "
-                             f"{', '.join(c for c in CAMERAS if c != camera)} (`camera` shows {camera!r})")
+            raise ValueError(
+                f"extra camera {unknown[0]!r}: the arm's other cameras are "
+                f"{', '.join(c for c in CAMERAS if c != camera)} (`camera` shows {camera!r})"
+            )
         if extra_cameras and obs_mode != "image":
             raise ValueError("extra_cameras need obs_mode='image'")
         self.obs_mode = obs_mode
@@ -194,9 +197,7 @@ class ReachRobot(Robot):
         # (two_colours: both targets, red then green; the instruction says which is the goal).
         # In image mode the targets are only in the pixels: a policy that reaches one must see it.
         n_state = 3 * self.model.nq + (3 if obs_mode == "image" else 9)
-        spaces: dict[str, gym.spaces.Space] = {
-            "state": gym.spaces.Box(-np.inf, np.inf, (n_state,), np.float32)
-        }
+        spaces: dict[str, gym.spaces.Space] = {"state": gym.spaces.Box(-np.inf, np.inf, (n_state,), np.float32)}
         if targets == "two_colours":
             spaces[INSTRUCTION] = instruction_space()
         self._renderer: mujoco.Renderer | None = None
@@ -214,7 +215,8 @@ class ReachRobot(Robot):
             model=f"reach_arm_{arm}",
             id=robot_id,
             control_hz=control_hz,
-            instruction="move the fingertip to the red target" if targets != "two_colours"
+            instruction="move the fingertip to the red target"
+            if targets != "two_colours"
             else "move the fingertip to the target the instruction names",
             cameras=tuple(self.cameras.values()) if obs_mode == "image" else (),
             joint_limits=tuple((float(lo), float(hi)) for lo, hi in self.model.jnt_range),

@@ -29,8 +29,23 @@ def example_arm_site() -> Path:
     atexit.register(shutil.rmtree, root, ignore_errors=True)
     src, site = root / "src", root / "site"
     shutil.copytree(PACKAGE, src, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                           "--target", str(site), str(src)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if done.returncode:
         raise RuntimeError(f"pip could not install {PACKAGE}:\n{done.stdout}{done.stderr}")
     return site
@@ -45,13 +60,18 @@ def example_arm_env() -> dict[str, str]:
 @contextmanager
 def arm_controller(*args: str, listen: str = "127.0.0.1:0") -> Iterator[str]:
     """Run the simulated controller (`--rate-hz 20`, `--hang ARM:N`, ...); yield its HOST:PORT."""
-    proc = subprocess.Popen([sys.executable, "-m", "user_rl_example_arm.simulated_controller", "--listen", listen,
-                             *args], env=example_arm_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "user_rl_example_arm.simulated_controller", "--listen", listen, *args],
+        env=example_arm_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         if not line.startswith(LISTENING):
             raise RuntimeError(f"the simulated controller did not start: {line}{proc.stdout.read()}")
-        yield line[len(LISTENING):].split()[0]
+        yield line[len(LISTENING) :].split()[0]
     finally:
         proc.terminate()
         proc.wait(10)

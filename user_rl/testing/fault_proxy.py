@@ -19,7 +19,8 @@ import socket
 import struct
 import threading
 from collections import deque
-from typing import Any, Coroutine
+from collections.abc import Coroutine
+from typing import Any
 
 CHUNK = 256 * 1024  # bytes read per call
 QUEUE_LIMIT = 4 * 1024 * 1024  # per connection and direction; beyond it we stop reading
@@ -315,7 +316,7 @@ class FaultProxy:
                     self.bytes_up += n
                 else:
                     self.bytes_down += n
-                writer.write(view[sent:sent + n])
+                writer.write(view[sent : sent + n])
                 sent += n
                 await writer.drain()
             pipe.pop()

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from user_rl.cloud.learner import Learner
 from user_rl.config import Config

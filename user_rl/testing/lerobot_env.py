@@ -21,7 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv-lerobot"
-BUILT = VENV / "built-for"   # the requirement the venv was built for
+BUILT = VENV / "built-for"  # the requirement the venv was built for
 LOG = VENV.with_name(".venv-lerobot.log")
 REQUIREMENT = f"-e {REPO}[lerobot]"
 
@@ -43,8 +43,10 @@ def build() -> Path:
             return python()
         started = time.monotonic()
         with LOG.open("w") as log:
-            for step in ([sys.executable, "-m", "venv", "--clear", "--system-site-packages", str(VENV)],
-                         [str(python()), "-m", "pip", "install", "-q", "-e", f"{REPO}[lerobot]"]):
+            for step in (
+                [sys.executable, "-m", "venv", "--clear", "--system-site-packages", str(VENV)],
+                [str(python()), "-m", "pip", "install", "-q", "-e", f"{REPO}[lerobot]"],
+            ):
                 log.write(f"$ {' '.join(step)}\n")
                 log.flush()
                 done = subprocess.run(step, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
@@ -61,9 +63,15 @@ _background: list[subprocess.Popen] = []
 def start_in_background() -> None:
     """Start `build()` in a low-priority process unless the venv is ready; `wait` waits for it."""
     if not ready() and not _background:
-        _background.append(subprocess.Popen([sys.executable, "-m", "user_rl.testing.lerobot_env"], cwd=REPO,
-                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                            preexec_fn=lambda: os.nice(19)))
+        _background.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "user_rl.testing.lerobot_env"],
+                cwd=REPO,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                preexec_fn=lambda: os.nice(19),
+            )
+        )
 
 
 def wait(timeout_s: float = 1200.0) -> Path:

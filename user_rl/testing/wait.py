@@ -5,9 +5,9 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, poll_s: float = 0.05) -> None:
@@ -29,7 +29,7 @@ def wait_for_run_dir(output_lines: list[str], timeout: float) -> Path:
     """The run directory that `user-rl train` announces on its output (lines collected by a reader thread)."""
     prefix = "run directory: "
     wait_until(lambda: any(line.startswith(prefix) for line in output_lines), timeout, "the run to start")
-    return Path(next(line for line in output_lines if line.startswith(prefix))[len(prefix):].strip())
+    return Path(next(line for line in output_lines if line.startswith(prefix))[len(prefix) :].strip())
 
 
 @contextmanager

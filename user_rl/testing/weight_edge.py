@@ -26,8 +26,12 @@ class WeightEdge:
     """The test's handle on one edge process: its reports, and signals to stop and resume it."""
 
     def __init__(self, address: str, resend_s: float = 1.0) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "user_rl.testing.weight_edge", address, str(resend_s)],
-                                        stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "user_rl.testing.weight_edge", address, str(resend_s)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=os.environ.copy(),
+        )
         self.reports: list[dict] = []  # one per version handed over, in order, stamped with the test's clock
         self.ready = threading.Event()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -48,8 +52,9 @@ class WeightEdge:
 
     def torn(self) -> list[dict]:
         """Versions handed over whose tensors are not all the version's number."""
-        return [r for r in self.reports
-                if any(lo != r["version"] or hi != r["version"] for lo, hi in r["range"].values())]
+        return [
+            r for r in self.reports if any(lo != r["version"] or hi != r["version"] for lo, hi in r["range"].values())
+        ]
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGSTOP)
@@ -80,9 +85,19 @@ def main(argv: list[str]) -> None:
         version, state = got
         ranges = {name: (float(t.min()), float(t.max())) for name, t in state.items() if t.numel()}
         del state  # the policy "loaded" it: its buffer may take the next version
-        print(json.dumps({"version": version, "range": ranges, "checksum_failures": receiver.checksum_failures,
-                          "duplicate_chunks": receiver.duplicate_chunks, "errors": receiver.errors,
-                          "failures": receiver.failures}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "version": version,
+                    "range": ranges,
+                    "checksum_failures": receiver.checksum_failures,
+                    "duplicate_chunks": receiver.duplicate_chunks,
+                    "errors": receiver.errors,
+                    "failures": receiver.failures,
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 import zmq

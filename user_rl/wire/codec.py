@@ -6,8 +6,8 @@ wrong and raises `WireError` with a short, loggable reason instead of crashing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -18,8 +18,7 @@ PROTOCOL_VERSION = 1
 
 # dtypes allowed on the wire; anything else is rejected before a buffer is interpreted.
 WIRE_DTYPES = frozenset(
-    {"bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
-     "float16", "float32", "float64"}
+    {"bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float16", "float32", "float64"}
 )
 MAX_ARRAYS_PER_MESSAGE = 4096
 MAX_DIMS = 8
@@ -55,7 +54,7 @@ def envelope(robot_id: str = "", **body: object) -> pb.Envelope:
     if len(body) != 1:
         raise ValueError("an envelope carries exactly one body")
     env = pb.Envelope(protocol_version=PROTOCOL_VERSION, robot_id=robot_id)
-    (name, value), = body.items()
+    ((name, value),) = body.items()
     getattr(env, name).CopyFrom(value)
     return env
 
@@ -84,9 +83,7 @@ def decode(frames: Sequence[bytes | memoryview | object]) -> Message:
     except (DecodeError, RuntimeError, ValueError) as exc:
         raise WireError("undecodable", str(exc)[:200]) from None
     if env.protocol_version != PROTOCOL_VERSION:
-        raise WireError(
-            "wrong_version", f"peer speaks protocol {env.protocol_version}, this side {PROTOCOL_VERSION}"
-        )
+        raise WireError("wrong_version", f"peer speaks protocol {env.protocol_version}, this side {PROTOCOL_VERSION}")
     if env.WhichOneof("body") is None:
         raise WireError("no_body", "envelope carries no message")
     specs = env.arrays

@@ -17,9 +17,10 @@ bytes under the caller's limit (the ingest allows 4x `learner.max_message_mb`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Literal, Mapping
+from typing import Literal
 
 import cv2
 import gymnasium as gym
@@ -78,8 +79,12 @@ def compress_columns(
     return out
 
 
-def decode_columns(columns: Mapping[str, np.ndarray], obs_space: gym.spaces.Dict, count: int | None = None,
-                   max_bytes: int | None = None) -> dict[str, np.ndarray]:
+def decode_columns(
+    columns: Mapping[str, np.ndarray],
+    obs_space: gym.spaces.Dict,
+    count: int | None = None,
+    max_bytes: int | None = None,
+) -> dict[str, np.ndarray]:
     """Inverse of `compress_columns`: restore each `<col>` as uint8 (N, *space.shape).
 
     `count`: the batch's declared rows (`obs/` columns must hold exactly that many frames,
@@ -97,8 +102,11 @@ def decode_columns(columns: Mapping[str, np.ndarray], obs_space: gym.spaces.Dict
     plans = {base: _plan_column(base, parts, columns, obs_space, count) for base, parts in groups.items()}
     decoded_bytes = sum(len(frames) * int(np.prod(shape)) for _, frames, shape in plans.values())
     if max_bytes is not None and decoded_bytes > max_bytes:
-        raise WireError("bad_image", f"the images would decode to {decoded_bytes / 2**20:.1f} MiB, more than the "
-                                     f"{max_bytes / 2**20:.0f} MiB one message may decode to")
+        raise WireError(
+            "bad_image",
+            f"the images would decode to {decoded_bytes / 2**20:.1f} MiB, more than the "
+            f"{max_bytes / 2**20:.0f} MiB one message may decode to",
+        )
     out: dict[str, np.ndarray] = {}
     for name, array in columns.items():
         base, _, suffix = name.rpartition("#")
@@ -115,6 +123,7 @@ def compressed_bytes(columns: Mapping[str, np.ndarray]) -> int:
 
 
 # -- encoding (edge side: bad input is a programming error, so ValueError) --------------------
+
 
 def _encode_frames(name: str, frames: np.ndarray, setting: ImageCompression) -> tuple[np.ndarray, np.ndarray]:
     channels = frames.shape[3] if frames.ndim == 4 else 1
@@ -136,10 +145,17 @@ def _encode_frames(name: str, frames: np.ndarray, setting: ImageCompression) -> 
 
 # -- decoding (learner side: hostile input is a WireError) ------------------------------------
 
-def _plan_column(base: str, parts: dict[str, np.ndarray], columns: Mapping[str, np.ndarray],
-                 obs_space: gym.spaces.Dict, count: int | None) -> tuple[str, list[np.ndarray], tuple[int, ...]]:
+
+def _plan_column(
+    base: str,
+    parts: dict[str, np.ndarray],
+    columns: Mapping[str, np.ndarray],
+    obs_space: gym.spaces.Dict,
+    count: int | None,
+) -> tuple[str, list[np.ndarray], tuple[int, ...]]:
     """(format, encoded frames, image shape) of one compressed column, every header checked:
     nothing is decoded or allocated beyond views into the message yet."""
+
     def bad(detail: str) -> WireError:
         return WireError("bad_image", f"{base}: {detail}")
 
@@ -192,8 +208,9 @@ def _decode_frames(base: str, fmt: str, frames: list[np.ndarray], shape: tuple[i
         if image is None:
             raise WireError("bad_image", f"{base}: frame {i} cannot be decoded")
         if image.dtype != np.uint8 or image.shape != expected:
-            raise WireError("bad_image", f"{base}: frame {i} decodes to {image.dtype}{image.shape}, "
-                                         f"expected uint8{expected}")
+            raise WireError(
+                "bad_image", f"{base}: frame {i} decodes to {image.dtype}{image.shape}, expected uint8{expected}"
+            )
         if color:
             cv2.cvtColor(image, cv2.COLOR_BGR2RGB, dst=out[i])
         else:
@@ -205,7 +222,7 @@ def _image_shape(base: str, obs_space: gym.spaces.Dict) -> tuple[int, ...] | Non
     prefix = next((p for p in (OBS, FINAL_OBS) if base.startswith(p)), None)
     if prefix is None or not isinstance(obs_space, gym.spaces.Dict):
         return None
-    space = obs_space.spaces.get(base[len(prefix):])
+    space = obs_space.spaces.get(base[len(prefix) :])
     if not isinstance(space, gym.spaces.Box) or space.dtype != np.uint8:
         return None
     shape = tuple(space.shape)
@@ -240,6 +257,6 @@ def _declared_size(frame: np.ndarray, fmt: str) -> tuple[int, int] | None:
         if marker in _JPEG_SOF:
             if i + 9 > len(head) or head[i + 4] != 8:  # sample precision: 8 bits
                 return None
-            return int.from_bytes(head[i + 5:i + 7], "big"), int.from_bytes(head[i + 7:i + 9], "big")
-        i += 2 + int.from_bytes(head[i + 2:i + 4], "big")
+            return int.from_bytes(head[i + 5 : i + 7], "big"), int.from_bytes(head[i + 7 : i + 9], "big")
+        i += 2 + int.from_bytes(head[i + 2 : i + 4], "big")
     return None

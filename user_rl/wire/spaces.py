@@ -121,20 +121,33 @@ def declared_step_bytes(entries, action: pb.BoxSpace) -> int:
 
 def descriptor_to_proto(d: DeviceDescriptor) -> pb.Descriptor:
     return pb.Descriptor(
-        kind=d.kind, model=d.model, id=d.id, control_hz=d.control_hz,
-        instruction=d.instruction, cameras=list(d.cameras),
+        kind=d.kind,
+        model=d.model,
+        id=d.id,
+        control_hz=d.control_hz,
+        instruction=d.instruction,
+        cameras=list(d.cameras),
     )
 
 
 def descriptor_from_proto(msg: pb.Descriptor) -> DeviceDescriptor:
     return DeviceDescriptor(
-        kind=msg.kind, model=msg.model, id=msg.id, control_hz=msg.control_hz,  # type: ignore[arg-type]
-        instruction=msg.instruction, cameras=tuple(msg.cameras),
+        kind=msg.kind,
+        model=msg.model,
+        id=msg.id,
+        control_hz=msg.control_hz,  # type: ignore[arg-type]
+        instruction=msg.instruction,
+        cameras=tuple(msg.cameras),
     )
 
 
-def hello_spaces(robot_id: str, hello: pb.Hello, obs_space: gym.spaces.Dict | None, action_space: gym.spaces.Box | None,
-                 max_message_bytes: int) -> tuple[gym.spaces.Dict, gym.spaces.Box] | None:
+def hello_spaces(
+    robot_id: str,
+    hello: pb.Hello,
+    obs_space: gym.spaces.Dict | None,
+    action_space: gym.spaces.Box | None,
+    max_message_bytes: int,
+) -> tuple[gym.spaces.Dict, gym.spaces.Box] | None:
     """Check a hello's declared spaces against the fleet's (`obs_space`, `action_space`) before building
     anything their size: None when they match; for a fleet without spaces yet, the spaces to open the
     buffer with, if one step and its final observation fit in one message. WireError otherwise."""
@@ -146,14 +159,20 @@ def hello_spaces(robot_id: str, hello: pb.Hello, obs_space: gym.spaces.Dict | No
     except (TypeError, ValueError) as exc:  # bad dtype name, bounds that do not fit the shape
         raise WireError("bad_hello", f"{robot_id}: unusable spaces: {exc}"[:300]) from None
     if problem:
-        raise WireError("spaces_mismatch", f"{robot_id}: spaces differ from the fleet's: {problem} "
-                                           "(heterogeneous fleets need per-embodiment policies)"[:400])
+        raise WireError(
+            "spaces_mismatch",
+            f"{robot_id}: spaces differ from the fleet's: {problem} "
+            "(heterogeneous fleets need per-embodiment policies)"[:400],
+        )
     if obs_space is not None:
         return None
     if 2 * step_bytes > max_message_bytes:  # a step and its final observation: one message
-        raise WireError("bad_hello", f"{robot_id}: the declared spaces take {step_bytes / 2**20:.1f} MiB per step; "
-                                     "a step with its final observation must fit in one message of "
-                                     f"{max_message_bytes / 2**20:g} MiB (learner.max_message_mb)")
+        raise WireError(
+            "bad_hello",
+            f"{robot_id}: the declared spaces take {step_bytes / 2**20:.1f} MiB per step; "
+            "a step with its final observation must fit in one message of "
+            f"{max_message_bytes / 2**20:g} MiB (learner.max_message_mb)",
+        )
     try:
         return dict_space_from_proto(hello.observation_space), box_from_proto(hello.action_space)
     except (TypeError, ValueError) as exc:

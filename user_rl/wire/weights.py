@@ -18,8 +18,8 @@ from __future__ import annotations
 import hashlib
 import time
 import zlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -28,9 +28,16 @@ from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import WireError
 
 DEFAULT_CHUNK_BYTES = 1 << 20
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-           "float64": torch.float64, "int64": torch.int64, "int32": torch.int32,
-           "uint8": torch.uint8, "bool": torch.bool}
+_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
 _NAMES = {v: k for k, v in _DTYPES.items()}
 CASTS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}  # `learner.weight_dtype`
 
@@ -61,7 +68,7 @@ class Layout:
     total_bytes: int
 
     @classmethod
-    def of(cls, tensors: Iterable[tuple[str, torch.Tensor]], cast_floats_to: torch.dtype | None = None) -> "Layout":
+    def of(cls, tensors: Iterable[tuple[str, torch.Tensor]], cast_floats_to: torch.dtype | None = None) -> Layout:
         entries = []
         for name, tensor in tensors:
             dtype = cast_floats_to if cast_floats_to is not None and tensor.is_floating_point() else tensor.dtype
@@ -71,7 +78,7 @@ class Layout:
         return cls.packed(entries)
 
     @classmethod
-    def from_specs(cls, specs: Iterable[pb.ArraySpec]) -> "Layout":
+    def from_specs(cls, specs: Iterable[pb.ArraySpec]) -> Layout:
         """The layout an announcement describes; refuses dtypes and shapes no sender could have meant."""
         entries = []
         for spec in specs:
@@ -83,7 +90,7 @@ class Layout:
         return cls.packed(entries)
 
     @classmethod
-    def packed(cls, entries: Iterable[tuple[str, torch.dtype, tuple[int, ...]]]) -> "Layout":
+    def packed(cls, entries: Iterable[tuple[str, torch.dtype, tuple[int, ...]]]) -> Layout:
         """(name, dtype, shape) one after the other, each at an aligned offset: the one rule both sides use."""
         slots, offset = [], 0
         for name, dtype, shape in entries:
@@ -109,12 +116,19 @@ class Layout:
     def read(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
         """Each tensor as a view of the uint8 `buffer` (no copy)."""
         if buffer.numel() < self.total_bytes:
-            raise WireError("bad_announce", f"the layout needs {self.total_bytes} bytes, the buffer has {buffer.numel()}")
-        return {s.name: buffer[s.offset : s.offset + s.nbytes].view(s.dtype).view(s.shape) if s.nbytes
-                else torch.empty(s.shape, dtype=s.dtype) for s in self.slots}
+            raise WireError(
+                "bad_announce", f"the layout needs {self.total_bytes} bytes, the buffer has {buffer.numel()}"
+            )
+        return {
+            s.name: buffer[s.offset : s.offset + s.nbytes].view(s.dtype).view(s.shape)
+            if s.nbytes
+            else torch.empty(s.shape, dtype=s.dtype)
+            for s in self.slots
+        }
 
 
 # -- packed: ready to send ------------------------------------------------------------------------
+
 
 @dataclass
 class Part:
@@ -133,13 +147,18 @@ class Part:
     def chunk(self, index: int) -> memoryview:
         return self.data[index * self.chunk_bytes : (index + 1) * self.chunk_bytes]
 
-    def checksummed(self) -> "Part":
+    def checksummed(self) -> Part:
         """This part with the checksum of its bytes as they are now."""
         return self if self.crc32 is not None else replace(self, crc32=checksum(self.data))
 
     def proto(self) -> pb.WeightsPart:
-        return pb.WeightsPart(id=self.id, tensors=self.layout.specs(), total_bytes=self.layout.total_bytes,
-                              num_chunks=self.num_chunks, crc32=self.crc32)
+        return pb.WeightsPart(
+            id=self.id,
+            tensors=self.layout.specs(),
+            total_bytes=self.layout.total_bytes,
+            num_chunks=self.num_chunks,
+            crc32=self.crc32,
+        )
 
 
 @dataclass
@@ -152,15 +171,21 @@ class PackedWeights:
     release: Callable[[], None] | None = None  # frees a shared buffer the trainer reuses (None: garbage-collected)
     created_time: float = field(default_factory=time.time)
 
-    def numbered(self, version: int) -> "PackedWeights":
+    def numbered(self, version: int) -> PackedWeights:
         return replace(self, version=version, own=replace(self.own, id=own_part_id(version)))
 
     @property
     def announce(self) -> pb.WeightsAnnounce:
         own = self.own
-        announce = pb.WeightsAnnounce(version=self.version, tensors=own.layout.specs(),
-                                      total_bytes=own.layout.total_bytes, num_chunks=own.num_chunks,
-                                      chunk_bytes=own.chunk_bytes, created_time=self.created_time, crc32=own.crc32)
+        announce = pb.WeightsAnnounce(
+            version=self.version,
+            tensors=own.layout.specs(),
+            total_bytes=own.layout.total_bytes,
+            num_chunks=own.num_chunks,
+            chunk_bytes=own.chunk_bytes,
+            created_time=self.created_time,
+            crc32=own.crc32,
+        )
         if self.base is not None:
             announce.base.CopyFrom(self.base.proto())
         return announce
@@ -206,19 +231,31 @@ def pack(
         layout.write(buffer, state)
         parts.append((layout, byte_view(buffer)))
     (own_layout, own_data), (base_layout, base_data) = parts
-    base = (Part(base_part_id(base_data), base_layout, base_data, chunk_bytes, checksum(base_data))
-            if base_layout.slots else None)
+    base = (
+        Part(base_part_id(base_data), base_layout, base_data, chunk_bytes, checksum(base_data))
+        if base_layout.slots
+        else None
+    )
     own = Part(own_part_id(version), own_layout, own_data, chunk_bytes, checksum(own_data))
     return PackedWeights(version, own, base)
 
 
 # -- assembly on the edge ---------------------------------------------------------------------------
 
+
 class PartAssembly:
     """Collects the chunks of one part; `state()` once every chunk is in (views of its buffer)."""
 
-    def __init__(self, part_id: str, specs: Iterable[pb.ArraySpec], total_bytes: int, num_chunks: int,
-                 chunk_bytes: int, crc32: int | None, buffer: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        part_id: str,
+        specs: Iterable[pb.ArraySpec],
+        total_bytes: int,
+        num_chunks: int,
+        chunk_bytes: int,
+        crc32: int | None,
+        buffer: np.ndarray | None = None,
+    ) -> None:
         """`buffer`: uint8 memory to assemble into (at least `total_bytes`), e.g. an earlier version's
         that nothing uses any more: its pages are touched already, so storing chunks costs no page
         faults (fresh memory made a 1 MiB chunk cost 0.8 ms instead of 0.1). None allocates."""
@@ -272,8 +309,15 @@ class WeightsAssembly(PartAssembly):
     """The version's own part of an announcement (the whole version when it has no base)."""
 
     def __init__(self, announce: pb.WeightsAnnounce, buffer: np.ndarray | None = None) -> None:
-        super().__init__(own_part_id(announce.version), announce.tensors, announce.total_bytes, announce.num_chunks,
-                         announce.chunk_bytes, announce.crc32 if announce.HasField("crc32") else None, buffer)
+        super().__init__(
+            own_part_id(announce.version),
+            announce.tensors,
+            announce.total_bytes,
+            announce.num_chunks,
+            announce.chunk_bytes,
+            announce.crc32 if announce.HasField("crc32") else None,
+            buffer,
+        )
         self.announce = announce
 
     @property
@@ -286,5 +330,11 @@ def base_assembly(announce: pb.WeightsAnnounce) -> PartAssembly | None:
     if not announce.HasField("base"):
         return None
     base = announce.base
-    return PartAssembly(base.id, base.tensors, base.total_bytes, base.num_chunks, announce.chunk_bytes,
-                        base.crc32 if base.HasField("crc32") else None)
+    return PartAssembly(
+        base.id,
+        base.tensors,
+        base.total_bytes,
+        base.num_chunks,
+        announce.chunk_bytes,
+        base.crc32 if base.HasField("crc32") else None,
+    )

@@ -15,27 +15,41 @@ from user_rl_example_arm.client import ArmClient
 
 JOINTS = 2
 JOINT_LIMIT_RAD = 3.0  # the controller stops each joint here
-MAX_STEP_RAD = 0.1     # what action 1.0 moves a joint in one tick
-MAX_TEMP_C = 70.0      # above this the arm is unhealthy: the fleet table says so
+MAX_STEP_RAD = 0.1  # what action 1.0 moves a joint in one tick
+MAX_TEMP_C = 70.0  # above this the arm is unhealthy: the fleet table says so
 
 
 class ExampleArm(Robot):
     device_kind = "robot"  # real hardware: never paced to the learner, and hold() is required
     action_mode = ActionMode.DELTA  # an action is a joint step: zero keeps the pose (a take-over sends it)
 
-    def __init__(self, *, controller: str, robot_id: str = "example_arm-0", seed: int | None = None,
-                 episode_steps: int = 100, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        *,
+        controller: str,
+        robot_id: str = "example_arm-0",
+        seed: int | None = None,
+        episode_steps: int = 100,
+        timeout_s: float = 5.0,
+    ) -> None:
         """`controller`: the arm controller's HOST:PORT. `timeout_s`: how long one call waits for it
         before the driver raises (the edge then stops; placed by Ray, it is restarted)."""
         self.client = ArmClient(controller, robot_id, timeout_s)  # refused / timed out: discovery reports it
         if self.client.joints != JOINTS:
             self.client.close()
-            raise ValueError(f"{robot_id}: the controller at {controller} has {self.client.joints} joints; "
-                             f"this driver drives {JOINTS}")
+            raise ValueError(
+                f"{robot_id}: the controller at {controller} has {self.client.joints} joints; "
+                f"this driver drives {JOINTS}"
+            )
         self.descriptor = DeviceDescriptor(
-            kind="robot", model="example_arm", id=robot_id, control_hz=self.client.rate_hz,
-            instruction="bring the joints to zero", extra={"firmware": self.client.firmware, "controller": controller},
-            joint_limits=((-JOINT_LIMIT_RAD, JOINT_LIMIT_RAD),) * JOINTS)
+            kind="robot",
+            model="example_arm",
+            id=robot_id,
+            control_hz=self.client.rate_hz,
+            instruction="bring the joints to zero",
+            extra={"firmware": self.client.firmware, "controller": controller},
+            joint_limits=((-JOINT_LIMIT_RAD, JOINT_LIMIT_RAD),) * JOINTS,
+        )
         self.observation_space, self.action_space = self.spaces()
         self.rng = np.random.default_rng(seed)
         self.episode_steps = episode_steps
@@ -45,7 +59,9 @@ class ExampleArm(Robot):
     @classmethod
     def spaces(cls, **options: object) -> tuple[gym.spaces.Dict, gym.spaces.Box]:
         """The spaces without connecting, so a learner on another machine can start before any arm."""
-        observation = gym.spaces.Dict({"joints": gym.spaces.Box(-JOINT_LIMIT_RAD, JOINT_LIMIT_RAD, (JOINTS,), np.float32)})
+        observation = gym.spaces.Dict(
+            {"joints": gym.spaces.Box(-JOINT_LIMIT_RAD, JOINT_LIMIT_RAD, (JOINTS,), np.float32)}
+        )
         return observation, gym.spaces.Box(-1.0, 1.0, (JOINTS,), np.float32)
 
     def reset(self, seed: int | None = None) -> dict[str, np.ndarray]:

@@ -127,8 +127,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--listen", default="127.0.0.1:7700", help="HOST:PORT (port 0: any free one, printed)")
     parser.add_argument("--rate-hz", type=float, default=50.0, help="the arms' control rate")
-    parser.add_argument("--hang", action="append", default=[], metavar="ARM:N",
-                        help="stop answering ARM after N moves on a connection (repeatable)")
+    parser.add_argument(
+        "--hang",
+        action="append",
+        default=[],
+        metavar="ARM:N",
+        help="stop answering ARM after N moves on a connection (repeatable)",
+    )
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
     hang = {arm: int(n) for arm, _, n in (item.rpartition(":") for item in args.hang)}

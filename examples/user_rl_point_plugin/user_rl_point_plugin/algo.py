@@ -32,8 +32,9 @@ class REDQSettings(SACSettings):
 class QEnsemble(nn.Module):
     """N Q-networks over one observation encoder; `q_of` returns their values as a tuple."""
 
-    def __init__(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, hidden: list[int],
-                 count: int, layer_norm: bool) -> None:
+    def __init__(
+        self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, hidden: list[int], count: int, layer_norm: bool
+    ) -> None:
         super().__init__()
         self.encoder = DictEncoder(obs_space)
         in_dim = self.encoder.out_dim + int(np.prod(action_space.shape))
@@ -51,8 +52,9 @@ class REDQ(SAC):
     name = "redq"
     Settings = REDQSettings
 
-    def build_critic(self, policy: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box,
-                     policy_options: dict) -> nn.Module:
+    def build_critic(
+        self, policy: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, policy_options: dict
+    ) -> nn.Module:
         s = self.settings
         return QEnsemble(obs_space, action_space, policy_options["hidden"], s.num_critics, s.critic_layer_norm)
 

@@ -25,7 +25,8 @@ class ResidualMLP(nn.Module):
         self.first = nn.Linear(in_dim, width)
         self.blocks = nn.ModuleList(
             nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width))
-            for _ in hidden)
+            for _ in hidden
+        )
         self.last = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, out_dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -22,8 +22,10 @@ class DistanceReward:
     def __init__(self, observation_space: gym.spaces.Dict) -> None:
         state = observation_space.spaces.get("state")
         if state is None or state.shape != (4,):
-            raise ValueError(f"reward.type point_distance reads a 'state' of [x, y, goal_x, goal_y]; "
-                             f"this robot observes {observation_space}")
+            raise ValueError(
+                f"reward.type point_distance reads a 'state' of [x, y, goal_x, goal_y]; "
+                f"this robot observes {observation_space}"
+            )
 
     def __call__(self, next_obs: dict[str, np.ndarray], env_step: RewardedStep) -> RewardedStep:
         state = next_obs["state"]

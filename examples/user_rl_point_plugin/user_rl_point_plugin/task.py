@@ -14,8 +14,8 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-SPEED = 0.2    # distance moved per step at full action
-RADIUS = 0.1   # the goal is reached this close to it
+SPEED = 0.2  # distance moved per step at full action
+RADIUS = 0.1  # the goal is reached this close to it
 MAX_STEPS = 30  # a diagonal (2.8) takes 15 steps
 
 

@@ -33,19 +33,20 @@ INTERVENTION = SOURCES.index("intervention")
 class SlotInfo:
     segment: int | None = None  # segment id held (None: free); attached history has negative ids
     rows: int = 0
-    source: int = 0            # the segment's own source (online / demo); interventions are per row
+    source: int = 0  # the segment's own source (online / demo); interventions are per row
     loaded_at: float = 0.0
-    pinned: bool = False       # open or recent segments never leave the cache
+    pinned: bool = False  # open or recent segments never leave the cache
     row_filter: np.ndarray | None = None  # attached history: rows allowed by the filter
 
 
 @dataclass
 class PreparedBlock:
     """A slot's catalog block, computed before it is installed (`SlotCache.prepare`)."""
-    rows: np.ndarray          # the slot's rows that are transitions the sampler may draw
-    tables: list[dict]        # the sampler's tables for them
-    discarded: np.ndarray     # the discarded episodes it was computed with
-    looked_at: int            # rows of the slot it read
+
+    rows: np.ndarray  # the slot's rows that are transitions the sampler may draw
+    tables: list[dict]  # the sampler's tables for them
+    discarded: np.ndarray  # the discarded episodes it was computed with
+    looked_at: int  # rows of the slot it read
 
 
 def episode_key(stream: np.ndarray, episode: np.ndarray) -> np.ndarray:
@@ -54,8 +55,15 @@ def episode_key(stream: np.ndarray, episode: np.ndarray) -> np.ndarray:
 
 
 class SlotCache:
-    def __init__(self, schema: dict[str, tuple[np.dtype, tuple]], segment_rows: int, slots: int,
-                 max_policy_lag: int | None = None, drop_stale: bool = False, sampler: Sampler | None = None) -> None:
+    def __init__(
+        self,
+        schema: dict[str, tuple[np.dtype, tuple]],
+        segment_rows: int,
+        slots: int,
+        max_policy_lag: int | None = None,
+        drop_stale: bool = False,
+        sampler: Sampler | None = None,
+    ) -> None:
         """`max_policy_lag`: rows whose policy lagged more (`staleness.py`) are marked stale in the
         catalog, or left out of it with `drop_stale`. `sampler`: whose strategy the catalog's
         tables serve."""
@@ -70,12 +78,12 @@ class SlotCache:
         self.next_row = np.full((self.slots, segment_rows), -1, np.int32)
         self.info = [SlotInfo() for _ in range(self.slots)]
         self.spare = self.slots - 1
-        self.version = 0      # whole-catalog rebuilds
-        self.slot_loads = 0   # slots whose catalog block was built from scratch (each O(its segment))
+        self.version = 0  # whole-catalog rebuilds
+        self.slot_loads = 0  # slots whose catalog block was built from scratch (each O(its segment))
         self.loaded_rows = 0  # rows those builds looked at
         self.plan = (sampler or Sampler(SamplerSettings())).blocks(self.slots, segment_rows)
         self.entries = [Growable(np.int32) for _ in range(self.slots)]  # each slot's catalog rows
-        self.stale = np.zeros(self.slots * segment_rows, np.bool_)     # per flat row: lagged past max_policy_lag
+        self.stale = np.zeros(self.slots * segment_rows, np.bool_)  # per flat row: lagged past max_policy_lag
         self.discarded = np.zeros(0, np.uint64)  # episode_key of this buffer's discarded episodes, sorted
 
     # -- slots ---------------------------------------------------------------------------------
@@ -94,8 +102,16 @@ class SlotCache:
     def active(self) -> list[int]:
         return [i for i, info in enumerate(self.info) if info.segment is not None and i != self.spare]
 
-    def fill(self, slot: int, segment: int, columns: dict[str, np.ndarray], rows: int, source: int,
-             pinned: bool = False, row_filter: np.ndarray | None = None) -> None:
+    def fill(
+        self,
+        slot: int,
+        segment: int,
+        columns: dict[str, np.ndarray],
+        rows: int,
+        source: int,
+        pinned: bool = False,
+        row_filter: np.ndarray | None = None,
+    ) -> None:
         """Copy a segment's rows into a slot (the caller makes sure nobody samples it meanwhile)."""
         for name, array in self.arrays.items():
             # a segment written before a defaulted column existed reads it as 0
@@ -231,13 +247,26 @@ class SlotCache:
         slots = sorted(self.active(), key=lambda i: self.info[i].segment)
         rows = [self.entries[i].view().astype(np.int64) for i in slots]
         position = np.concatenate([np.zeros(0, np.int64), *[i * self.segment_rows + r for i, r in zip(slots, rows)]])
-        order = np.concatenate([np.zeros(0, np.int64),
-                                *[self.info[i].segment * self.segment_rows + r for i, r in zip(slots, rows)]])
-        source = np.concatenate([np.zeros(0, np.uint8), *[
-            np.where(intervened(self.arrays["actor"][i, r]), INTERVENTION, self.info[i].source).astype(np.uint8)
-            for i, r in zip(slots, rows)]])
-        return {"position": position, "next": self.successor(position), "order": order, "source": source,
-                "task": self.flat["task"][position], "stale": self.stale[position]}
+        order = np.concatenate(
+            [np.zeros(0, np.int64), *[self.info[i].segment * self.segment_rows + r for i, r in zip(slots, rows)]]
+        )
+        source = np.concatenate(
+            [
+                np.zeros(0, np.uint8),
+                *[
+                    np.where(intervened(self.arrays["actor"][i, r]), INTERVENTION, self.info[i].source).astype(np.uint8)
+                    for i, r in zip(slots, rows)
+                ],
+            ]
+        )
+        return {
+            "position": position,
+            "next": self.successor(position),
+            "order": order,
+            "source": source,
+            "task": self.flat["task"][position],
+            "stale": self.stale[position],
+        }
 
     def successor(self, position: np.ndarray) -> np.ndarray:
         """Flat position of each transition's next-observation row (same slot)."""
@@ -269,4 +298,4 @@ class SlotCache:
         powers = gamma ** np.arange(n, dtype=np.float32)
         total = (self.flat["reward"][rows] * powers * real).sum(1, dtype=np.float32)
         last = rows[np.arange(len(rows)), steps - 1]
-        return total, (gamma ** steps).astype(np.float32), self.flat["terminated"][last], self.successor(last)
+        return total, (gamma**steps).astype(np.float32), self.flat["terminated"][last], self.successor(last)

@@ -70,8 +70,9 @@ class CommitLog:
     def __enter__(self) -> CommitLog:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         self.close()
 
     def _require_open(self) -> int:
@@ -91,7 +92,7 @@ class CommitLog:
         records, position = [], 0
         while position + _FRAME.size <= len(data):
             length, crc = _FRAME.unpack_from(data, position)
-            payload = data[position + _FRAME.size:position + _FRAME.size + length]
+            payload = data[position + _FRAME.size : position + _FRAME.size + length]
             if length == 0 or len(payload) < length or zlib.crc32(payload) != crc:
                 break
             records.append(payload)

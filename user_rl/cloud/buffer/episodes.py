@@ -18,15 +18,27 @@ import gymnasium as gym
 import numpy as np
 
 from user_rl.cloud.buffer.index import EpisodeRecord
-from user_rl.cloud.checkpoint import spaces_from_text
 from user_rl.cloud.buffer.recovery import open_index_read_only
 from user_rl.cloud.buffer.rows import DEFAULTED_COLUMNS, KIND_FINAL, KIND_RECORD
 from user_rl.cloud.buffer.segment import read_segment
+from user_rl.cloud.checkpoint import spaces_from_text
 from user_rl.wire.transitions import DISCARD, OBS, intervened
 
 # Per-step columns an episode carries besides its observations (the buffer's bookkeeping left out).
-STEP_COLUMNS = ("action", "policy_action", "reward", "terminated", "truncated", "step", "policy_version",
-                "actor", "label", "label_by", "sensor_time", "chunk_step")
+STEP_COLUMNS = (
+    "action",
+    "policy_action",
+    "reward",
+    "terminated",
+    "truncated",
+    "step",
+    "policy_version",
+    "actor",
+    "label",
+    "label_by",
+    "sensor_time",
+    "chunk_step",
+)
 
 
 @dataclass
@@ -37,11 +49,11 @@ class Episode:
     robot: str
     task: str
     number: int
-    status: str                               # terminated / truncated / open (still running, or cut by a crash)
+    status: str  # terminated / truncated / open (still running, or cut by a crash)
     steps: dict[str, np.ndarray]
     final_obs: dict[str, np.ndarray] | None = None  # the observation after the last step, when the episode ended
     end_reason: str = ""
-    epoch: int = 0                            # the edge life it was recorded in
+    epoch: int = 0  # the edge life it was recorded in
 
     def __len__(self) -> int:
         return len(self.steps["action"])
@@ -62,10 +74,12 @@ class EpisodeFilter:
     with_discarded: bool = False
 
     def admits(self, record: EpisodeRecord) -> bool:
-        return ((self.robots is None or record.robot in self.robots)
-                and (self.tasks is None or record.task in self.tasks)
-                and (not self.with_interventions or record.interventions > 0)
-                and (self.with_discarded or record.end_reason != DISCARD))
+        return (
+            (self.robots is None or record.robot in self.robots)
+            and (self.tasks is None or record.task in self.tasks)
+            and (not self.with_interventions or record.interventions > 0)
+            and (self.with_discarded or record.end_reason != DISCARD)
+        )
 
 
 @dataclass
@@ -117,9 +131,12 @@ def read_episodes(directory: str | Path, which: EpisodeFilter | None = None) -> 
     parts: dict[tuple[int, int], _Parts] = {}
     for seg_record in segments:
         segment = read_segment(directory / seg_record.file, verify=True)
-        cols = {name: np.asarray(segment.columns[name]) if name in segment.columns else
-                np.zeros(segment.rows, DEFAULTED_COLUMNS[name])
-                for name in (*obs_keys, *STEP_COLUMNS, "stream", "kind", "prev_row", "episode")}
+        cols = {
+            name: np.asarray(segment.columns[name])
+            if name in segment.columns
+            else np.zeros(segment.rows, DEFAULTED_COLUMNS[name])
+            for name in (*obs_keys, *STEP_COLUMNS, "stream", "kind", "prev_row", "episode")
+        }
         _collect(cols, records, parts, obs_keys)
         # done once a later segment is read (an episode's final row may sit one segment after its last record)
         for key in [k for k in parts if 0 <= last_segment[k] < seg_record.id]:
@@ -128,8 +145,9 @@ def read_episodes(directory: str | Path, which: EpisodeFilter | None = None) -> 
         yield from _episode(records[key], parts.pop(key), epochs)
 
 
-def _collect(cols: dict[str, np.ndarray], records: dict, parts: dict[tuple[int, int], _Parts],
-             obs_keys: list[str]) -> None:
+def _collect(
+    cols: dict[str, np.ndarray], records: dict, parts: dict[tuple[int, int], _Parts], obs_keys: list[str]
+) -> None:
     """Add one segment's records and final observations to the episodes they belong to."""
     keys = list(zip(cols["stream"].tolist(), cols["episode"].tolist()))
     for row in np.flatnonzero(cols["kind"] == KIND_RECORD):
@@ -139,7 +157,7 @@ def _collect(cols: dict[str, np.ndarray], records: dict, parts: dict[tuple[int, 
     for row in np.flatnonzero(cols["kind"] == KIND_FINAL):
         key = keys[int(cols["prev_row"][row])]  # the episode's last record (or its carry) in this segment
         if key in records:
-            parts.setdefault(key, _Parts()).final = {name[len(OBS):]: cols[name][row].copy() for name in obs_keys}
+            parts.setdefault(key, _Parts()).final = {name[len(OBS) :]: cols[name][row].copy() for name in obs_keys}
 
 
 def _episode(record: EpisodeRecord, parts: _Parts, epochs: dict[int, int]) -> Iterator[Episode]:
@@ -148,5 +166,13 @@ def _episode(record: EpisodeRecord, parts: _Parts, epochs: dict[int, int]) -> It
         return
     ordered = sorted(parts.rows, key=lambda row: int(row["step"]))
     steps = {name: np.stack([row[name] for row in ordered]) for name in ordered[0]}
-    yield Episode(robot=record.robot, task=record.task, number=record.episode, status=record.status, steps=steps,
-                   final_obs=parts.final, end_reason=record.end_reason, epoch=epochs.get(record.stream, 0))
+    yield Episode(
+        robot=record.robot,
+        task=record.task,
+        number=record.episode,
+        status=record.status,
+        steps=steps,
+        final_obs=parts.final,
+        end_reason=record.end_reason,
+        epoch=epochs.get(record.stream, 0),
+    )

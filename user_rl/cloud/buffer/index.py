@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
-
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -84,17 +83,19 @@ class EpisodeRecord:
     interventions: int = 0
     min_version: int = 2**62
     max_version: int = -(2**62)
-    status: str = "open"          # open / terminated / truncated
+    status: str = "open"  # open / terminated / truncated
     first_segment: int = -1
     last_segment: int = -1
-    end_reason: str = ""          # why a truncated episode ended early: "edge_restart" (else the env's time limit)
+    end_reason: str = ""  # why a truncated episode ended early: "edge_restart" (else the env's time limit)
 
 
 def _locked(method):
     """Run a method under the index's lock (one SQLite connection, two threads)."""
+
     def run(self, *args, **kwargs):
         with self._lock:
             return method(self, *args, **kwargs)
+
     run.__name__, run.__doc__ = method.__name__, method.__doc__
     return run
 
@@ -146,7 +147,7 @@ class BufferIndex:
     @_locked
     def last_seqs(self, robot: str, epochs: list[int]) -> dict[int, int]:
         """The last seq of each of the robot's `epochs` that has a stream (one query)."""
-        sql = (f"SELECT epoch, last_seq FROM streams WHERE robot = ? AND epoch IN ({','.join('?' * len(epochs))})")
+        sql = f"SELECT epoch, last_seq FROM streams WHERE robot = ? AND epoch IN ({','.join('?' * len(epochs))})"
         return {int(e): int(q) for e, q in self.db.execute(sql, (robot, *epochs))} if epochs else {}
 
     @_locked
@@ -157,8 +158,10 @@ class BufferIndex:
     def streams_with_open_episodes(self, robot: str, below_epoch: int) -> list[StreamRecord]:
         """The robot's older streams whose episode the index still has open (an edge restart ends it)."""
         # From the open episodes (a partial index: few), not the robot's streams (thousands, after a flood).
-        sql = ("SELECT DISTINCT s.* FROM episodes e CROSS JOIN streams s ON s.id = e.stream "
-               "WHERE e.status = 'open' AND s.robot = ? AND s.epoch < ? ORDER BY s.id")
+        sql = (
+            "SELECT DISTINCT s.* FROM episodes e CROSS JOIN streams s ON s.id = e.stream "
+            "WHERE e.status = 'open' AND s.robot = ? AND s.epoch < ? ORDER BY s.id"
+        )
         return [StreamRecord(*row) for row in self.db.execute(sql, (robot, below_epoch))]
 
     @_locked
@@ -207,10 +210,13 @@ class BufferIndex:
         only row-less batches (lost ones, episode-end markers), under segment 0."""
         with self.db:
             if segment is not None:
-                self.db.execute("INSERT OR REPLACE INTO segments VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                                tuple(segment.__dict__.values()))
-            self.db.executemany("INSERT OR IGNORE INTO batches VALUES (?,?,?,?)",
-                                [(stream, seq, segment.id if segment else 0, n) for stream, seq, n in batches])
+                self.db.execute(
+                    "INSERT OR REPLACE INTO segments VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", tuple(segment.__dict__.values())
+                )
+            self.db.executemany(
+                "INSERT OR IGNORE INTO batches VALUES (?,?,?,?)",
+                [(stream, seq, segment.id if segment else 0, n) for stream, seq, n in batches],
+            )
             self.db.executemany("INSERT OR IGNORE INTO lost VALUES (?,?,?)", list(lost))
             self._upsert_streams(streams)
             self._upsert_episodes(episodes)
@@ -227,12 +233,15 @@ class BufferIndex:
             self.db.executemany("UPDATE segments SET status = ? WHERE id = ?", [(status, i) for i in segment_ids])
 
     def _upsert_streams(self, streams: Iterable[StreamRecord]) -> None:
-        self.db.executemany("INSERT OR REPLACE INTO streams VALUES (?,?,?,?,?,?,?)",
-                            [tuple(s.__dict__.values()) for s in streams])
+        self.db.executemany(
+            "INSERT OR REPLACE INTO streams VALUES (?,?,?,?,?,?,?)", [tuple(s.__dict__.values()) for s in streams]
+        )
 
     def _upsert_episodes(self, episodes: Iterable[EpisodeRecord]) -> None:
-        self.db.executemany("INSERT OR REPLACE INTO episodes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                            [tuple(e.__dict__.values()) for e in episodes])
+        self.db.executemany(
+            "INSERT OR REPLACE INTO episodes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            [tuple(e.__dict__.values()) for e in episodes],
+        )
 
     @_locked
     def close(self) -> None:

@@ -58,15 +58,24 @@ def inspect_buffer(directory: Path, verify: bool = True) -> dict[str, Any]:
 
     mismatches = _episode_length_mismatches(directory, snap, checks)
     problems = [f"CORRUPT {c['path']}: {c['reason']} ({c['detail']})" for c in corrupt]
-    problems += [f"EPISODE LENGTH robot {m['robot']} epoch {m['epoch']} episode {m['episode']}: the index says "
-                 f"{m['index_length']} steps ({m['status']}{', ' + m['end_reason'] if m['end_reason'] else ''}), "
-                 f"its segments hold {m['segment_rows']}" for m in mismatches]
-    notes = [f"UNINDEXED {c['path']}: a sealed segment the index does not list (a crash between sealing and "
-             f"indexing, recovered at the next start, or a learner sealing it right now); it reads back "
-             f"{c['status'] if c['status'] == 'ok' else 'CORRUPT'}" for c in unindexed]
-    notes += [f"OPEN {', '.join(o['files'])}: {o['committed_batches']} committed batches "
-              f"({o['committed_records']} records) not yet sealed (a learner is writing them, or a crash "
-              f"left them: the next start seals them)" for o in open_segments]
+    problems += [
+        f"EPISODE LENGTH robot {m['robot']} epoch {m['epoch']} episode {m['episode']}: the index says "
+        f"{m['index_length']} steps ({m['status']}{', ' + m['end_reason'] if m['end_reason'] else ''}), "
+        f"its segments hold {m['segment_rows']}"
+        for m in mismatches
+    ]
+    notes = [
+        f"UNINDEXED {c['path']}: a sealed segment the index does not list (a crash between sealing and "
+        f"indexing, recovered at the next start, or a learner sealing it right now); it reads back "
+        f"{c['status'] if c['status'] == 'ok' else 'CORRUPT'}"
+        for c in unindexed
+    ]
+    notes += [
+        f"OPEN {', '.join(o['files'])}: {o['committed_batches']} committed batches "
+        f"({o['committed_records']} records) not yet sealed (a learner is writing them, or a crash "
+        f"left them: the next start seals them)"
+        for o in open_segments
+    ]
     return {
         "directory": str(directory),
         "ok": not corrupt and not mismatches,
@@ -113,6 +122,7 @@ def inspect_buffer(directory: Path, verify: bool = True) -> dict[str, Any]:
 
 # -- the index --------------------------------------------------------------------------------------
 
+
 def _wal(path: Path) -> Path:
     return path.with_name(path.name + "-wal")
 
@@ -124,8 +134,7 @@ def _open_index(path: Path) -> BufferIndex:
         # -wal/-shm files and leave them behind. The file is read as it is instead (the
         # connection above has not touched the disk yet: sqlite opens lazily).
         index.db.close()
-        index.db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True,
-                                   check_same_thread=False)
+        index.db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True, check_same_thread=False)
     return index
 
 
@@ -141,8 +150,12 @@ def _read_index(path: Path) -> dict[str, Any]:
                 "segments": {s.id: s for s in index.segments(status=None)},
                 "streams": index.streams(),
                 "episodes": index.episodes(),
-                "batches": {int(stream): (int(n), int(records or 0)) for stream, n, records in index.db.execute(
-                    "SELECT stream, COUNT(*), SUM(records) FROM batches GROUP BY stream")},
+                "batches": {
+                    int(stream): (int(n), int(records or 0))
+                    for stream, n, records in index.db.execute(
+                        "SELECT stream, COUNT(*), SUM(records) FROM batches GROUP BY stream"
+                    )
+                },
                 "lost": _lost_count(index),
             }
             index.db.rollback()
@@ -175,6 +188,7 @@ def _segment_status_now(path: Path, segment_id: int) -> str | None:
 
 
 # -- files ------------------------------------------------------------------------------------------
+
 
 def _list_files(directory: Path) -> dict[str, os.stat_result]:
     files = {}
@@ -225,10 +239,15 @@ def _check_segments(directory: Path, snap: dict, listing: dict, verify: bool) ->
 
 
 def _result(segment_id: int, path: Path, problem: CorruptSegment | None, indexed: bool) -> dict[str, Any]:
-    return {"segment": segment_id, "file": path.name, "path": str(path), "indexed": indexed,
-            "status": "ok" if problem is None else "corrupt",
-            "reason": None if problem is None else problem.reason,
-            "detail": None if problem is None else problem.detail}
+    return {
+        "segment": segment_id,
+        "file": path.name,
+        "path": str(path),
+        "indexed": indexed,
+        "status": "ok" if problem is None else "corrupt",
+        "reason": None if problem is None else problem.reason,
+        "detail": None if problem is None else problem.detail,
+    }
 
 
 def _episode_length_mismatches(directory: Path, snap: dict, checks: list[dict]) -> list[dict[str, Any]]:
@@ -248,8 +267,13 @@ def _episode_length_mismatches(directory: Path, snap: dict, checks: list[dict]) 
             continue
         n = segment.rows
         records = np.asarray(segment.columns["kind"][:n]) == KIND_RECORD
-        keys = np.stack([np.asarray(segment.columns["stream"][:n])[records].astype(np.int64),
-                         np.asarray(segment.columns["episode"][:n])[records].astype(np.int64)], axis=1)
+        keys = np.stack(
+            [
+                np.asarray(segment.columns["stream"][:n])[records].astype(np.int64),
+                np.asarray(segment.columns["episode"][:n])[records].astype(np.int64),
+            ],
+            axis=1,
+        )
         found, counts = np.unique(keys, axis=0, return_counts=True) if len(keys) else ((), ())
         for (stream, episode), count in zip(np.asarray(found).tolist(), np.asarray(counts).tolist()):
             rows[(stream, episode)] += count
@@ -262,9 +286,18 @@ def _episode_length_mismatches(directory: Path, snap: dict, checks: list[dict]) 
             continue
         if rows[(ep.stream, ep.episode)] != ep.length:
             stream = streams.get(ep.stream)
-            mismatches.append({"robot": ep.robot, "epoch": stream.epoch if stream else None, "stream": ep.stream,
-                               "episode": ep.episode, "status": ep.status, "end_reason": ep.end_reason,
-                               "index_length": ep.length, "segment_rows": rows[(ep.stream, ep.episode)]})
+            mismatches.append(
+                {
+                    "robot": ep.robot,
+                    "epoch": stream.epoch if stream else None,
+                    "stream": ep.stream,
+                    "episode": ep.episode,
+                    "status": ep.status,
+                    "end_reason": ep.end_reason,
+                    "index_length": ep.length,
+                    "segment_rows": rows[(ep.stream, ep.episode)],
+                }
+            )
     return mismatches
 
 
@@ -284,9 +317,15 @@ def _open_segments(directory: Path, listing: dict) -> list[dict[str, Any]]:
                 batches.append(json.loads(payload))
             except ValueError:
                 break
-        found.append({"segment": segment_id, "files": files, "committed_batches": len(batches),
-                      "committed_records": sum(int(b.get("n", 0)) for b in batches),
-                      "committed_rows": max((int(b.get("end", 0)) for b in batches), default=0)})
+        found.append(
+            {
+                "segment": segment_id,
+                "files": files,
+                "committed_batches": len(batches),
+                "committed_records": sum(int(b.get("n", 0)) for b in batches),
+                "committed_rows": max((int(b.get("end", 0)) for b in batches), default=0),
+            }
+        )
     return found
 
 
@@ -296,13 +335,16 @@ def _sizes(directory: Path, listing: dict) -> dict[str, int]:
 
     sealed = {n: st for n, st in listing.items() if _SEALED.fullmatch(n)}
     index = {n: st for n, st in listing.items() if n.startswith(INDEX)}
-    return {"segments": sum(st.st_size for st in sealed.values()),
-            "segments_allocated": sum(allocated(st) for st in sealed.values()),
-            "index": sum(st.st_size for st in index.values()),
-            "total_allocated": sum(allocated(st) for st in listing.values())}
+    return {
+        "segments": sum(st.st_size for st in sealed.values()),
+        "segments_allocated": sum(allocated(st) for st in sealed.values()),
+        "index": sum(st.st_size for st in index.values()),
+        "total_allocated": sum(allocated(st) for st in listing.values()),
+    }
 
 
 # -- summaries --------------------------------------------------------------------------------------
+
 
 def _mean(values: list) -> float | None:
     return float(sum(values) / len(values)) if values else None
@@ -311,9 +353,13 @@ def _mean(values: list) -> float | None:
 def _episode_stats(episodes: list[EpisodeRecord]) -> dict[str, Any]:
     labelled = [e.success for e in episodes if e.success is not None]
     versions = [(e.min_version, e.max_version) for e in episodes if e.length > 0]
-    return {"episodes": len(episodes), "labelled": len(labelled), "success_rate": _mean(labelled),
-            "interventions": sum(e.interventions for e in episodes),
-            "policy_versions": [min(v[0] for v in versions), max(v[1] for v in versions)] if versions else None}
+    return {
+        "episodes": len(episodes),
+        "labelled": len(labelled),
+        "success_rate": _mean(labelled),
+        "interventions": sum(e.interventions for e in episodes),
+        "policy_versions": [min(v[0] for v in versions), max(v[1] for v in versions)] if versions else None,
+    }
 
 
 def _robots(snap: dict) -> dict[str, dict[str, Any]]:
@@ -340,8 +386,10 @@ def _tasks(snap: dict) -> dict[str, dict[str, Any]]:
     tasks: dict[str, set[str]] = {}
     for s in snap["streams"]:
         tasks.setdefault(s.task, set()).add(s.robot)
-    return {task: {"robots": sorted(robots), **_episode_stats([e for e in snap["episodes"] if e.task == task])}
-            for task, robots in sorted(tasks.items())}
+    return {
+        task: {"robots": sorted(robots), **_episode_stats([e for e in snap["episodes"] if e.task == task])}
+        for task, robots in sorted(tasks.items())
+    }
 
 
 def _spaces(hex_text: str | None) -> dict[str, str] | None:
@@ -352,13 +400,16 @@ def _spaces(hex_text: str | None) -> dict[str, str] | None:
         from user_rl.wire.spaces import box_from_proto, dict_space_from_proto
 
         hello = pb.Hello.FromString(bytes.fromhex(hex_text))
-        return {"observation": str(dict_space_from_proto(hello.observation_space)),
-                "action": str(box_from_proto(hello.action_space))}
+        return {
+            "observation": str(dict_space_from_proto(hello.observation_space)),
+            "action": str(box_from_proto(hello.action_space)),
+        }
     except Exception as error:  # a summary tool: an undecodable field is shown, not fatal
         return {"error": f"{type(error).__name__}: {error}"}
 
 
 # -- text -------------------------------------------------------------------------------------------
+
 
 def format_bytes(n: float) -> str:
     """A byte count as people read it (`user-rl buffer inspect`, `user-rl status`)."""
@@ -397,35 +448,65 @@ def format_report(report: dict[str, Any]) -> str:
         + (f" ({report['lost_batches']:,} lost by edges before sending)" if report["lost_batches"] else "")
         + f"; {format_bytes(size['segments'])} of segment files "
         f"({format_bytes(size['segments_allocated'])} allocated), index {format_bytes(size['index'])}",
-        "episodes: " + ", ".join(f"{eps[s]:,} {s}" for s in EPISODE_STATUSES)
+        "episodes: "
+        + ", ".join(f"{eps[s]:,} {s}" for s in EPISODE_STATUSES)
         + (f" ({eps['cut_short']:,} cut short by an edge restart)" if eps["cut_short"] else "")
         + f"; success {_rate(report['success_rate'])} over {eps['labelled']:,} labelled; "
         f"{report['interventions']:,} intervention steps",
     ]
     if report["records_evicted"] or report["records_corrupt"]:
-        lines.append(f"not sampled: {report['records_evicted']:,} records evicted, "
-                     f"{report['records_corrupt']:,} in corrupt segments")
+        lines.append(
+            f"not sampled: {report['records_evicted']:,} records evicted, "
+            f"{report['records_corrupt']:,} in corrupt segments"
+        )
     if report["robots"]:
-        header = ("robot", "streams", "epochs", "tasks", "batches", "records", "episodes", "success",
-                  "interventions", "policy")
-        rows = [(name, str(r["streams"]), _versions([min(r["epochs"]), max(r["epochs"])]), ",".join(r["tasks"]),
-                 f"{r['batches']:,}", f"{r['records']:,}", f"{r['episodes']:,}", _rate(r["success_rate"]),
-                 f"{r['interventions']:,}", _versions(r["policy_versions"]))
-                for name, r in report["robots"].items()]
+        header = (
+            "robot",
+            "streams",
+            "epochs",
+            "tasks",
+            "batches",
+            "records",
+            "episodes",
+            "success",
+            "interventions",
+            "policy",
+        )
+        rows = [
+            (
+                name,
+                str(r["streams"]),
+                _versions([min(r["epochs"]), max(r["epochs"])]),
+                ",".join(r["tasks"]),
+                f"{r['batches']:,}",
+                f"{r['records']:,}",
+                f"{r['episodes']:,}",
+                _rate(r["success_rate"]),
+                f"{r['interventions']:,}",
+                _versions(r["policy_versions"]),
+            )
+            for name, r in report["robots"].items()
+        ]
         widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
         lines.append("")
         for row in [header, *rows]:
-            lines.append("  ".join(cell.ljust(w) if i < 4 else cell.rjust(w)
-                                   for i, (cell, w) in enumerate(zip(row, widths))).rstrip())
+            lines.append(
+                "  ".join(
+                    cell.ljust(w) if i < 4 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))
+                ).rstrip()
+            )
     if report["tasks"]:
         lines.append("")
-        lines.append("tasks: " + "; ".join(
-            f"{task or '(none)'}: {_count(len(t['robots']), 'robot')}, {_count(t['episodes'], 'episode')}, "
-            f"success {_rate(t['success_rate'])}"
-            for task, t in report["tasks"].items()))
+        lines.append(
+            "tasks: "
+            + "; ".join(
+                f"{task or '(none)'}: {_count(len(t['robots']), 'robot')}, {_count(t['episodes'], 'episode')}, "
+                f"success {_rate(t['success_rate'])}"
+                for task, t in report["tasks"].items()
+            )
+        )
     if report["problems"]:
         lines += ["", f"problems ({len(report['problems'])}):", *(f"  {p}" for p in report["problems"])]
     if report["notes"]:
         lines += ["", "notes:", *(f"  {n}" for n in report["notes"])]
     return "\n".join(lines)
-

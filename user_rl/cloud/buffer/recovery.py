@@ -36,8 +36,9 @@ log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 5.0  # long opens and scrubs log how far they are
 
 
-def open_meta(index: BufferIndex, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box,
-              schema: dict, segment_mb: float) -> int:
+def open_meta(
+    index: BufferIndex, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, schema: dict, segment_mb: float
+) -> int:
     """Check (or record) the buffer's spaces; return its rows per segment."""
     spaces = spaces_to_text(obs_space, action_space)["hello_hex"]
     stored = index.get_meta("spaces")
@@ -47,8 +48,10 @@ def open_meta(index: BufferIndex, obs_space: gym.spaces.Dict, action_space: gym.
         return rows
     if not same_spaces({"hello_hex": stored}, obs_space, action_space):
         obs, act = spaces_from_text({"hello_hex": stored})
-        raise ValueError(f"the buffer at {index.path.parent} holds observations {obs} and actions {act}; "
-                         "this fleet's spaces differ: use a new run directory")
+        raise ValueError(
+            f"the buffer at {index.path.parent} holds observations {obs} and actions {act}; "
+            "this fleet's spaces differ: use a new run directory"
+        )
     return int(index.get_meta("segment_rows"))
 
 
@@ -162,8 +165,10 @@ def _recover_open(store: PersistentReplay, segment_id: int) -> None:
         # its record: accounting its rows again would reopen it.
         ended = [ep.episode for ep in store.index.episodes(stream.record.id) if ep.status != "open"]
         counted = mine & ~np.isin(np.asarray(columns["episode"][:rows]), ended)
-        picked = {k: np.asarray(columns[k][:rows][counted]) for k in
-                  ("episode", "policy_version", "reward", "actor", "terminated", "truncated", "label")}
+        picked = {
+            k: np.asarray(columns[k][:rows][counted])
+            for k in ("episode", "policy_version", "reward", "actor", "terminated", "truncated", "label")
+        }
         if len(picked["episode"]):
             account(picked, stream, picked["terminated"] | picked["truncated"], segment_id)
         if mine.any():
@@ -171,9 +176,19 @@ def _recover_open(store: PersistentReplay, segment_id: int) -> None:
     transitions = int(np.count_nonzero(successors(np.asarray(columns["prev_row"]), rows) >= 0))
     kind, version = np.asarray(columns["kind"]), np.asarray(columns["policy_version"])
     recs = kind == KIND_RECORD
-    record = SegmentRecord(segment_id, final.name, rows, int(recs.sum()), transitions, segment.nbytes, time.time(),
-                           int(version[recs].min(initial=2**62)), int(version[recs].max(initial=-1)),
-                           int(np.count_nonzero(intervened(np.asarray(columns["actor"])[recs]))), "online")
+    record = SegmentRecord(
+        segment_id,
+        final.name,
+        rows,
+        int(recs.sum()),
+        transitions,
+        segment.nbytes,
+        time.time(),
+        int(version[recs].min(initial=2**62)),
+        int(version[recs].max(initial=-1)),
+        int(np.count_nonzero(intervened(np.asarray(columns["actor"])[recs]))),
+        "online",
+    )
     episodes = [ep for s in streams for ep in s.episodes.values() if ep.last_segment == segment_id]
     store.index.register_segment(record, batches, [s.record for s in streams], episodes, lost)
     store.segments[segment_id] = record
@@ -181,8 +196,9 @@ def _recover_open(store: PersistentReplay, segment_id: int) -> None:
     store.transitions += transitions
     store.records += record.records
     log_path.unlink(missing_ok=True)
-    log.warning("recovered %d committed batches (%d rows) of segment %d left open by a crash",
-                len(batches), rows, segment_id)
+    log.warning(
+        "recovered %d committed batches (%d rows) of segment %d left open by a crash", len(batches), rows, segment_id
+    )
 
 
 def _restore_pending(store: PersistentReplay, stream: StreamState) -> None:
@@ -208,8 +224,7 @@ def _fill(store: PersistentReplay, slot: int, segment_id: int, verify: bool) -> 
     path, source, overrides = segment_source(store, segment_id)
     seg = read_segment(path, verify=verify)
     columns = {**seg.columns, **overrides}
-    store.cache.fill(slot, segment_id, columns, seg.rows, source,
-                     row_filter=overrides.get("_filter"))
+    store.cache.fill(slot, segment_id, columns, seg.rows, source, row_filter=overrides.get("_filter"))
 
 
 def segment_source(store: PersistentReplay, segment_id: int) -> tuple[Path, int, dict]:
@@ -243,7 +258,9 @@ def attach_history(store: PersistentReplay, attachments: list[AttachConfig]) -> 
                 store.attached[next_id] = (path, SOURCES.index(cfg.source), {"task": task, "_filter": keep})
                 store.segments[next_id] = record
                 store.verified.add(next_id)
-                store.transitions += int(np.count_nonzero(keep & (successors(np.asarray(seg.columns["prev_row"]), seg.rows) >= 0)))
+                store.transitions += int(
+                    np.count_nonzero(keep & (successors(np.asarray(seg.columns["prev_row"]), seg.rows) >= 0))
+                )
                 next_id -= 1
         finally:
             index.close()
@@ -262,9 +279,13 @@ def open_index_read_only(path: Path) -> BufferIndex:
 def _filter_rows(store: PersistentReplay, seg, streams: dict[int, StreamRecord], cfg: AttachConfig):
     stream_col = np.asarray(seg.columns["stream"])
     ids = np.unique(stream_col)
-    allowed = [i for i in ids.tolist() if i in streams
-               and (cfg.robots is None or streams[i].robot in cfg.robots)
-               and (cfg.tasks is None or streams[i].task in cfg.tasks)]
+    allowed = [
+        i
+        for i in ids.tolist()
+        if i in streams
+        and (cfg.robots is None or streams[i].robot in cfg.robots)
+        and (cfg.tasks is None or streams[i].task in cfg.tasks)
+    ]
     keep = np.isin(stream_col, allowed)
     if cfg.min_policy_version is not None:
         keep &= np.asarray(seg.columns["policy_version"]) >= cfg.min_policy_version

@@ -18,8 +18,15 @@ import numpy as np
 
 from user_rl.cloud.buffer.index import EpisodeRecord, StreamRecord
 from user_rl.wire import user_rl_pb2 as pb
-from user_rl.wire.transitions import (FINAL_OBS, FINAL_ROW, OBS, OPTIONAL_COLUMNS, POLICY_ACTION, SCALAR_COLUMNS,
-                                      intervened)
+from user_rl.wire.transitions import (
+    FINAL_OBS,
+    FINAL_ROW,
+    OBS,
+    OPTIONAL_COLUMNS,
+    POLICY_ACTION,
+    SCALAR_COLUMNS,
+    intervened,
+)
 
 KIND_RECORD, KIND_FINAL, KIND_CARRY = 0, 1, 2
 ROW_COLUMNS: dict[str, np.dtype] = {
@@ -56,19 +63,24 @@ class StreamState:
     record: StreamRecord
     robot_index: int
     task_id: int
-    pending: Columns | None = None            # one row, segment format
+    pending: Columns | None = None  # one row, segment format
     pending_at: tuple[int, int] | None = None  # (segment id, row)
     episodes: dict[int, EpisodeRecord] = field(default_factory=dict)
-    dropped: int = 0                           # records that could not be paired (gaps)
-    durable_seq: int = 0                       # highest seq that a commit made durable
-    records: int = 0                           # step records stored for this stream (kept across restarts)
+    dropped: int = 0  # records that could not be paired (gaps)
+    durable_seq: int = 0  # highest seq that a commit made durable
+    records: int = 0  # step records stored for this stream (kept across restarts)
 
     def snapshot(self, episodes: list[int]) -> tuple:
         """What `layout` changes for a batch of these episode numbers, so a failed append can be
         undone (`restore`)."""
         touched = {n: self.episodes.get(n) for n in episodes}
-        return (self.pending, self.pending_at, self.dropped, self.records,
-                {n: None if ep is None else replace(ep) for n, ep in touched.items()})
+        return (
+            self.pending,
+            self.pending_at,
+            self.dropped,
+            self.records,
+            {n: None if ep is None else replace(ep) for n, ep in touched.items()},
+        )
 
     def restore(self, saved: tuple) -> None:
         self.pending, self.pending_at, self.dropped, self.records, touched = saved

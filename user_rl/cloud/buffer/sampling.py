@@ -48,10 +48,14 @@ class SamplerSettings:
         if self.mix is not None:
             unknown = [name for name in self.mix if name not in SOURCES]
             if unknown:
-                problems.append(f"unknown source(s) {', '.join(map(repr, unknown))} in mix; "
-                                f"allowed: {', '.join(SOURCES)}")
-            bad = {k: v for k, v in self.mix.items()
-                   if not isinstance(v, Real) or isinstance(v, bool) or not (0 <= v < math.inf)}
+                problems.append(
+                    f"unknown source(s) {', '.join(map(repr, unknown))} in mix; allowed: {', '.join(SOURCES)}"
+                )
+            bad = {
+                k: v
+                for k, v in self.mix.items()
+                if not isinstance(v, Real) or isinstance(v, bool) or not (0 <= v < math.inf)
+            }
             if bad:
                 problems.append(f"mix ratios must be finite numbers >= 0, got {bad}")
             elif sum(self.mix.values()) <= 0:
@@ -109,7 +113,7 @@ class _Group:
         if strategy == "recency":
             self.order = np.zeros((blocks, capacity), np.float64)
             self.cumulative = np.zeros((blocks, capacity), np.float64)  # running sum of weights in each block
-            self.reference = np.zeros(blocks, np.float64)                # per block: the order whose weight is 1
+            self.reference = np.zeros(blocks, np.float64)  # per block: the order whose weight is 1
         self.by_task: dict[int, _Group] = {}  # task_balanced: a uniform group per task
 
     def __len__(self) -> int:
@@ -157,8 +161,7 @@ class _Group:
         if self.strategy == "recency" and len(rows):
             order = np.asarray(order, np.float64)
             top = float(order.max())
-            prepared.update(order=order, reference=top,
-                            cumulative=np.cumsum(np.exp2((order - top) / self.half_life)))
+            prepared.update(order=order, reference=top, cumulative=np.cumsum(np.exp2((order - top) / self.half_life)))
         elif self.strategy == "task_balanced":
             by_task: dict[int, dict] = {}
             if len(rows):
@@ -237,8 +240,9 @@ class _Group:
         else:
             ends = np.cumsum(weight)
             block = np.searchsorted(ends, rng.random(k) * ends[-1], side="right")
-            block = np.where(filled[np.minimum(block, len(count) - 1)], np.minimum(block, len(count) - 1),
-                             np.flatnonzero(filled)[-1])
+            block = np.where(
+                filled[np.minimum(block, len(count) - 1)], np.minimum(block, len(count) - 1), np.flatnonzero(filled)[-1]
+            )
         target = rng.random(k) * last[block]
         # the first entry whose running sum exceeds the target: a binary search in every drawn block at once
         lo, hi = np.zeros(k, np.int64), count[block] - 1
@@ -261,8 +265,14 @@ class _Plan:
         self.size = 0  # flat catalogs: the entries added so far
         mix = settings.mix
         codes = [None] if mix is None else [c for c, name in enumerate(SOURCES) if mix.get(name, 0) > 0]
-        self.members = [(code, _Group(settings.strategy, settings.recency_half_life, blocks, capacity),
-                         1.0 if code is None else float(mix[SOURCES[code]])) for code in codes]
+        self.members = [
+            (
+                code,
+                _Group(settings.strategy, settings.recency_half_life, blocks, capacity),
+                1.0 if code is None else float(mix[SOURCES[code]]),
+            )
+            for code in codes
+        ]
         self.groups = tuple(group for _, group, _ in self.members)
 
     def __len__(self) -> int:
@@ -321,15 +331,23 @@ class Sampler:
         block per slot and replaces a slot's block alone when its segment changes."""
         return _Plan(0, self.settings, blocks, capacity)
 
-    def draw(self, order: np.ndarray, source: np.ndarray, task: np.ndarray,
-             batch_size: int, rng: np.random.Generator, version: int) -> np.ndarray:
+    def draw(
+        self,
+        order: np.ndarray,
+        source: np.ndarray,
+        task: np.ndarray,
+        batch_size: int,
+        rng: np.random.Generator,
+        version: int,
+    ) -> np.ndarray:
         """Catalog indices of a flat catalog (int64, length batch_size, with replacement).
 
         Same `version` and a longer catalog: the new tail is added to the tables (the catalog
         only ever grows by appending between version bumps); a new version rebuilds them."""
         if not len(order) == len(source) == len(task):
-            raise ValueError(f"catalog arrays differ in length: order {len(order)}, "
-                             f"source {len(source)}, task {len(task)}")
+            raise ValueError(
+                f"catalog arrays differ in length: order {len(order)}, source {len(source)}, task {len(task)}"
+            )
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         size, plan = len(order), self.plan
@@ -347,8 +365,13 @@ class Sampler:
     @staticmethod
     def _extend(plan: _Plan, order: np.ndarray, source: np.ndarray, task: np.ndarray) -> None:
         start, end = plan.size, len(order)
-        plan.extend(0, np.arange(start, end, dtype=np.int64), np.asarray(order[start:end]),
-                    np.asarray(source[start:end]), np.asarray(task[start:end]))
+        plan.extend(
+            0,
+            np.arange(start, end, dtype=np.int64),
+            np.asarray(order[start:end]),
+            np.asarray(source[start:end]),
+            np.asarray(task[start:end]),
+        )
         plan.size = end
 
 

@@ -38,8 +38,11 @@ class Scrubber:
 
     def _scrub(self) -> None:
         store = self.store
-        todo = [i for i in sorted(store.segments, reverse=True)  # a copy: the ingest thread adds segments
-                if i not in store.verified and i not in store.attached]
+        todo = [
+            i
+            for i in sorted(store.segments, reverse=True)  # a copy: the ingest thread adds segments
+            if i not in store.verified and i not in store.attached
+        ]
         started = last_report = time.monotonic()
         for done, segment_id in enumerate(todo, 1):
             if self._stop.is_set():

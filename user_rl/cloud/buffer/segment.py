@@ -82,8 +82,13 @@ class _Column:
         return self.dtype.itemsize * math.prod(self.shape)
 
     def to_json(self, crc32: int | None) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype.name, "shape": list(self.shape),
-                "offset": self.offset, "crc32": crc32}
+        return {
+            "name": self.name,
+            "dtype": self.dtype.name,
+            "shape": list(self.shape),
+            "offset": self.offset,
+            "crc32": crc32,
+        }
 
 
 def _storable_dtype(dtype: Any) -> np.dtype:
@@ -110,10 +115,17 @@ def _regions_end(columns: list[_Column], capacity: int) -> int:
     return max([HEADER_AREA] + [c.offset + capacity * c.row_bytes for c in columns])
 
 
-def _header(columns: list[_Column], capacity: int, rows: int, sealed: bool,
-            crcs: list[int | None], meta: dict[str, Any]) -> dict[str, Any]:
-    return {"format": FORMAT, "sealed": sealed, "rows": rows, "capacity": capacity, "meta": meta,
-            "columns": [c.to_json(crc) for c, crc in zip(columns, crcs)]}
+def _header(
+    columns: list[_Column], capacity: int, rows: int, sealed: bool, crcs: list[int | None], meta: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "sealed": sealed,
+        "rows": rows,
+        "capacity": capacity,
+        "meta": meta,
+        "columns": [c.to_json(crc) for c, crc in zip(columns, crcs)],
+    }
 
 
 def _encode_header(header: dict[str, Any]) -> bytes:
@@ -139,8 +151,16 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _seal(fd: int, open_path: Path, final_path: Path, columns: list[_Column], capacity: int,
-          rows: int, crcs: list[int], meta: dict[str, Any]) -> SegmentInfo:
+def _seal(
+    fd: int,
+    open_path: Path,
+    final_path: Path,
+    columns: list[_Column],
+    capacity: int,
+    rows: int,
+    crcs: list[int],
+    meta: dict[str, Any],
+) -> SegmentInfo:
     """Write the sealed header, sync and close `fd`, rename into place, make the rename durable."""
     try:
         _pwrite_all(fd, _encode_header(_header(columns, capacity, rows, True, crcs, meta)), 0)
@@ -150,9 +170,15 @@ def _seal(fd: int, open_path: Path, final_path: Path, columns: list[_Column], ca
     os.replace(open_path, final_path)
     for directory in {final_path.parent.resolve(), open_path.parent.resolve()}:
         _fsync_dir(directory)
-    return SegmentInfo(final_path, rows, capacity,
-                       os.stat(final_path).st_size, rows * sum(c.row_bytes for c in columns),
-                       {c.name: crc for c, crc in zip(columns, crcs)}, meta)
+    return SegmentInfo(
+        final_path,
+        rows,
+        capacity,
+        os.stat(final_path).st_size,
+        rows * sum(c.row_bytes for c in columns),
+        {c.name: crc for c, crc in zip(columns, crcs)},
+        meta,
+    )
 
 
 class SegmentWriter:
@@ -204,8 +230,9 @@ class SegmentWriter:
                 got = values.dtype if isinstance(values, np.ndarray) else type(values).__name__
                 raise ValueError(f"column {column.name!r}: expected dtype {column.dtype}, got {got}")
             if values.shape[1:] != column.shape or values.ndim != 1 + len(column.shape):
-                raise ValueError(f"column {column.name!r}: expected rows of shape {column.shape}, "
-                                 f"got array of shape {values.shape}")
+                raise ValueError(
+                    f"column {column.name!r}: expected rows of shape {column.shape}, got array of shape {values.shape}"
+                )
             if n is not None and len(values) != n:
                 raise ValueError(f"column {column.name!r} has {len(values)} rows, other columns have {n}")
             n = len(values)
@@ -258,6 +285,7 @@ class SegmentWriter:
 
 # -- reading and recovery ------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class _Layout:
     header: dict[str, Any]
@@ -279,8 +307,10 @@ def _check_header(header: Any) -> list[_Column]:
     _require(isinstance(header, dict) and header.get("format") == FORMAT, "not a format-1 header object")
     sealed, rows, capacity = header.get("sealed"), header.get("rows"), header.get("capacity")
     _require(isinstance(sealed, bool) and isinstance(header.get("meta"), dict), "bad 'sealed' or 'meta'")
-    _require(_is_int(rows) and _is_int(capacity) and 0 <= rows <= capacity and capacity >= 1,
-             f"bad rows/capacity {rows!r}/{capacity!r}")
+    _require(
+        _is_int(rows) and _is_int(capacity) and 0 <= rows <= capacity and capacity >= 1,
+        f"bad rows/capacity {rows!r}/{capacity!r}",
+    )
     entries = header.get("columns")
     _require(isinstance(entries, list) and len(entries) > 0, "no columns")
     columns: list[_Column] = []
@@ -290,10 +320,14 @@ def _check_header(header: Any) -> list[_Column]:
         name, dtype, shape, offset, crc = (entry.get(k) for k in ("name", "dtype", "shape", "offset", "crc32"))
         _require(isinstance(dtype, str), f"column {name!r}: bad dtype {dtype!r}")
         _require(isinstance(shape, list) and all(_is_int(d) and d >= 0 for d in shape), f"column {name!r}: bad shape")
-        _require(_is_int(offset) and offset >= region_end and offset % ALIGNMENT == 0,
-                 f"column {name!r}: bad offset {offset!r}")
-        _require((crc is None and not sealed) or (_is_int(crc) and 0 <= crc <= 0xFFFFFFFF),
-                 f"column {name!r}: bad crc32 {crc!r}")
+        _require(
+            _is_int(offset) and offset >= region_end and offset % ALIGNMENT == 0,
+            f"column {name!r}: bad offset {offset!r}",
+        )
+        _require(
+            (crc is None and not sealed) or (_is_int(crc) and 0 <= crc <= 0xFFFFFFFF),
+            f"column {name!r}: bad crc32 {crc!r}",
+        )
         columns.append(_Column(name, _storable_dtype(dtype), tuple(shape), offset))
         region_end = offset + capacity * columns[-1].row_bytes
     _require(len({c.name for c in columns}) == len(columns), "duplicate column names")
@@ -315,7 +349,7 @@ def _load_layout(path: Path) -> _Layout:
         raise CorruptSegment(path, "bad_magic", f"starts with {magic!r}, not {MAGIC!r}")
     if length > HEADER_AREA - _PREFIX.size:
         raise CorruptSegment(path, "bad_header", f"header length {length} exceeds the header area")
-    body = area[_PREFIX.size:_PREFIX.size + length]
+    body = area[_PREFIX.size : _PREFIX.size + length]
     if zlib.crc32(body) != crc:
         raise CorruptSegment(path, "header_crc", f"header crc32 {zlib.crc32(body):#010x} != stored {crc:#010x}")
     try:
@@ -355,8 +389,11 @@ def read_segment(path: Path, verify: bool = True) -> Segment:
         for entry in header["columns"]:
             actual = zlib.crc32(columns[entry["name"]])
             if actual != entry["crc32"]:
-                raise CorruptSegment(path, "column_crc",
-                                     f"column {entry['name']!r}: crc32 {actual:#010x} != header {entry['crc32']:#010x}")
+                raise CorruptSegment(
+                    path,
+                    "column_crc",
+                    f"column {entry['name']!r}: crc32 {actual:#010x} != header {entry['crc32']:#010x}",
+                )
     return Segment(path, header["rows"], header["capacity"], header["meta"], layout.file_size, columns)
 
 

@@ -25,9 +25,9 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import gymnasium as gym
 import numpy as np
@@ -40,8 +40,8 @@ from user_rl.cloud.buffer.recovery import attach_history, fill_cache, load_exist
 from user_rl.cloud.buffer.rows import KIND_RECORD, StreamState, layout, row_bytes, segment_schema
 from user_rl.cloud.buffer.sampling import EMPTY, SOURCES, Sampler, SamplerSettings
 from user_rl.cloud.buffer.scrub import Scrubber
-from user_rl.cloud.buffer.streams import StreamRegistry
 from user_rl.cloud.buffer.segment import CorruptSegment, SegmentWriter
+from user_rl.cloud.buffer.streams import StreamRegistry
 from user_rl.config import BufferConfig
 from user_rl.wire.transitions import FINAL_OBS, FINAL_ROW, OBS, POLICY_ACTION, intervened
 
@@ -73,8 +73,14 @@ def commit_file(directory: Path, segment: int) -> Path:
 
 
 class PersistentReplay(StreamRegistry):
-    def __init__(self, directory: str | Path, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box,
-                 settings: BufferConfig | None = None, gamma: float = 0.99) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        obs_space: gym.spaces.Dict,
+        action_space: gym.spaces.Box,
+        settings: BufferConfig | None = None,
+        gamma: float = 0.99,
+    ) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.settings = s = settings or BufferConfig()
@@ -85,8 +91,14 @@ class PersistentReplay(StreamRegistry):
         self.segment_rows = open_meta(self.index, obs_space, action_space, self.schema, s.segment_mb)
         slot_bytes = self.segment_rows * row_bytes(self.schema)
         self.sampler = Sampler(SamplerSettings(s.strategy, s.recency_half_life, s.mix))
-        self.cache = SlotCache(self.schema, self.segment_rows, max(2, int(s.ram_budget_mb * 2**20 // slot_bytes)),
-                               s.max_policy_lag, drop_stale=s.stale_data == "drop", sampler=self.sampler)
+        self.cache = SlotCache(
+            self.schema,
+            self.segment_rows,
+            max(2, int(s.ram_budget_mb * 2**20 // slot_bytes)),
+            s.max_policy_lag,
+            drop_stale=s.stale_data == "drop",
+            sampler=self.sampler,
+        )
         self.discarded_rows = 0  # transitions of discarded episodes (an episode of n steps has n - 1)
         self._lock = threading.RLock()  # the cache, its catalog and the counters: ingest vs sampler thread
         self.streams: dict[tuple[str, int], StreamState] = {}
@@ -95,27 +107,33 @@ class PersistentReplay(StreamRegistry):
         self._max_stream_id = 0
         self.robots: dict[str, int] = {}
         self.tasks: dict[str, int] = {}
-        self.segments: dict[int, SegmentRecord] = {}    # sealed, usable (own and attached)
+        self.segments: dict[int, SegmentRecord] = {}  # sealed, usable (own and attached)
         self.attached: dict[int, tuple[Path, int, np.ndarray | None]] = {}  # id -> (file, source, row filter)
-        self.verified: set[int] = set()                  # segments whose crc was checked (or that we wrote)
+        self.verified: set[int] = set()  # segments whose crc was checked (or that we wrote)
         self.corrupt: list[str] = []
         self._corrupt_ids: set[int] = set()
         self.duplicates = 0
-        self.lost_batches = 0   # batches the edges lost before sending (spool file unreadable)
+        self.lost_batches = 0  # batches the edges lost before sending (spool file unreadable)
         self.failure: str | None = None  # the disk error that stopped the buffer
         self._thread_errors: dict[str, str] = {}
         self._dropped_released = 0
         self._closed = False
         self._pending_commits: list[tuple[StreamState, int, int, int, bool]] = []  # stream, seq, records, end row, lost
         self._open_batches: list[tuple[int, int, int, bool, str, int]] = []  # durable in the open segment
-        self.transitions = 0    # sampleable transitions (own and attached)
-        self.records = 0        # step records this run's robots produced (own data only)
-        load_existing(self)            # seals what a crash left open, loads streams and segments
+        self.transitions = 0  # sampleable transitions (own and attached)
+        self.records = 0  # step records this run's robots produced (own data only)
+        load_existing(self)  # seals what a crash left open, loads streams and segments
         attach_history(self, s.attach)
-        fill_cache(self)               # newest own segments first (crc checked), then attached history
+        fill_cache(self)  # newest own segments first (crc checked), then attached history
         # The newest segment id ever used: a corrupt, evicted or unregistered file keeps its name.
-        self.open_id = max([0, *self.segments, *(r.id for r in self.index.segments(status=None)),
-                            *(int(p.stem.split("-")[1]) for p in self.dir.glob("*-*.seg"))])
+        self.open_id = max(
+            [
+                0,
+                *self.segments,
+                *(r.id for r in self.index.segments(status=None)),
+                *(int(p.stem.split("-")[1]) for p in self.dir.glob("*-*.seg")),
+            ]
+        )
         self._new_open_segment()
         self._pin_hot()
         self.prefetcher = Prefetcher(self)
@@ -186,7 +204,9 @@ class PersistentReplay(StreamRegistry):
         if not counted:
             return True
         self.lost_batches += 1
-        log.warning("robot %s (epoch %d) lost batch %d before sending it", stream.record.robot, stream.record.epoch, seq)
+        log.warning(
+            "robot %s (epoch %d) lost batch %d before sending it", stream.record.robot, stream.record.epoch, seq
+        )
         return True
 
     def commit(self) -> list[StreamState]:
@@ -200,14 +220,26 @@ class PersistentReplay(StreamRegistry):
                 self.writer.sync()
                 for stream, seq, records, end, lost in self._pending_commits:
                     rec = stream.record
-                    self.commits.append(json.dumps({"s": rec.id, "r": rec.robot, "e": rec.epoch, "t": rec.task,
-                                                    "q": seq, "n": records, "end": end, "lost": lost}).encode())
+                    self.commits.append(
+                        json.dumps(
+                            {
+                                "s": rec.id,
+                                "r": rec.robot,
+                                "e": rec.epoch,
+                                "t": rec.task,
+                                "q": seq,
+                                "n": records,
+                                "end": end,
+                                "lost": lost,
+                            }
+                        ).encode()
+                    )
                 self.commits.sync()
             except OSError:
                 self.commits.truncate(size)  # records that were never acked must not come back after a restart
                 raise
         advanced: dict[int, StreamState] = {}
-        for stream, seq, records, end, lost in self._pending_commits:
+        for stream, seq, records, _end, lost in self._pending_commits:
             rec = stream.record
             self._open_batches.append((rec.id, seq, records, lost, rec.robot, rec.epoch))
             stream.durable_seq = seq  # only now: acked means durable
@@ -246,22 +278,33 @@ class PersistentReplay(StreamRegistry):
         kind, version = columns["kind"][:rows], columns["policy_version"][:rows]
         records = kind == KIND_RECORD
         return SegmentRecord(
-            segment_id, path.name, rows, int(records.sum()),
-            int(np.count_nonzero(self.cache.next_row[self.cache.slot_of(segment_id)][:rows] >= 0)), nbytes, time.time(),
-            int(version[records].min(initial=2**62)), int(version[records].max(initial=-1)),
-            int(np.count_nonzero(intervened(columns["actor"][:rows][records]))), "online")
+            segment_id,
+            path.name,
+            rows,
+            int(records.sum()),
+            int(np.count_nonzero(self.cache.next_row[self.cache.slot_of(segment_id)][:rows] >= 0)),
+            nbytes,
+            time.time(),
+            int(version[records].min(initial=2**62)),
+            int(version[records].max(initial=-1)),
+            int(np.count_nonzero(intervened(columns["actor"][:rows][records]))),
+            "online",
+        )
 
     def _register(self, record: SegmentRecord | None, columns: dict) -> None:
         touched = {b[0] for b in self._open_batches}
         streams = [s for s in self.streams.values() if s.record.id in touched]
         if record is not None:
             for stream in streams:  # where the stream's last record lives (to continue its episode after a restart)
-                mine = np.flatnonzero((columns["stream"][: record.rows] == stream.record.id)
-                                      & (columns["kind"][: record.rows] == KIND_RECORD))
+                mine = np.flatnonzero(
+                    (columns["stream"][: record.rows] == stream.record.id)
+                    & (columns["kind"][: record.rows] == KIND_RECORD)
+                )
                 if len(mine):
                     stream.record.last_segment, stream.record.last_row = record.id, int(mine[-1])
-        episodes = [ep for s in streams for ep in s.episodes.values()
-                    if record is not None and ep.last_segment == record.id]
+        episodes = [
+            ep for s in streams for ep in s.episodes.values() if record is not None and ep.last_segment == record.id
+        ]
         batches = [(sid, seq, n) for sid, seq, n, lost, _, _ in self._open_batches if not lost]
         lost = [(sid, seq, self.open_id) for sid, seq, _, is_lost, _, _ in self._open_batches if is_lost]
         self.index.register_segment(record, batches, [s.record for s in streams], episodes, lost)
@@ -383,10 +426,14 @@ class PersistentReplay(StreamRegistry):
             if not len(cache.plan):
                 self.prefetcher.wanted()  # what is in RAM has nothing to draw: rotate a cold segment in
                 if cache.drop_stale and cache.catalog_size() == 0 and self.transitions:
-                    raise AllStale(f"every cached transition lagged more than buffer.max_policy_lag="
-                                   f"{self.settings.max_policy_lag} versions (stale_data: drop)")
-                raise NothingToSample(f"{EMPTY} (in RAM now: {cache.catalog_size()} transitions, none the "
-                                      f"sampler may draw; {len(self)} sampleable in the buffer)")
+                    raise AllStale(
+                        f"every cached transition lagged more than buffer.max_policy_lag="
+                        f"{self.settings.max_policy_lag} versions (stale_data: drop)"
+                    )
+                raise NothingToSample(
+                    f"{EMPTY} (in RAM now: {cache.catalog_size()} transitions, none the "
+                    f"sampler may draw; {len(self)} sampleable in the buffer)"
+                )
             position = cache.plan.draw(batch_size, rng)  # flat positions in the slot arrays
             if self.settings.max_policy_lag is not None and self.settings.stale_data == "downweight":
                 self._redraw_stale(position, rng)
@@ -448,13 +495,22 @@ class PersistentReplay(StreamRegistry):
         streams = list(self.streams.values())  # one C-level copy: the ingest thread may add streams
         with self._lock:
             checked = len(self.verified) + len(self._corrupt_ids)
-            return {"transitions": self.transitions, "segments": len(self.segments) + 1,
-                    "cached_segments": len(self.cache.active()), "corrupt_segments": list(self.corrupt),
-                    "duplicates": self.duplicates, "lost_batches": self.lost_batches,
-                    "discarded_episodes": len(self.cache.discarded),
-                    "dropped_unpaired": self._dropped_released + sum(s.dropped for s in streams),
-                    "scrub": {"verified": checked, "total": len(set(self.segments) | self.verified) + len(self._corrupt_ids)},
-                    "failure": self.failure, "thread_errors": self.thread_errors()}
+            return {
+                "transitions": self.transitions,
+                "segments": len(self.segments) + 1,
+                "cached_segments": len(self.cache.active()),
+                "corrupt_segments": list(self.corrupt),
+                "duplicates": self.duplicates,
+                "lost_batches": self.lost_batches,
+                "discarded_episodes": len(self.cache.discarded),
+                "dropped_unpaired": self._dropped_released + sum(s.dropped for s in streams),
+                "scrub": {
+                    "verified": checked,
+                    "total": len(set(self.segments) | self.verified) + len(self._corrupt_ids),
+                },
+                "failure": self.failure,
+                "thread_errors": self.thread_errors(),
+            }
 
     def close(self) -> None:
         """Seal what is open and close the index; the directory then holds everything.
@@ -480,8 +536,9 @@ class PersistentReplay(StreamRegistry):
         self.writer.abort()
         self.commits.close()
         commit_file(self.dir, self.open_id).unlink(missing_ok=True)
-        self.index.update_episodes([ep for s in self.streams.values() for ep in s.episodes.values()],
-                                   [s.record for s in self.streams.values()])
+        self.index.update_episodes(
+            [ep for s in self.streams.values() for ep in s.episodes.values()], [s.record for s in self.streams.values()]
+        )
         self.index.close()
 
 

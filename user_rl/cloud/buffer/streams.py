@@ -6,8 +6,8 @@ stream is made by its first batch (a hello gets a stand-in, `unstored_stream`), 
 releases idle and drained streams (`release_stream`) and `stream()` reloads one from the index,
 pending record included, so an episode continues. Opening a stream ends nothing: which older
 edge lives are over is decided at a hello (`finished_streams`), from the robot's streams in RAM
-and a partial index of open episodes, never by scanning every stream. Mixed into `PersistentReplay` (it uses the store's index, pending commits and
-disk-error handling); ingest thread only.
+and a partial index of open episodes, never by scanning every stream. Mixed into `PersistentReplay`
+(it uses the store's index, pending commits and disk-error handling); ingest thread only.
 """
 
 from __future__ import annotations
@@ -76,11 +76,13 @@ class StreamRegistry:
         one never stored. One index query for those not in RAM."""
         ram = {e: self.streams.get((robot, e)) for e in epochs} if self._by_robot.get(robot) else dict.fromkeys(epochs)
         stored = self.index.last_seqs(robot, [e for e, s in ram.items() if s is None])
-        return {e: (s.durable_seq, s.record.last_seq) if s is not None else (stored.get(e, 0),) * 2
-                for e, s in ram.items()}
+        return {
+            e: (s.durable_seq, s.record.last_seq) if s is not None else (stored.get(e, 0),) * 2 for e, s in ram.items()
+        }
 
-    def finished_streams(self, robot: str, epoch: int, spooled: Collection[int],
-                         more_spooled: bool = False) -> list[StreamState]:
+    def finished_streams(
+        self, robot: str, epoch: int, spooled: Collection[int], more_spooled: bool = False
+    ) -> list[StreamState]:
         """At a hello of `epoch`: the robot's older streams with an open episode whose data has all
         arrived. An older epoch the edge names as spooled is not (its own `edge_restart` marker
         ends it after its data); unnamed ones are, except, while the edge says it spools more than
@@ -91,8 +93,12 @@ class StreamRegistry:
         def over(e: int) -> bool:
             return e < epoch and e not in spooled and (not more_spooled or e < newest_named)
 
-        found = [s for s in self._by_robot.get(robot, {}).values() if over(s.record.epoch)
-                 and (s.pending is not None or any(ep.status == "open" for ep in s.episodes.values()))]
+        found = [
+            s
+            for s in self._by_robot.get(robot, {}).values()
+            if over(s.record.epoch)
+            and (s.pending is not None or any(ep.status == "open" for ep in s.episodes.values()))
+        ]
         for record in self.index.streams_with_open_episodes(robot, epoch):  # released ones
             if (robot, record.epoch) not in self.streams and over(record.epoch):
                 found.append(load_stream(self, record))
@@ -105,8 +111,9 @@ class StreamRegistry:
             self.end_open_episodes(stream, reason=EDGE_RESTART)
             self.release_stream(stream)
 
-    def end_finished_streams(self, robot: str, epoch: int, spooled: Collection[int] = (),
-                             more_spooled: bool = False) -> list[StreamState]:
+    def end_finished_streams(
+        self, robot: str, epoch: int, spooled: Collection[int] = (), more_spooled: bool = False
+    ) -> list[StreamState]:
         """`finished_streams`, ended (`end_lives`); the ingest commits in between (see there)."""
         finished = self.finished_streams(robot, epoch, spooled, more_spooled)
         self.end_lives(finished)
@@ -114,8 +121,11 @@ class StreamRegistry:
 
     def adopt_stream(self, record: StreamRecord) -> StreamState:
         """Keep a stream in RAM (a new one, or one loaded from the index)."""
-        state = StreamState(record, self.robots.setdefault(record.robot, len(self.robots)),
-                            self.tasks.setdefault(record.task, len(self.tasks)))
+        state = StreamState(
+            record,
+            self.robots.setdefault(record.robot, len(self.robots)),
+            self.tasks.setdefault(record.task, len(self.tasks)),
+        )
         state.durable_seq = record.last_seq
         self.streams[(record.robot, record.epoch)] = state
         self._by_robot.setdefault(record.robot, {})[record.epoch] = state
@@ -174,4 +184,3 @@ class StreamRegistry:
             stream = self.streams.get(key)
             if stream is None or self.release_stream(stream):
                 self._release_at_seal.discard(key)
-

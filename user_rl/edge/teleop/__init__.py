@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 TOKEN_ENV = "USER_RL_TELEOP_TOKEN"
 
 
-def given_token(settings: "TeleopConfig") -> str | None:
+def given_token(settings: TeleopConfig) -> str | None:
     """The configured token, else $USER_RL_TELEOP_TOKEN, else None (nobody gave one)."""
     from user_rl.config import TELEOP_TOKEN, ConfigError
 
@@ -39,32 +39,40 @@ def given_token(settings: "TeleopConfig") -> str | None:
     return token or None
 
 
-def resolve_token(settings: "TeleopConfig") -> str:
+def resolve_token(settings: TeleopConfig) -> str:
     """The given token, else a new random one."""
     return given_token(settings) or secrets.token_urlsafe(24)
 
 
-def make_source(robot: "Robot", settings: "TeleopConfig", max_action_delta: float | None = None,
-                control_hz: float = 0.0) -> WebTeleop:
+def make_source(
+    robot: Robot, settings: TeleopConfig, max_action_delta: float | None = None, control_hz: float = 0.0
+) -> WebTeleop:
     """The page's source for `robot`: its keys move it in the terms the robot declared, by at most
     the safety filter's per-step limit (`safety.max_action_delta`, or an absolute robot's default)."""
     from user_rl.edge.motion import Motion
 
     space = robot.action_space
-    return WebTeleop(space.shape, space.low, space.high, settings.command_timeout_s,
-                     Motion.for_robot(robot, max_action_delta, control_hz),
-                     settings.hand_back_after_s)
+    return WebTeleop(
+        space.shape,
+        space.low,
+        space.high,
+        settings.command_timeout_s,
+        Motion.for_robot(robot, max_action_delta, control_hz),
+        settings.hand_back_after_s,
+    )
 
 
-def start_server(edge: "EdgeDaemon", source: WebTeleop, settings: "TeleopConfig", index: int = 0) -> "TeleopServer":
+def start_server(edge: EdgeDaemon, source: WebTeleop, settings: TeleopConfig, index: int = 0) -> TeleopServer:
     """Serve the robot's page (robot `index` of a fleet listens on `settings.port + index`) and print its address."""
     try:
         from user_rl.edge.teleop.server import TeleopServer
     except ModuleNotFoundError as exc:
         if exc.name != "aiohttp":
             raise
-        raise RuntimeError("teleop.enabled needs the teleop extra (aiohttp is not installed here): "
-                           "pip install -e '.[teleop]' in the user-rl checkout") from exc
+        raise RuntimeError(
+            "teleop.enabled needs the teleop extra (aiohttp is not installed here): "
+            "pip install -e '.[teleop]' in the user-rl checkout"
+        ) from exc
     port = settings.port + index if settings.port else 0
     given = given_token(settings)
     server = TeleopServer(edge, source, settings, port, given or secrets.token_urlsafe(24)).start()

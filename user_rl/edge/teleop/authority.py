@@ -54,8 +54,10 @@ def read_operators(path: str | Path) -> dict[str, str]:
 def operator_named_by(credential: str, operators_file: str | None) -> str:
     """The operator whose credential this is; NotAllowed otherwise."""
     if not operators_file:
-        raise NotAllowed("re-arming from the page needs an operator, and this robot has none "
-                         "(teleop.operators_file is not set): re-arm with `user-rl rearm` on the robot's controller")
+        raise NotAllowed(
+            "re-arming from the page needs an operator, and this robot has none "
+            "(teleop.operators_file is not set): re-arm with `user-rl rearm` on the robot's controller"
+        )
     try:
         operators = read_operators(operators_file)
     except (ValueError, OSError) as exc:
@@ -72,7 +74,10 @@ def check_rearm(stop: dict, credential: str, confirm: str, operators_file: str |
     NotAllowed, saying what is missing, otherwise."""
     name = operator_named_by(credential, operators_file)
     if (confirm or "").strip() != stop["reason"].strip():
-        how = ("tick that the robot is safe to move" if stop["source"] == PAGE_SOURCE else
-               f"this stop was set by the {stop['source']}: type its reason exactly to clear it")
+        how = (
+            "tick that the robot is safe to move"
+            if stop["source"] == PAGE_SOURCE
+            else f"this stop was set by the {stop['source']}: type its reason exactly to clear it"
+        )
         raise NotAllowed(f"confirm the stop you clear ({stop['reason']!r}): {how}")
     return name

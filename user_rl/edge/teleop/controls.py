@@ -16,8 +16,16 @@ from dataclasses import asdict, dataclass
 
 import gymnasium as gym
 
-KEY_PAIRS = [("KeyD", "KeyA"), ("KeyW", "KeyS"), ("KeyE", "KeyQ"), ("KeyL", "KeyJ"), ("KeyI", "KeyK"),
-             ("KeyO", "KeyU"), ("ArrowRight", "ArrowLeft"), ("ArrowUp", "ArrowDown")]
+KEY_PAIRS = [
+    ("KeyD", "KeyA"),
+    ("KeyW", "KeyS"),
+    ("KeyE", "KeyQ"),
+    ("KeyL", "KeyJ"),
+    ("KeyI", "KeyK"),
+    ("KeyO", "KeyU"),
+    ("ArrowRight", "ArrowLeft"),
+    ("ArrowUp", "ArrowDown"),
+]
 GRIPPER_KEYS = ("KeyF", "KeyR")  # close, open
 # Standard gamepad layout: axes 0/1 left stick x/y, 2/3 right stick x/y (y is down-positive: flipped).
 GAMEPAD_AXES = [(0, 1.0), (1, -1.0), (2, 1.0), (3, -1.0)]
@@ -33,22 +41,23 @@ class DimensionControl:
     name: str
     plus_key: str | None
     minus_key: str | None
-    axis: int | None = None          # gamepad axis, scaled by axis_sign
+    axis: int | None = None  # gamepad axis, scaled by axis_sign
     axis_sign: float = 1.0
-    plus_button: int | None = None   # gamepad buttons, when no axis is left
+    plus_button: int | None = None  # gamepad buttons, when no axis is left
     minus_button: int | None = None
 
 
 def key_label(code: str | None) -> str:
-    """"KeyD" -> "D", "ArrowUp" -> "↑" (what a person reads on the page)."""
+    """ "KeyD" -> "D", "ArrowUp" -> "↑" (what a person reads on the page)."""
     if code is None:
         return "-"
     arrows = {"ArrowUp": "↑", "ArrowDown": "↓", "ArrowLeft": "←", "ArrowRight": "→"}
     return arrows.get(code, code.removeprefix("Key"))
 
 
-def control_map(action_space: gym.spaces.Box, gripper_index: int | None = None,
-                names: list[str] | None = None) -> list[DimensionControl]:
+def control_map(
+    action_space: gym.spaces.Box, gripper_index: int | None = None, names: list[str] | None = None
+) -> list[DimensionControl]:
     """The controls of every action dimension, in order."""
     if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
         raise ValueError(f"teleop drives a flat Box action space; this robot's is {action_space}")
@@ -59,8 +68,11 @@ def control_map(action_space: gym.spaces.Box, gripper_index: int | None = None,
     for i in range(dims):
         name = names[i] if names and i < len(names) else f"action[{i}]"
         if i == gripper_index:
-            controls.append(DimensionControl(i, "gripper", *GRIPPER_KEYS, plus_button=GRIPPER_BUTTONS[0],
-                                             minus_button=GRIPPER_BUTTONS[1]))
+            controls.append(
+                DimensionControl(
+                    i, "gripper", *GRIPPER_KEYS, plus_button=GRIPPER_BUTTONS[0], minus_button=GRIPPER_BUTTONS[1]
+                )
+            )
             continue
         plus, minus = next(keys, (None, None))
         axis = next(axes, None)
@@ -74,5 +86,9 @@ def control_map(action_space: gym.spaces.Box, gripper_index: int | None = None,
 
 def mapping_for_page(controls: list[DimensionControl], speed: float) -> dict:
     """What the page needs to drive and to show the mapping."""
-    return {"speed": speed, "dimensions": [{**asdict(c), "plus_label": key_label(c.plus_key),
-                                            "minus_label": key_label(c.minus_key)} for c in controls]}
+    return {
+        "speed": speed,
+        "dimensions": [
+            {**asdict(c), "plus_label": key_label(c.plus_key), "minus_label": key_label(c.minus_key)} for c in controls
+        ],
+    }

@@ -20,9 +20,9 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from user_rl.config import ConfigError
 
@@ -33,7 +33,7 @@ Printer = Callable[[str], None]
 @dataclass(frozen=True)
 class RobotPage:
     robot_id: str
-    address: str   # http://HOST:PORT/
+    address: str  # http://HOST:PORT/
     token: str
 
     @property
@@ -70,8 +70,9 @@ def read_pages(target: str) -> list[RobotPage]:
             data = json.loads(path.read_text())
             pages += [RobotPage(r, a, data["token"]) for r, a in data["robots"].items()]
     if not pages and not any(p.is_file() for p in files):
-        raise FileNotFoundError(f"{run_dir} holds no {PAGES_FILE}: was it launched with teleop.enabled=true "
-                                "(and has its fleet started)?")
+        raise FileNotFoundError(
+            f"{run_dir} holds no {PAGES_FILE}: was it launched with teleop.enabled=true (and has its fleet started)?"
+        )
     return pages
 
 
@@ -108,21 +109,31 @@ def fleet_html(pages: list[RobotPage]) -> str:
             cells = [f'<td colspan="5" class="error">{html.escape(state["error"])}</td>']
         else:
             stop = state.get("estop")
-            cells = [f"<td>{html.escape(str(state[k]))}</td>" for k in ("policy_version", "episode", "driver", "viewers")]
+            cells = [
+                f"<td>{html.escape(str(state[k]))}</td>" for k in ("policy_version", "episode", "driver", "viewers")
+            ]
             cells.append(f'<td class="{"error" if stop else ""}">{html.escape(stop or "armed")}</td>')
         link = f'<a href="{html.escape(page.url)}">{html.escape(page.robot_id)}</a>'
         rows.append(f"<tr><td>{link}</td>{''.join(cells)}</tr>")
     body = "".join(rows) or '<tr><td colspan="6">no robot serves a page yet</td></tr>'
-    return ("<!doctype html><html><head><meta charset='utf-8'><meta http-equiv='refresh' content='3'>"
-            "<title>user-rl fleet</title><style>body{font-family:system-ui,sans-serif}td,th{padding:2px 10px;"
-            "text-align:left}.error{color:#c00}</style></head><body><h1>Fleet</h1><table><tr><th>robot</th>"
-            "<th>policy version</th><th>episode</th><th>driving</th><th>watching</th><th>e-stop</th></tr>"
-            f"{body}</table></body></html>")
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><meta http-equiv='refresh' content='3'>"
+        "<title>user-rl fleet</title><style>body{font-family:system-ui,sans-serif}td,th{padding:2px 10px;"
+        "text-align:left}.error{color:#c00}</style></head><body><h1>Fleet</h1><table><tr><th>robot</th>"
+        "<th>policy version</th><th>episode</th><th>driving</th><th>watching</th><th>e-stop</th></tr>"
+        f"{body}</table></body></html>"
+    )
 
 
-def serve_fleet_page(target: str, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                     out: Printer = print, ready: Callable[[str], None] | None = None,
-                     stop: threading.Event | None = None) -> None:
+def serve_fleet_page(
+    target: str,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token: str | None = None,
+    out: Printer = print,
+    ready: Callable[[str], None] | None = None,
+    stop: threading.Event | None = None,
+) -> None:
     """Serve the fleet page until interrupted or `stop` is set (the run directory is read again on
     every request, so restarted edges show their new addresses). `ready` gets the page's URL."""
     import asyncio

@@ -48,8 +48,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STATE_HZ = 10.0          # state messages per second to each page
-SEND_TIMEOUT_S = 1.0     # a page that does not take a message this fast misses it
+STATE_HZ = 10.0  # state messages per second to each page
+SEND_TIMEOUT_S = 1.0  # a page that does not take a message this fast misses it
 FRAME_ON_REQUEST_S = 2.0  # /api/frame keeps frames coming this long
 STATIC = resources.files("user_rl.edge.teleop") / "static"
 
@@ -86,13 +86,17 @@ class Client:
 
 
 class TeleopServer:
-    def __init__(self, edge: "EdgeDaemon", source: WebTeleop, settings: "TeleopConfig", port: int, token: str) -> None:
+    def __init__(self, edge: EdgeDaemon, source: WebTeleop, settings: TeleopConfig, port: int, token: str) -> None:
         self.edge, self.source, self.settings, self.token = edge, source, settings, token
         self.robot_id = edge.robot.descriptor.id
         self.latch = EStopLatch(edge.estop.path)  # the loop's latch file; a reader of our own (thread-safe)
         robot = edge.robot
-        self.mapping = mapping_for_page(control_map(robot.action_space, getattr(robot, "gripper_index", None),
-                                                    getattr(robot, "action_names", None)), settings.speed)
+        self.mapping = mapping_for_page(
+            control_map(
+                robot.action_space, getattr(robot, "gripper_index", None), getattr(robot, "action_names", None)
+            ),
+            settings.speed,
+        )
         self.camera_keys = image_keys(robot.observation_space)
         self.episode_limit = episode_limit(robot)
         if settings.operators_file:  # a wrong operators file fails the start, not the first re-arm
@@ -124,11 +128,12 @@ class TeleopServer:
         """The page's address with its token: what a person opens."""
         return f"{self.address}?token={self.token}"
 
-    def start(self) -> "TeleopServer":
+    def start(self) -> TeleopServer:
         self.thread.start()
         if not self._ready.wait(30) or self._error is not None:
-            raise RuntimeError(f"{self.robot_id}: the teleop page could not start on "
-                               f"{self.settings.host}:{self._port}: {self._error}")
+            raise RuntimeError(
+                f"{self.robot_id}: the teleop page could not start on {self.settings.host}:{self._port}: {self._error}"
+            )
         self.edge.step_watchers.append(self.on_step)
         return self
 
@@ -154,9 +159,16 @@ class TeleopServer:
 
     async def _start_site(self) -> None:
         app = web.Application(middlewares=[self._require_token])
-        app.add_routes([web.get("/", self._page), web.get("/teleop.js", self._static),
-                        web.get("/teleop.css", self._static), web.get("/api/state", self._api_state),
-                        web.get("/api/frame/{camera}", self._api_frame), web.get("/ws", self._websocket)])
+        app.add_routes(
+            [
+                web.get("/", self._page),
+                web.get("/teleop.js", self._static),
+                web.get("/teleop.css", self._static),
+                web.get("/api/state", self._api_state),
+                web.get("/api/frame/{camera}", self._api_frame),
+                web.get("/ws", self._websocket),
+            ]
+        )
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.host, self._port)
@@ -184,7 +196,9 @@ class TeleopServer:
         applied = self.source.applied(record)
         if applied is not None and self._loop is not None:
             asyncio.run_coroutine_threadsafe(self._tell_applied(applied), self._loop)
-        if self.renders and self._frame_seq == 0:  # a renderer's first frame is slow (GL set-up): not when someone looks
+        if (
+            self.renders and self._frame_seq == 0
+        ):  # a renderer's first frame is slow (GL set-up): not when someone looks
             self.edge.robot.render(size=self.settings.view_size)
             self._frame_seq = 1
         now = time.monotonic()
@@ -202,8 +216,10 @@ class TeleopServer:
     async def _require_token(self, request: web.Request, handler: Any) -> web.StreamResponse:
         given = request.query.get("token") or request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
         if not given:
-            raise web.HTTPUnauthorized(text=f"{self.robot_id}: this teleop page needs its token: open the address "
-                                            "the edge printed at start (it ends in ?token=...)")
+            raise web.HTTPUnauthorized(
+                text=f"{self.robot_id}: this teleop page needs its token: open the address "
+                "the edge printed at start (it ends in ?token=...)"
+            )
         if not hmac.compare_digest(given.encode(), self.token.encode()):
             raise web.HTTPForbidden(text=f"{self.robot_id}: wrong teleop token")
         return await handler(request)
@@ -223,8 +239,9 @@ class TeleopServer:
     async def _api_frame(self, request: web.Request) -> web.Response:
         camera = request.match_info["camera"]
         if camera not in self.cameras:
-            raise web.HTTPNotFound(text=f"{self.robot_id} has no camera {camera!r}; it has: "
-                                        f"{', '.join(self.cameras) or 'none'}")
+            raise web.HTTPNotFound(
+                text=f"{self.robot_id} has no camera {camera!r}; it has: {', '.join(self.cameras) or 'none'}"
+            )
         self._frames_wanted_until = time.monotonic() + FRAME_ON_REQUEST_S
         deadline = time.monotonic() + FRAME_ON_REQUEST_S
         while camera not in self._frames and time.monotonic() < deadline:
@@ -245,17 +262,27 @@ class TeleopServer:
         _, person = self.source.driver
         stop = self.latch.stop()
         state = {
-            "type": "state", "robot": self.robot_id, "policy_version": edge.policy_version,
-            "episode": record.episode if record else edge.episodes, "step": record.step if record else 0,
-            "episode_steps": record.step + 1 if record else 0, "episode_limit": self.episode_limit,
+            "type": "state",
+            "robot": self.robot_id,
+            "policy_version": edge.policy_version,
+            "episode": record.episode if record else edge.episodes,
+            "step": record.step if record else 0,
+            "episode_steps": record.step + 1 if record else 0,
+            "episode_limit": self.episode_limit,
             "episode_ended": bool(record and record.ended),
-            "estop_source": stop["source"] if stop else None, "estop_by": stop["by"] if stop else None,
-            "rearmed": edge.estop.last_rearm(), "holding_s": self.source.holding,
-            "reward": round(record.reward, 4) if record else 0.0, "steps": edge.steps,
+            "estop_source": stop["source"] if stop else None,
+            "estop_by": stop["by"] if stop else None,
+            "rearmed": edge.estop.last_rearm(),
+            "holding_s": self.source.holding,
+            "reward": round(record.reward, 4) if record else 0.0,
+            "steps": edge.steps,
             "actor": pb.Actor.Name(record.actor).removeprefix("ACTOR_").lower() if record else "",
             "action": [round(float(a), 3) for a in record.action] if record else [],
-            "driver": edge.interventions.driver_name or "policy", "teleop_driver": person or None,
-            "viewers": len(self._clients), "estop": self.latch.tripped(), "last_label": self.last_label,
+            "driver": edge.interventions.driver_name or "policy",
+            "teleop_driver": person or None,
+            "viewers": len(self._clients),
+            "estop": self.latch.tripped(),
+            "last_label": self.last_label,
         }
         if record is not None and not self.cameras:  # no picture: show the robot's state instead
             state["observation"] = {k: [round(float(x), 3) for x in np.ravel(v)[:24]] for k, v in record.obs.items()}
@@ -287,15 +314,27 @@ class TeleopServer:
                 for client in clients:
                     if client.sent_frame != seq:
                         client.sent_frame = seq
-                        jobs += [self._send(client, bytes([i]) + encoded[key])
-                                 for i, key in enumerate(self.cameras) if key in encoded]
+                        jobs += [
+                            self._send(client, bytes([i]) + encoded[key])
+                            for i, key in enumerate(self.cameras)
+                            if key in encoded
+                        ]
             await asyncio.gather(*jobs)
 
     async def _tell_applied(self, applied: AppliedCommand) -> None:
         client = self._clients.get(applied.client)
         if client is not None:
-            await self._send(client, {"type": "applied", "id": applied.command_id, "received_at": applied.received_at,
-                                      "sent_at": applied.sent_at, "episode": applied.episode, "step": applied.step})
+            await self._send(
+                client,
+                {
+                    "type": "applied",
+                    "id": applied.command_id,
+                    "received_at": applied.received_at,
+                    "sent_at": applied.sent_at,
+                    "episode": applied.episode,
+                    "step": applied.step,
+                },
+            )
 
     # -- the websocket: one per page ---------------------------------------------------------------
     async def _websocket(self, request: web.Request) -> web.WebSocketResponse:
@@ -304,13 +343,22 @@ class TeleopServer:
         number = next(self._ids)
         client = Client(id=f"c{number}", name=f"viewer-{number}", ws=ws)
         self._clients[client.id] = client
-        await self._send(client, {"type": "welcome", "robot": self.robot_id, "client": client.id, "name": client.name,
-                                  "cameras": self.cameras, "mapping": self.mapping,
-                                  "has_gripper": getattr(self.edge.robot, "gripper_index", None) is not None,
-                                  "control_hz": self.edge.settings.control_hz,
-                                  "command_timeout_s": self.settings.command_timeout_s,
-                                  "hand_back_after_s": self.settings.hand_back_after_s,
-                                  "operators": bool(self.settings.operators_file)})
+        await self._send(
+            client,
+            {
+                "type": "welcome",
+                "robot": self.robot_id,
+                "client": client.id,
+                "name": client.name,
+                "cameras": self.cameras,
+                "mapping": self.mapping,
+                "has_gripper": getattr(self.edge.robot, "gripper_index", None) is not None,
+                "control_hz": self.edge.settings.control_hz,
+                "command_timeout_s": self.settings.command_timeout_s,
+                "hand_back_after_s": self.settings.hand_back_after_s,
+                "operators": bool(self.settings.operators_file),
+            },
+        )
         try:
             async for message in ws:
                 if message.type == WSMsgType.TEXT:
@@ -318,9 +366,13 @@ class TeleopServer:
         finally:
             del self._clients[client.id]
             if self.source.lost(client.id):
-                log.warning("%s: %s's page lost its connection while driving: the robot holds still for %.1f s "
-                            "(anyone may take over), then the policy acts", self.robot_id, client.name,
-                            self.settings.hand_back_after_s)
+                log.warning(
+                    "%s: %s's page lost its connection while driving: the robot holds still for %.1f s "
+                    "(anyone may take over), then the policy acts",
+                    self.robot_id,
+                    client.name,
+                    self.settings.hand_back_after_s,
+                )
         return ws
 
     async def _on_message(self, client: Client, text: str) -> None:
@@ -368,11 +420,14 @@ class TeleopServer:
         stop = self.latch.stop()
         if stop is None:
             return {"type": "ok", "for": "rearm", "message": "the robot was not stopped"}
-        operator = check_rearm(stop, str(message.get("credential") or ""), str(message.get("confirm") or ""),
-                               self.settings.operators_file)
+        operator = check_rearm(
+            stop, str(message.get("credential") or ""), str(message.get("confirm") or ""), self.settings.operators_file
+        )
         by = f"operator {operator} (teleop page, {client.name})"
         self.latch.clear(by=by)
-        log.warning("%s: re-armed by %s; the %s stop cleared was: %s", self.robot_id, by, stop["source"], stop["reason"])
+        log.warning(
+            "%s: re-armed by %s; the %s stop cleared was: %s", self.robot_id, by, stop["source"], stop["reason"]
+        )
         return {"type": "ok", "for": "rearm", "message": f"re-armed by {by}"}
 
     def _request(self, client: Client, kind: str, message: dict) -> None:
@@ -384,8 +439,11 @@ class TeleopServer:
         episode, step = int(message["episode"]), int(message["step"])
         if episode != self.edge.episodes:  # the loop checks again when it takes the request
             self.edge.requests.refused += 1
-            raise ValueError(f"{kind} refused: episode {episode} " + ("had already ended" if episode < self.edge.episodes
-                             else "has not started") + f" (episode {self.edge.episodes} is in progress); nothing done")
+            raise ValueError(
+                f"{kind} refused: episode {episode} "
+                + ("had already ended" if episode < self.edge.episodes else "has not started")
+                + f" (episode {self.edge.episodes} is in progress); nothing done"
+            )
         loop = self._loop
 
         def done(applied: bool, text: str) -> None:  # on the control loop's thread

@@ -26,8 +26,8 @@ import numpy as np
 
 from user_rl.edge.intervention import StepView
 from user_rl.edge.motion import Motion
-from user_rl.hal.action import ActionMode
 from user_rl.edge.operator import StepRecord
+from user_rl.hal.action import ActionMode
 from user_rl.wire import user_rl_pb2 as pb
 
 
@@ -42,7 +42,7 @@ class AppliedCommand:
     client: str
     command_id: int
     received_at: float  # time.time() when the server got it
-    sent_at: float      # time.time() when the loop handed the action to the robot
+    sent_at: float  # time.time() when the loop handed the action to the robot
     episode: int
     step: int
 
@@ -52,9 +52,15 @@ class WebTeleop:
 
     actor = pb.ACTOR_HUMAN
 
-    def __init__(self, action_shape: tuple[int, ...], low: np.ndarray, high: np.ndarray,
-                 command_timeout_s: float = 0.5, motion: Motion | None = None,
-                 hand_back_after_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        action_shape: tuple[int, ...],
+        low: np.ndarray,
+        high: np.ndarray,
+        command_timeout_s: float = 0.5,
+        motion: Motion | None = None,
+        hand_back_after_s: float = 10.0,
+    ) -> None:
         """`motion`: how commands become this robot's actions (`Motion.for_robot`); default: a
         delta robot over [low, high]."""
         self.low, self.high = np.asarray(low, np.float32), np.asarray(high, np.float32)
@@ -64,15 +70,15 @@ class WebTeleop:
         self._lost_at: float | None = None  # time.monotonic() the driver's connection dropped
         self._zero = np.zeros(action_shape, np.float32)  # the motion command "nothing held"
         self._lock = threading.Lock()
-        self._driver: str | None = None   # the driving client's id
-        self._person = ""                 # and the name it gave
+        self._driver: str | None = None  # the driving client's id
+        self._person = ""  # and the name it gave
         self._action = self._zero
         self._command_id = -1
-        self._received_at = 0.0           # time.time() of the current command
-        self._refreshed = 0.0             # time.monotonic() the current command was last sent
-        self._last_used = -1              # the newest command a step used
+        self._received_at = 0.0  # time.time() of the current command
+        self._refreshed = 0.0  # time.monotonic() the current command was last sent
+        self._last_used = -1  # the newest command a step used
         self._pending: tuple[str, int, float] | None = None  # its first step, not yet reported
-        self.stale_commands = 0           # commands that timed out (the robot was stopped instead)
+        self.stale_commands = 0  # commands that timed out (the robot was stopped instead)
 
     @property
     def name(self) -> str:

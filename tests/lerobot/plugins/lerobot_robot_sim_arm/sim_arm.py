@@ -21,9 +21,11 @@ class SimArm(Robot):
         super().__init__(config)
         self.config = config
         self.motors = [f"j{i + 1}" for i in range(config.joints)]
-        self.bus = SimpleNamespace(motors={m: Motor(i + 1, "sts3215", MotorNormMode.DEGREES)
-                                           for i, m in enumerate(self.motors)},
-                                   model_resolution_table={"sts3215": 4096}, calibration=self.calibration)
+        self.bus = SimpleNamespace(
+            motors={m: Motor(i + 1, "sts3215", MotorNormMode.DEGREES) for i, m in enumerate(self.motors)},
+            model_resolution_table={"sts3215": 4096},
+            calibration=self.calibration,
+        )
         self.position = np.zeros(config.joints)
         self.connected = False
         self.sent: list[dict] = []

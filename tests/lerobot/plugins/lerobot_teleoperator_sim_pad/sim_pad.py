@@ -44,10 +44,13 @@ class SimPad(Teleoperator):
     def get_teleop_events(self) -> dict:
         read, self.reads = self.reads, self.reads + 1
         c = self.config
-        return {TeleopEvents.IS_INTERVENTION: any(start <= read < stop for start, stop in c.intervene),
-                TeleopEvents.SUCCESS: read in c.success, TeleopEvents.FAILURE: False,
-                TeleopEvents.RERECORD_EPISODE: read in c.rerecord,
-                TeleopEvents.TERMINATE_EPISODE: read in c.rerecord}
+        return {
+            TeleopEvents.IS_INTERVENTION: any(start <= read < stop for start, stop in c.intervene),
+            TeleopEvents.SUCCESS: read in c.success,
+            TeleopEvents.FAILURE: False,
+            TeleopEvents.RERECORD_EPISODE: read in c.rerecord,
+            TeleopEvents.TERMINATE_EPISODE: read in c.rerecord,
+        }
 
     def get_action(self) -> dict:
         return {f"j{i + 1}.pos": float(v) for i, v in enumerate(self.config.pose)}
