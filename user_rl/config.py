@@ -15,8 +15,10 @@ from pydantic import Field, ValidationError, model_validator
 # Other modules import the sections (and the plugin names) from here, where the whole config lives.
 from user_rl.config_plugins import BUILTIN_ALGOS, BUILTIN_POLICIES, BUILTIN_REWARDS  # noqa: F401
 from user_rl.config_sections import (
+    TELEOP_TOKEN,
     AlgoConfig,
-    BufferConfig,  # noqa: F401
+    AttachConfig,
+    BufferConfig,
     ConfigError,
     EdgeConfig,
     EmbodimentConfig,
