@@ -20,6 +20,7 @@ from user_rl.cloud.buffer.segment import (
     SegmentWriter,
     read_layout,
     read_segment,
+    read_segment_into,
     seal_open_file,
     verify_segment,
 )
@@ -156,6 +157,34 @@ def test_truncated_segment_is_corrupt(tmp_path: Path) -> None:
         damaged.write_bytes(data[:cut])
         error = expect_corrupt(damaged, "short" if cut < HEADER_AREA else "truncated")
         assert verify_segment(damaged).reason == error.reason
+        with pytest.raises(CorruptSegment) as into_slot:
+            read_segment_into(damaged, slot_arrays(32))
+        assert into_slot.value.reason == error.reason
+
+
+def slot_arrays(slot_rows: int, fill: int = 99) -> dict[str, np.ndarray]:
+    """A RAM cache slot's column arrays (what the prefetcher reads a segment into), filled with a marker."""
+    return {name: np.full((slot_rows, *shape), fill, dtype) for name, (dtype, shape) in SCHEMA.items()}
+
+
+@pytest.mark.parametrize("capacity", [16, 32, 20_000], ids=["full", "half-full", "gaps-past-1MiB"])
+def test_reading_into_a_cache_slot_gives_the_rows_of_the_maps(tmp_path: Path, capacity: int) -> None:
+    """One gathered read fills each column's rows and nothing past them; a column of another dtype
+    is converted; a column the slot lacks is skipped, yet checked."""
+    sealed = write_sealed(tmp_path, (5, 7, 4), capacity)
+    slot = slot_arrays(40)
+    slot["action"] = np.full((40, 4), 99, np.float64)  # another dtype than stored: converted
+    del slot["done"]  # not wanted
+    n, present = read_segment_into(sealed, slot, verify=True)
+    expected = read_segment(sealed).columns
+    assert n == 16 and present == {"image", "action", "step"}
+    for name, values in slot.items():
+        np.testing.assert_array_equal(values[:16], expected[name])
+        assert (values[16:] == 99).all(), f"{name}: rows past the segment's were written"
+    entry = next(c for c in read_layout(sealed)["columns"] if c["name"] == "done")
+    flip_byte(sealed, entry["offset"])
+    with pytest.raises(CorruptSegment, match="'done'"):
+        read_segment_into(sealed, slot_arrays(40))
 
 
 def flip_byte(path: Path, position: int) -> None:
@@ -182,6 +211,8 @@ def test_flipped_data_byte_names_the_column(tmp_path: Path, column: str) -> None
     flip_byte(sealed, entry["offset"] + int(np.random.default_rng(2).integers(used_bytes)))
     error = expect_corrupt(sealed, "column_crc")
     assert repr(column) in str(error)
+    with pytest.raises(CorruptSegment, match=repr(column)):  # the prefetcher's first load checks the same
+        read_segment_into(sealed, slot_arrays(32))
     assert read_segment(sealed, verify=False).rows == 16  # a caller may still choose to look
 
 

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from user_rl.cloud.buffer.cache import PreparedBlock, SlotInfo
-from user_rl.cloud.buffer.segment import CorruptSegment, read_segment
+from user_rl.cloud.buffer.rows import DEFAULTED_COLUMNS
+from user_rl.cloud.buffer.segment import CorruptSegment, read_segment_into
 
 if TYPE_CHECKING:
     from user_rl.cloud.buffer.store import PersistentReplay
@@ -128,14 +129,20 @@ class Prefetcher:
     def _load_into_spare(self, segment: int, path, source: int, overrides: dict) -> None:
         cache = self.store.cache
         verify = segment not in self.store.verified
-        seg = read_segment(path, verify=verify)
-        if verify:
-            self.store.segment_checked(segment, None)
         with self._lock:  # the spare only changes hands in install_ready, which needs _ready set
             spare = cache.spare
-        for name, array in cache.arrays.items():
-            array[spare, : seg.rows] = overrides.get(name, seg.columns[name])[: seg.rows]
-        info = SlotInfo(segment, seg.rows, source, time.monotonic(), False, overrides.get("_filter"))
+        targets = {name: array[spare] for name, array in cache.arrays.items() if name not in overrides}
+        rows, present = read_segment_into(path, targets, verify=verify)  # GIL-free reads: sampling goes on
+        if verify:
+            self.store.segment_checked(segment, None)
+        for name in targets.keys() - present:
+            if name not in DEFAULTED_COLUMNS:
+                raise KeyError(f"segment {segment} ({path}) has no column {name!r}")
+            targets[name][:rows] = 0  # a segment written before a defaulted column existed reads it as 0
+        for name, values in overrides.items():
+            if name in cache.arrays:
+                cache.arrays[name][spare, :rows] = values[:rows]
+        info = SlotInfo(segment, rows, source, time.monotonic(), False, overrides.get("_filter"))
         block = cache.prepare(spare, info)  # links, stale flags and sampler tables, before the swap
         with self._lock:
             self._ready = (info, block)
