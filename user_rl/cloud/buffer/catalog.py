@@ -11,6 +11,7 @@ scrub threads read copies of `sealed`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from user_rl.cloud.buffer.index import SegmentRecord
@@ -18,6 +19,9 @@ from user_rl.cloud.buffer.sampling import SOURCES
 from user_rl.cloud.buffer.segment import CorruptSegment
 
 ONLINE = SOURCES.index("online")
+# Told of each crc check (segment id, the problem or None): the store's `segment_checked`, which drops a
+# corrupt segment from the catalog, the cache and the counts.
+Checked = Callable[[int, CorruptSegment | None], None]
 
 
 class SegmentCatalog:

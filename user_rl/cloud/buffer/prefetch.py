@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from user_rl.cloud.buffer.cache import PreparedBlock, SlotCache, SlotInfo
-from user_rl.cloud.buffer.catalog import SegmentCatalog
+from user_rl.cloud.buffer.catalog import Checked, SegmentCatalog
 from user_rl.cloud.buffer.segment import CorruptSegment, read_segment
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class Prefetcher:
         self,
         cache: SlotCache,
         catalog: SegmentCatalog,
-        checked: Callable[[int, CorruptSegment | None], None],
+        checked: Checked,
         report_error: Callable[[str, BaseException], None],
         samples_per_swap: int = 16,
         seed: int = 0,

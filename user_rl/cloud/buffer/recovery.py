@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import gymnasium as gym
 import numpy as np
 
-from user_rl.cloud.buffer.catalog import SegmentCatalog
+from user_rl.cloud.buffer.catalog import Checked, SegmentCatalog
 from user_rl.cloud.buffer.commitlog import CommitLog
 from user_rl.cloud.buffer.index import BufferIndex, SegmentRecord, StreamRecord
 from user_rl.cloud.buffer.rows import KIND_CARRY, KIND_RECORD, StreamState, account, row_bytes, successors
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 5.0  # long opens and scrubs log how far they are
-Checked = Callable[[int, CorruptSegment | None], None]  # the store's `segment_checked`
 
 
 @dataclass

@@ -13,8 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from user_rl.cloud.buffer.catalog import SegmentCatalog
-from user_rl.cloud.buffer.segment import CorruptSegment, verify_segment
+from user_rl.cloud.buffer.catalog import Checked, SegmentCatalog
+from user_rl.cloud.buffer.segment import verify_segment
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 5.0
@@ -27,7 +27,7 @@ class Scrubber:
     def __init__(
         self,
         catalog: SegmentCatalog,
-        checked: Callable[[int, CorruptSegment | None], None],
+        checked: Checked,
         report_error: Callable[[str, BaseException], None],
     ) -> None:
         self.catalog, self.checked, self.report_error = catalog, checked, report_error

@@ -238,7 +238,6 @@ class PersistentReplay:
         restore_pending(stream, self.catalog, self.segment_checked)
 
     # -- writing -----------------------------------------------------------------------------------
-
     def add(self, stream: StreamState, seq: int, cols: dict[str, np.ndarray]) -> bool:
         """Append one validated batch (seq must follow the stream's last); False if a duplicate.
 
