@@ -3,7 +3,7 @@
 Each start of an edge daemon is a new life with a new stream epoch. Its hello names the epochs of
 earlier lives whose batches still wait in its spool (oldest first, at most `MAX_SPOOLED_EPOCHS`);
 those keep arriving and end with their own `edge_restart` marker, while older epochs it no longer
-names have nothing left to send and are ended at the hello (`StreamRegistry.finished_streams`).
+names have nothing left to send and are ended at the hello (`PersistentReplay.finished_streams`).
 Nothing here creates a stream: an epoch that never sent data costs the learner nothing.
 """
 

@@ -16,23 +16,33 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import numpy as np
 
-from user_rl.cloud.buffer.cache import PreparedBlock, SlotInfo
+from user_rl.cloud.buffer.cache import PreparedBlock, SlotCache, SlotInfo
+from user_rl.cloud.buffer.catalog import Checked, SegmentCatalog
 from user_rl.cloud.buffer.rows import DEFAULTED_COLUMNS
 from user_rl.cloud.buffer.segment import CorruptSegment, read_segment_into
-
-if TYPE_CHECKING:
-    from user_rl.cloud.buffer.store import PersistentReplay
 
 log = logging.getLogger(__name__)
 
 
 class Prefetcher:
-    def __init__(self, store: PersistentReplay, samples_per_swap: int = 16, seed: int = 0) -> None:
-        self.store = store
+    """Fills `cache`'s spare slot with cold segments of `catalog`; `checked` notes a crc check
+    (the store drops a corrupt segment), `report_error` records an unexpected error."""
+
+    def __init__(
+        self,
+        cache: SlotCache,
+        catalog: SegmentCatalog,
+        checked: Checked,
+        report_error: Callable[[str, BaseException], None],
+        samples_per_swap: int = 16,
+        seed: int = 0,
+    ) -> None:
+        self.cache, self.catalog = cache, catalog
+        self.checked, self.report_error = checked, report_error
         self.samples_per_swap = samples_per_swap
         self.rng = np.random.default_rng(seed)
         self._want = threading.Event()
@@ -44,8 +54,8 @@ class Prefetcher:
         self._thread: threading.Thread | None = None
 
     def cold(self) -> list[int]:
-        cached = {self.store.cache.info[s].segment for s in self.store.cache.active()}
-        return [i for i in list(self.store.segments) if i not in cached]  # a copy: the writer adds segments
+        cached = {self.cache.info[s].segment for s in self.cache.active()}
+        return [i for i in list(self.catalog.sealed) if i not in cached]  # a copy: the writer adds segments
 
     def sampled(self) -> None:
         """Called after each batch: every few batches, ask for one more cold segment."""
@@ -77,9 +87,9 @@ class Prefetcher:
             ready, self._ready = self._ready, None
             if ready is None:
                 return
-            store, cache = self.store, self.store.cache
+            cache = self.cache
             cached = {cache.info[i].segment for i in cache.active()}
-            if ready[0].segment not in store.segments or ready[0].segment in cached:
+            if ready[0].segment not in self.catalog.sealed or ready[0].segment in cached:
                 return
             free = cache.free_slot()
             unpinned = [i for i in cache.active() if not cache.info[i].pinned]
@@ -105,36 +115,34 @@ class Prefetcher:
                 self._prefetch_one()
             except Exception as error:  # unexpected: record it (status shows it) and keep serving
                 log.exception("buffer prefetch failed")
-                self.store.thread_error("prefetch", error)
+                self.report_error("prefetch", error)
 
     def _prefetch_one(self) -> None:
-        from user_rl.cloud.buffer.recovery import segment_source  # recovery imports the store's parts
-
         cold = self.cold()
         if not cold or self._ready is not None:
             return
-        records = [self.store.segments.get(i) for i in cold]  # one may be evicted meanwhile
+        records = [self.catalog.sealed.get(i) for i in cold]  # one may be evicted meanwhile
         weights = np.array([max(1, r.transitions) if r else 0 for r in records], float)
         if not weights.sum():
             return
         segment = cold[int(self.rng.choice(len(cold), p=weights / weights.sum()))]
         try:
-            path, source, overrides = segment_source(self.store, segment)
+            path, source, overrides = self.catalog.source(segment)
             self._load_into_spare(segment, path, source, overrides)
         except CorruptSegment as problem:  # first load of a segment the scrub has not reached
-            self.store.segment_checked(segment, problem)
+            self.checked(segment, problem)
         except (OSError, KeyError) as problem:  # evicted meanwhile
             log.warning("prefetch of segment %s failed: %s", segment, problem)
 
     def _load_into_spare(self, segment: int, path, source: int, overrides: dict) -> None:
-        cache = self.store.cache
-        verify = segment not in self.store.verified
+        cache = self.cache
+        verify = segment not in self.catalog.verified
         with self._lock:  # the spare only changes hands in install_ready, which needs _ready set
             spare = cache.spare
         targets = {name: array[spare] for name, array in cache.arrays.items() if name not in overrides}
         rows, present = read_segment_into(path, targets, verify=verify)  # GIL-free reads: sampling goes on
         if verify:
-            self.store.segment_checked(segment, None)
+            self.checked(segment, None)
         for name in targets.keys() - present:
             if name not in DEFAULTED_COLUMNS:
                 raise KeyError(f"segment {segment} ({path}) has no column {name!r}")

@@ -11,20 +11,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
+from user_rl.cloud.buffer.catalog import Checked, SegmentCatalog
 from user_rl.cloud.buffer.segment import verify_segment
-
-if TYPE_CHECKING:
-    from user_rl.cloud.buffer.store import PersistentReplay
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 5.0
 
 
 class Scrubber:
-    def __init__(self, store: PersistentReplay) -> None:
-        self.store = store
+    """Checks `catalog`'s unverified segments; `checked` notes each result (the store drops a
+    corrupt segment), `report_error` records an unexpected error."""
+
+    def __init__(
+        self,
+        catalog: SegmentCatalog,
+        checked: Checked,
+        report_error: Callable[[str, BaseException], None],
+    ) -> None:
+        self.catalog, self.checked, self.report_error = catalog, checked, report_error
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="buffer-scrub", daemon=True)
         self._thread.start()
@@ -34,23 +40,19 @@ class Scrubber:
             self._scrub()
         except Exception as error:  # a dead thread must be visible, never silent
             log.exception("buffer scrub stopped")
-            self.store.thread_error("scrub", error)
+            self.report_error("scrub", error)
 
     def _scrub(self) -> None:
-        store = self.store
-        todo = [
-            i
-            for i in sorted(store.segments, reverse=True)  # a copy: the ingest thread adds segments
-            if i not in store.verified and i not in store.attached
-        ]
+        catalog = self.catalog
+        todo = catalog.unverified()
         started = last_report = time.monotonic()
         for done, segment_id in enumerate(todo, 1):
             if self._stop.is_set():
                 return
-            record = store.segments.get(segment_id)
-            if record is None or segment_id in store.verified:  # evicted, or loaded (and checked) meanwhile
+            record = catalog.sealed.get(segment_id)
+            if record is None or segment_id in catalog.verified:  # evicted, or loaded (and checked) meanwhile
                 continue
-            store.segment_checked(segment_id, verify_segment(store.dir / record.file))
+            self.checked(segment_id, verify_segment(catalog.directory / record.file))
             if time.monotonic() - last_report > PROGRESS_EVERY_S:
                 last_report = time.monotonic()
                 log.info("buffer: verified %d/%d segments", done, len(todo))

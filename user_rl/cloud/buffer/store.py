@@ -12,6 +12,12 @@ gather over the slot arrays. Data larger than the RAM budget is rotated through 
 the prefetcher (`prefetch.py`), so sampling never waits on disk. Sealed segments are checked
 against their crc when first loaded and by a background scrub (`scrub.py`), not at start-up.
 
+Parts, each owning its state and handed only what it needs: the stream registry
+(`streams.py`), the segment catalog (`catalog.py`), the RAM cache (`cache.py`), the disk-failure
+latch (`disk.py`), the prefetcher and the scrub (background threads); `recovery.py` fills them
+when a directory is opened. The store holds the write journal (batches not yet sealed) and the
+counters, and wires the parts together.
+
 Threads: one ingest thread writes (open_stream, stream, add, record_lost, commit, seal,
 end_open_episodes, release_stream, batch_keys, close) while one sampler thread reads (sample,
 __len__, stats). One lock guards the RAM cache, its catalog and the counters; it is held for
@@ -22,28 +28,28 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Collection
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 
 from user_rl.cloud.buffer.cache import SlotCache
+from user_rl.cloud.buffer.catalog import SegmentCatalog
 from user_rl.cloud.buffer.commitlog import CommitLog
+from user_rl.cloud.buffer.disk import BufferWriteError, DiskLatch
 from user_rl.cloud.buffer.index import BufferIndex, SegmentRecord
 from user_rl.cloud.buffer.prefetch import Prefetcher
-from user_rl.cloud.buffer.recovery import attach_history, fill_cache, load_existing, open_meta
+from user_rl.cloud.buffer.recovery import attach_history, fill_cache, load_existing, open_meta, restore_pending
 from user_rl.cloud.buffer.rows import KIND_RECORD, StreamState, layout, row_bytes, segment_schema
 from user_rl.cloud.buffer.sampling import EMPTY, SOURCES, Sampler, SamplerSettings
 from user_rl.cloud.buffer.scrub import Scrubber
 from user_rl.cloud.buffer.segment import CorruptSegment, SegmentWriter
 from user_rl.cloud.buffer.streams import StreamRegistry
 from user_rl.config import BufferConfig
-from user_rl.wire.transitions import FINAL_OBS, FINAL_ROW, OBS, POLICY_ACTION, intervened
+from user_rl.wire.transitions import DISCARD, EDGE_RESTART, FINAL_OBS, FINAL_ROW, OBS, POLICY_ACTION, intervened
 
 log = logging.getLogger(__name__)
 NEXT_OBS = "next_" + OBS
@@ -59,9 +65,7 @@ class AllStale(NothingToSample):
     """Nothing to sample but stale transitions, and the buffer drops those (`stale_data: drop`)."""
 
 
-class BufferWriteError(OSError):
-    """The buffer could not write to disk. Nothing after the last successful commit is durable,
-    and the buffer refuses every later add/commit/seal: data must not be acked any more."""
+__all__ = ["NEXT_OBS", "AllStale", "BufferWriteError", "NothingToSample", "PersistentReplay"]
 
 
 def segment_file(directory: Path, segment: int, open_: bool = False) -> Path:
@@ -72,7 +76,7 @@ def commit_file(directory: Path, segment: int) -> Path:
     return directory / f"open-{segment:08d}.log"
 
 
-class PersistentReplay(StreamRegistry):
+class PersistentReplay:
     def __init__(
         self,
         directory: str | Path,
@@ -99,75 +103,153 @@ class PersistentReplay(StreamRegistry):
             drop_stale=s.stale_data == "drop",
             sampler=self.sampler,
         )
-        self.discarded_rows = 0  # transitions of discarded episodes (an episode of n steps has n - 1)
         self._lock = threading.RLock()  # the cache, its catalog and the counters: ingest vs sampler thread
-        self.streams: dict[tuple[str, int], StreamState] = {}
-        self._by_robot: dict[str, dict[int, StreamState]] = {}  # robot -> epoch -> stream in RAM
-        self._release_at_seal: set[tuple[str, int]] = set()
-        self._max_stream_id = 0
-        self.robots: dict[str, int] = {}
-        self.tasks: dict[str, int] = {}
-        self.segments: dict[int, SegmentRecord] = {}  # sealed, usable (own and attached)
-        self.attached: dict[int, tuple[Path, int, np.ndarray | None]] = {}  # id -> (file, source, row filter)
-        self.verified: set[int] = set()  # segments whose crc was checked (or that we wrote)
-        self.corrupt: list[str] = []
-        self._corrupt_ids: set[int] = set()
-        self.duplicates = 0
-        self.lost_batches = 0  # batches the edges lost before sending (spool file unreadable)
-        self.failure: str | None = None  # the disk error that stopped the buffer
+        self.catalog = SegmentCatalog(self.dir)
+        self._disk = DiskLatch(self.dir)
+        self._streams = StreamRegistry(self.index, self._disk, self._unsealed, self._restore_pending)
         self._thread_errors: dict[str, str] = {}
-        self._dropped_released = 0
         self._closed = False
         self._pending_commits: list[tuple[StreamState, int, int, int, bool]] = []  # stream, seq, records, end row, lost
         self._open_batches: list[tuple[int, int, int, bool, str, int]] = []  # durable in the open segment
+        self.duplicates = 0
+        # Counters, from what the directory holds (a corrupt segment found meanwhile is subtracted).
         self.transitions = 0  # sampleable transitions (own and attached)
-        self.records = 0  # step records this run's robots produced (own data only)
-        load_existing(self)  # seals what a crash left open, loads streams and segments
-        attach_history(self, s.attach)
-        fill_cache(self)  # newest own segments first (crc checked), then attached history
+        opened = load_existing(self.dir, self.index, self._streams, self.catalog)  # seals what a crash left open
+        self.transitions += opened.transitions
+        self.records = opened.records  # step records this run's robots produced (own data only)
+        self.lost_batches = opened.lost_batches  # batches the edges lost before sending (spool file unreadable)
+        self.discarded_rows = opened.discarded_rows  # transitions of discarded episodes (n steps: n - 1)
+        self.cache.discard(opened.discarded)
+        for stream in list(self._streams.in_ram.values()):
+            self._restore_pending(stream)
+        self.transitions += attach_history(
+            s.attach, self.index.get_meta("spaces"), self.catalog, self._streams.task_code
+        )
+        fill_cache(self.cache, self.catalog, self.segment_checked)  # newest own first (crc checked), then attached
         # The newest segment id ever used: a corrupt, evicted or unregistered file keeps its name.
         self.open_id = max(
             [
                 0,
-                *self.segments,
+                *self.catalog.sealed,
                 *(r.id for r in self.index.segments(status=None)),
                 *(int(p.stem.split("-")[1]) for p in self.dir.glob("*-*.seg")),
             ]
         )
         self._new_open_segment()
         self._pin_hot()
-        self.prefetcher = Prefetcher(self)
-        self.scrubber = Scrubber(self) if s.scrub else None
+        self.prefetcher = Prefetcher(self.cache, self.catalog, self.segment_checked, self.thread_error)
+        self.scrubber = Scrubber(self.catalog, self.segment_checked, self.thread_error) if s.scrub else None
+
+    @property
+    def failure(self) -> str | None:
+        """The disk error that stopped the buffer (None while it takes data)."""
+        return self._disk.failure
+
+    @property
+    def segments(self) -> dict[int, SegmentRecord]:
+        """Sealed, usable segments by id (own and attached; read-only for callers)."""
+        return self.catalog.sealed
+
+    @property
+    def streams(self) -> dict[tuple[str, int], StreamState]:
+        """The streams in RAM by (robot, epoch) (read-only for callers)."""
+        return self._streams.in_ram
+
+    # -- streams (ingest thread) ---------------------------------------------------------------------
+    # A stream is made by its first batch, released when idle and reloaded from the index on use:
+    # see `streams.py`. The store adds what touches its own state: ending episodes, lives.
+    def stream(self, robot: str, epoch: int) -> StreamState | None:
+        """The stream for (robot, epoch): from RAM, or reloaded from the index if it was released."""
+        return self._streams.get(robot, epoch)
+
+    def open_stream(self, robot: str, epoch: int, task: str = "") -> StreamState:
+        """The stream for (robot, epoch), made if new. Opening ends no other stream: which older
+        lives are over is the ingest's call (`finished_streams`, at a hello)."""
+        return self._streams.open(robot, epoch, task)
+
+    def unstored_stream(self, robot: str, epoch: int, task: str = "") -> StreamState:
+        """A stand-in for a stream nothing was stored in yet (a hello, an announced epoch): kept
+        nowhere, no id (negative), no index row. The first batch makes the real one (`open_stream`),
+        so hellos that are never followed by data cost nothing."""
+        return self._streams.unstored(robot, epoch, task)
+
+    def stream_positions(self, robot: str, epochs: list[int]) -> dict[int, tuple[int, int]]:
+        """(durable seq, last seq) of each of the robot's `epochs`, without loading any: (0, 0) for
+        one never stored."""
+        return self._streams.positions(robot, epochs)
+
+    def last_seq(self, robot: str, epoch: int) -> int:
+        state = self.stream(robot, epoch)
+        return state.record.last_seq if state else 0
+
+    def finished_streams(
+        self, robot: str, epoch: int, spooled: Collection[int], more_spooled: bool = False
+    ) -> list[StreamState]:
+        """At a hello of `epoch`: the robot's older streams with an open episode whose data has all
+        arrived (see `StreamRegistry.finished`)."""
+        return self._streams.finished(robot, epoch, spooled, more_spooled)
+
+    def release_stream(self, stream: StreamState) -> bool:
+        """Drop a stream from RAM (its record stays in the index; `stream()` reloads it).
+
+        True when dropped now; False when it still has data in the open segment: it is then
+        dropped when that segment is sealed, unless it is used again before."""
+        return self._streams.release(stream)
+
+    def end_lives(self, streams: list[StreamState]) -> None:
+        """These streams' edge lives are over: end their open episodes (`edge_restart`) and let them
+        leave RAM."""
+        for stream in streams:
+            self.end_open_episodes(stream, reason=EDGE_RESTART)
+            self.release_stream(stream)
+
+    def end_finished_streams(
+        self, robot: str, epoch: int, spooled: Collection[int] = (), more_spooled: bool = False
+    ) -> list[StreamState]:
+        """`finished_streams`, ended (`end_lives`); the ingest commits in between (see there)."""
+        finished = self.finished_streams(robot, epoch, spooled, more_spooled)
+        self.end_lives(finished)
+        return finished
+
+    def end_open_episodes(self, stream: StreamState, reason: str) -> None:
+        """The robot's edge restarted or detached mid-episode: that episode is over, cut short
+        (truncated, with the reason), and its last step gets no successor."""
+        ended = [ep for ep in stream.episodes.values() if ep.status == "open"]
+        if not ended and stream.pending is None:
+            return
+        for ep in ended:
+            ep.status, ep.end_reason = "truncated", reason
+        if reason == DISCARD:  # a person's re-record: kept on disk, never sampled
+            with self._lock:
+                self.discarded_rows += sum(max(ep.length - 1, 0) for ep in ended)
+                self.cache.discard([(ep.stream, ep.episode) for ep in ended])
+        stream.dropped += int(stream.pending is not None)  # its last record never gets a successor
+        stream.pending, stream.pending_at = None, None
+        if self.failure is None:  # after a write failure the next open recovers from the commit log
+            with self._disk.writing("end an episode"):
+                self.index.update_episodes(list(stream.episodes.values()))
+
+    def _unsealed(self, stream: StreamState) -> bool:
+        """Whether the stream has batches not yet sealed (pending a commit, or in the open segment)."""
+        sid = stream.record.id
+        return any(p[0] is stream for p in self._pending_commits) or any(b[0] == sid for b in self._open_batches)
+
+    def _restore_pending(self, stream: StreamState) -> None:
+        restore_pending(stream, self.catalog, self.segment_checked)
 
     # -- writing -----------------------------------------------------------------------------------
-    @contextmanager
-    def _disk(self, what: str) -> Iterator[None]:
-        """Turn a disk error into BufferWriteError and stop the buffer for good."""
-        try:
-            yield
-        except BufferWriteError:
-            raise
-        except (OSError, sqlite3.OperationalError) as error:
-            self.failure = f"{what}: {type(error).__name__}: {error}"
-            log.error("buffer %s: write failed (%s); it takes no more data", self.dir, self.failure)
-            raise BufferWriteError(getattr(error, "errno", None), f"buffer write failed: {self.failure}") from error
-
-    def _check_writable(self) -> None:
-        if self.failure is not None:
-            raise BufferWriteError(None, f"the buffer stopped taking data after a write failure: {self.failure}")
-
     def add(self, stream: StreamState, seq: int, cols: dict[str, np.ndarray]) -> bool:
         """Append one validated batch (seq must follow the stream's last); False if a duplicate.
 
         All or nothing: if it raises, the stream is as before the call (and after a disk error,
         BufferWriteError, the buffer takes no more data)."""
-        self._check_writable()
+        self._disk.check_writable()
         if seq <= stream.record.last_seq:
             self.duplicates += 1
             return False
         saved = stream.snapshot(np.unique(cols["episode"]).tolist())
         try:
-            with self._disk("append"):
+            with self._disk.writing("append"):
                 for part in _split(cols, self.segment_rows - 1):
                     needed = len(part["reward"]) + len(part.get(FINAL_ROW, ())) + 1
                     if needed > self.writer.remaining:
@@ -193,7 +275,7 @@ class PersistentReplay(StreamRegistry):
         The record waiting for a successor gets none; the seq becomes durable at the next commit
         like a batch (a re-send of it is a duplicate). False if `seq` is not past the last one.
         `counted=False` takes a seq that carries no rows on purpose (an episode-end marker)."""
-        self._check_writable()
+        self._disk.check_writable()
         if seq <= stream.record.last_seq:
             self.duplicates += 1
             return False
@@ -211,10 +293,10 @@ class PersistentReplay(StreamRegistry):
 
     def commit(self) -> list[StreamState]:
         """Make every appended batch durable; return the streams whose durable seq advanced."""
-        self._check_writable()
+        self._disk.check_writable()
         if not self._pending_commits:
             return []
-        with self._disk("commit"):
+        with self._disk.writing("commit"):
             size = self.commits.size
             try:
                 self.writer.sync()
@@ -250,11 +332,11 @@ class PersistentReplay(StreamRegistry):
     def seal(self) -> None:
         """Seal the open segment (if it holds rows), register it, and open a fresh one."""
         self.commit()
-        with self._disk("seal"):
+        with self._disk.writing("seal"):
             if self.writer.rows == 0:
                 if self._open_batches:  # only row-less batches (lost, markers): the index still learns of them
                     self._register(None, {})
-                self._release_deferred()
+                self._streams.release_deferred()
                 return
             segment_id, rows = self.open_id, self.writer.rows
             columns = {n: a[self.open_slot] for n, a in self.cache.arrays.items()}  # the ingest's own slot
@@ -264,7 +346,7 @@ class PersistentReplay(StreamRegistry):
             self.commits.close()
             commit_file(self.dir, segment_id).unlink(missing_ok=True)
             with self._lock:
-                self.verified.add(segment_id)
+                self.catalog.verified.add(segment_id)
                 sealed = self.cache.info[self.open_slot]
                 sealed.pinned, sealed.loaded_at = False, time.monotonic()  # in RAM from now, like a fresh load
                 self._pin_hot()  # before a slot is freed for the next open segment: the new one is hot
@@ -272,7 +354,7 @@ class PersistentReplay(StreamRegistry):
             with self._lock:
                 self._pin_hot()
             self._evict_for_disk()
-        self._release_deferred()
+        self._streams.release_deferred()
 
     def _segment_record(self, segment_id: int, path: Path, rows: int, nbytes: int, columns: dict) -> SegmentRecord:
         kind, version = columns["kind"][:rows], columns["policy_version"][:rows]
@@ -293,7 +375,7 @@ class PersistentReplay(StreamRegistry):
 
     def _register(self, record: SegmentRecord | None, columns: dict) -> None:
         touched = {b[0] for b in self._open_batches}
-        streams = [s for s in self.streams.values() if s.record.id in touched]
+        streams = [s for s in self._streams.in_ram.values() if s.record.id in touched]
         if record is not None:
             for stream in streams:  # where the stream's last record lives (to continue its episode after a restart)
                 mine = np.flatnonzero(
@@ -309,7 +391,7 @@ class PersistentReplay(StreamRegistry):
         lost = [(sid, seq, self.open_id) for sid, seq, _, is_lost, _, _ in self._open_batches if is_lost]
         self.index.register_segment(record, batches, [s.record for s in streams], episodes, lost)
         if record is not None:
-            self.segments[record.id] = record
+            self.catalog.add(record)
         self._open_batches = []
         for s in streams:  # finished episodes are in the index now; keep only open ones in RAM
             s.episodes = {n: ep for n, ep in s.episodes.items() if ep.status == "open"}
@@ -329,7 +411,7 @@ class PersistentReplay(StreamRegistry):
 
     def _pin_hot(self) -> None:
         """Pin the open segment and the newest sealed ones, leaving at least one slot to rotate."""
-        own = sorted(i for i in self.segments if i not in self.attached)
+        own = self.catalog.own()
         keep = min(self.settings.hot_segments, self.cache.slots - 3)  # minus the spare, open, rotating slot
         hot = set(own[-keep:]) if keep > 0 else set()
         for slot in self.cache.active():
@@ -350,7 +432,7 @@ class PersistentReplay(StreamRegistry):
         limit = self.settings.max_disk_gb * 2**30
         if not limit:
             return
-        own = [r for i, r in sorted(self.segments.items()) if i not in self.attached]
+        own = [self.catalog.sealed[i] for i in self.catalog.own()]
         used = sum(r.bytes for r in own)
         evicted = []
         for record in own[:-1]:
@@ -368,8 +450,7 @@ class PersistentReplay(StreamRegistry):
                 if slot is not None:
                     self.cache.release(slot)
                 self.transitions -= record.transitions
-                del self.segments[record.id]
-                self.verified.discard(record.id)
+                self.catalog.evict(record.id)
         self.index.set_segment_status([r.id for r in evicted], "evicted")
         for record in evicted:
             try:
@@ -382,19 +463,13 @@ class PersistentReplay(StreamRegistry):
     def segment_checked(self, segment_id: int, problem: CorruptSegment | None) -> None:
         """A segment's crc was checked (first load or scrub): remember it, or drop it if corrupt."""
         with self._lock:
-            if problem is None:
-                if segment_id in self.segments:
-                    self.verified.add(segment_id)
-                return
-            record = self.segments.pop(segment_id, None)
-            if record is None or segment_id in self.attached:
+            record = self.catalog.checked(segment_id, problem)
+            if record is None:
                 return
             slot = self.cache.slot_of(segment_id)
             if slot is not None:
                 self.cache.release(slot)
             self.transitions -= record.transitions
-            self.corrupt.append(str(problem))
-            self._corrupt_ids.add(segment_id)
         log.warning("skipping %s", problem)
         self.index.set_segment_status([segment_id], "corrupt")
 
@@ -492,22 +567,18 @@ class PersistentReplay(StreamRegistry):
         return keys
 
     def stats(self) -> dict:
-        streams = list(self.streams.values())  # one C-level copy: the ingest thread may add streams
+        dropped_unpaired = self._streams.dropped_unpaired()
         with self._lock:
-            checked = len(self.verified) + len(self._corrupt_ids)
             return {
                 "transitions": self.transitions,
-                "segments": len(self.segments) + 1,
+                "segments": len(self.catalog.sealed) + 1,
                 "cached_segments": len(self.cache.active()),
-                "corrupt_segments": list(self.corrupt),
+                "corrupt_segments": list(self.catalog.corrupt),
                 "duplicates": self.duplicates,
                 "lost_batches": self.lost_batches,
                 "discarded_episodes": len(self.cache.discarded),
-                "dropped_unpaired": self._dropped_released + sum(s.dropped for s in streams),
-                "scrub": {
-                    "verified": checked,
-                    "total": len(set(self.segments) | self.verified) + len(self._corrupt_ids),
-                },
+                "dropped_unpaired": dropped_unpaired,
+                "scrub": self.catalog.scrub_progress(),
                 "failure": self.failure,
                 "thread_errors": self.thread_errors(),
             }
@@ -536,9 +607,8 @@ class PersistentReplay(StreamRegistry):
         self.writer.abort()
         self.commits.close()
         commit_file(self.dir, self.open_id).unlink(missing_ok=True)
-        self.index.update_episodes(
-            [ep for s in self.streams.values() for ep in s.episodes.values()], [s.record for s in self.streams.values()]
-        )
+        streams = self._streams.in_ram.values()
+        self.index.update_episodes([ep for s in streams for ep in s.episodes.values()], [s.record for s in streams])
         self.index.close()
 
 
