@@ -41,7 +41,7 @@ from user_rl.cloud.endpoints import reachable_endpoint
 from user_rl.cloud.ingest import Ingest
 from user_rl.cloud.staleness import PUBLISHED_FILE, PublishedVersions
 from user_rl.cloud.threads import GuardedThread
-from user_rl.cloud.trainer import Reply, Trainer, TrainerFailed, TrainerSpec
+from user_rl.cloud.trainer import ActorReply, Reply, StateReply, Tag, Trainer, TrainerFailed, TrainerSpec
 from user_rl.cloud.version_lease import VersionLease
 from user_rl.cloud.weight_server import WeightServer
 from user_rl.config import Config
@@ -133,7 +133,7 @@ class Learner:
         self.rng = np.random.default_rng(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.trainer: Trainer | None = None  # started once the fleet's spaces are known
-        self._trainer_state: Reply | None = None  # the newest whole state it handed back (for `save`)
+        self._trainer_state: StateReply | None = None  # the newest whole state it handed back (for `save`)
         self.version = 0  # the newest version published (0: none yet)
         self.resumed_from: dict | None = None
         self.checkpoints = BackgroundCheckpointer(self.checkpoint_path)
@@ -333,13 +333,13 @@ class Learner:
                     self._on_reply(reply)
                 if self._pause_requested.is_set() and not self._pause_asked:
                     with trainer.send_lock:  # every batch the sampler sends from now on sees the pause
-                        trainer.request("actor", tag="pause")
+                        trainer.request_actor(Tag.PAUSE)
                     self._pause_asked = True
                 checkpoint_due = time.monotonic() - self._last_checkpoint > self.cfg.learner.checkpoint_every_s
                 if (checkpoint_due or self._checkpoint_wanted.is_set()) and not self._state_asked:
                     self._checkpoint_wanted.clear()
                     with trainer.send_lock:
-                        trainer.request("state", tag="checkpoint")
+                        trainer.request_state(Tag.CHECKPOINT)
                     self._state_asked = True
         except TrainerFailed as exc:
             raise RuntimeError(f"the learner's trainer process stopped: {exc}") from None
@@ -355,15 +355,16 @@ class Learner:
                 self._board_thread.join(timeout=30)
 
     def _on_reply(self, reply: Reply) -> None:
-        if reply.kind == "actor":
+        if isinstance(reply, ActorReply):
             if reply.metrics:
                 self.last_metrics = reply.metrics
-            self._publish(self.weights.checksummed(reply.state), wait=reply.tag == "pause")  # not on the ingest thread
-            if reply.tag == "pause":
+            pause = reply.tag == Tag.PAUSE
+            self._publish(self.weights.checksummed(reply.weights), wait=pause)  # not on the ingest thread
+            if pause:
                 self._paused.set()
-        elif reply.kind == "state":
+        else:
             self._trainer_state = reply
-            if reply.tag == "checkpoint":
+            if reply.tag == Tag.CHECKPOINT:
                 self.checkpoints.submit(self._checkpoint_payload(reply))
                 self._last_checkpoint = time.monotonic()
                 self._state_asked = False
@@ -375,8 +376,8 @@ class Learner:
             return
         try:
             with trainer.send_lock:
-                trainer.request("state", tag="final")
-            self._trainer_state = trainer.wait_for("state", "final", timeout=120)
+                trainer.request_state(Tag.FINAL)
+            self._trainer_state = trainer.wait_for_state(Tag.FINAL, timeout=120)
         except TrainerFailed as exc:
             log.error("no final state from the trainer: %s", exc)
         trainer.close()
@@ -536,7 +537,7 @@ class Learner:
         }
 
     # -- persistence -----------------------------------------------------------------------
-    def _checkpoint_payload(self, trainer_state: Reply) -> dict:
+    def _checkpoint_payload(self, trainer_state: StateReply) -> dict:
         """Everything a resume needs: the trainer's state and RNG, the sampler's RNG now, the counters."""
         with self._rng_lock:  # the sampler draws from this RNG
             rng_state = snapshot(self.rng.bit_generator.state)
