@@ -140,11 +140,12 @@ class Ingest:
         self._last_commit = time.monotonic()
         self.obs_space: gym.spaces.Dict | None = None
         self.action_space: gym.spaces.Box | None = None
-        self.credit = credit or StepCredit()  # paced fleets: the learner sets its increment and the step budget
+        # paced fleets: the owner sets its increment and the step budget
+        self.credit = credit if credit is not None else StepCredit()
         self.lost_batches = 0
         self.episode_ends = 0  # count-0 batches that ended an episode (e-stop, hold)
         self.quarantine = Quarantine.of_buffer(self.buffer_dir, max_quarantine_bytes)  # batches refused for content
-        self.published = published or PublishedVersions()
+        self.published = published if published is not None else PublishedVersions()
         self.stale_transitions = 0  # stored rows whose policy lagged more than buffer.max_policy_lag
         self.lag_counts = LagCounts()  # stored rows the policy acted, by their lag
         self._status = status or (lambda: {"robots": self.report()["robots"]})  # for `user-rl status` requests
