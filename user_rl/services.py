@@ -89,11 +89,11 @@ class LearnerService(_Threaded):
         return self.learner.pause()
 
     def set_active_robots(self, count: int) -> None:
-        self.learner.active_robots = count
+        self.learner.set_active_robots(count)
 
     def set_hold(self, env_steps: int | None) -> None:
         """The next evaluation point, where a paced fleet and the updates stop (None: none)."""
-        self.learner.hold_at = env_steps
+        self.learner.set_hold(env_steps)
 
     def resume(self) -> None:
         self.learner.resume()

@@ -345,13 +345,13 @@ def test_heartbeat_is_answered(context: zmq.Context, ingest: Ingest) -> None:
             context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-h"), OBS_SPACE, ACTION_SPACE, epoch=3
         )
         for _ in range(20):  # connected, not yet introduced
-            link.heartbeat(env_steps=5)
+            link.heartbeat(pb.Heartbeat(env_steps=5))
             link.socket.poll(10)
         assert ingest.rejected["no_hello"] == 1 and not link.rejects
         link.hello()
         wait_until(lambda: link.welcomed, pump=lambda: link.poll(20))
-        link.heartbeat(env_steps=123, steps_per_second=50.0)
-        wait_until(lambda: ingest.robots["edge-h"].heartbeat.get("env_steps") == 123)
+        link.heartbeat(pb.Heartbeat(env_steps=123, steps_per_second=50.0))
+        wait_until(lambda: ingest.robots["edge-h"].summary()["edge_steps"] == 123)
         assert ingest.rejected["no_hello"] == 1 and link.rejects["no_hello"] == 0
     finally:
         if link is not None:
@@ -421,7 +421,7 @@ def test_the_status_shows_each_robots_own_step_count_and_what_is_stored(context:
         wait_until(lambda: not link.unacked, pump=lambda: link.poll(20))
         # (The summary as the status shows it; read here beside the ingest's serving thread.)
         assert ingest.robots["edge-s"].summary()["edge_steps"] is None  # no heartbeat yet
-        link.heartbeat(env_steps=21)  # four steps taken since the last batch, not yet sent
+        link.heartbeat(pb.Heartbeat(env_steps=21))  # four steps taken since the last batch, not yet sent
         wait_until(lambda: ingest.robots["edge-s"].summary()["edge_steps"] == 21)
         summary = ingest.robots["edge-s"].summary()
         assert summary["transitions"] == 17 and summary["acked_seq"] == 2 and summary["stream_epoch"] == 11

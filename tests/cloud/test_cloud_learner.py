@@ -345,7 +345,7 @@ def test_a_paced_fleet_holds_at_each_eval_point_with_exactly_the_updates_its_ste
     cfg = build_config(paced)
     assert cfg.stop.next_eval_steps(0) == 150 and cfg.stop.next_eval_steps(150) == 300
     learner = serving_learner(paced)
-    learner.hold_at = 150  # as the launcher sets it before any edge steps
+    learner.set_hold(150)  # as the launcher sets it before any edge steps
     edge = make_edge(cfg, 0, learner.addresses["data"], learner.addresses["weights"], tmp_path / "spool")
     runner = GuardedThread("edge", edge.run)
     runner.start()
@@ -361,7 +361,7 @@ def test_a_paced_fleet_holds_at_each_eval_point_with_exactly_the_updates_its_ste
             assert updates_caught_up(cfg, {"updates": earned}, point)
             time.sleep(0.5)  # held there until the launcher moves the point on
             assert (learner.env_steps, learner.updates) == (point, earned)
-            learner.hold_at = cfg.stop.next_eval_steps(point)
+            learner.set_hold(cfg.stop.next_eval_steps(point))
     finally:
         edge.stop()
         runner.join(30)

@@ -70,9 +70,9 @@ def test_rows_of_a_lagging_policy_are_counted_shown_and_weighted_as_configured(c
             behind.send_batch(*episode_rows(-1, pb.ACTOR_WARMUP, 0))  # random warm-up: no policy lag
             behind.send_batch(*episode_rows(1, pb.ACTOR_POLICY, 20))  # lag 4: stale
             behind.send_batch(*episode_rows(1, pb.ACTOR_HUMAN, 40))  # a person acted: not the old policy's
-            behind.heartbeat(env_steps=3 * ROWS, policy_version=1)
+            behind.heartbeat(pb.Heartbeat(env_steps=3 * ROWS, policy_version=1))
             wait_until(lambda: not fresh.unacked and not behind.unacked, pump=lambda: (fresh.poll(10), behind.poll(10)))
-            wait_until(lambda: ingest.robots["edge-behind"].heartbeat.get("policy_lag") is not None)
+            wait_until(lambda: ingest.robots["edge-behind"].policy_lag is not None)
             robots = {rid: s.summary() for rid, s in ingest.robots.items()}
             assert robots["edge-behind"]["stale_transitions"] == ROWS
             assert robots["edge-behind"]["acting_version"] == 1 and robots["edge-behind"]["policy_lag"] == 4
@@ -227,7 +227,7 @@ def test_policy_lags_count_the_versions_published_before_a_learner_restart(tmp_p
                     final_obs=obs if i % 10 == 9 else None,
                 )
             link.send_batch(*builder.take())
-        link.heartbeat(env_steps=2 * rows, policy_version=before[0])
+        link.heartbeat(pb.Heartbeat(env_steps=2 * rows, policy_version=before[0]))
         wait_until(lambda: not link.unacked, 30, pump=lambda: link.poll(10))
         robot = lambda: learner.ingest.robots["edge-0"].summary()  # noqa: E731
         wait_until(lambda: robot()["policy_lag"] is not None, 30)

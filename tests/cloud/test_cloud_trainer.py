@@ -20,7 +20,7 @@ import yaml
 from user_rl.algos import SAC, BCSettings, BehaviourCloning, SACSettings, make_algo
 from user_rl.cloud.batches import training_columns
 from user_rl.cloud.learner import Learner
-from user_rl.cloud.trainer import Reply, Trainer, TrainerFailed, TrainerSpec, training_batch
+from user_rl.cloud.trainer import ActorReply, StateReply, Tag, Trainer, TrainerFailed, TrainerSpec, training_batch
 from user_rl.config import build_config
 from user_rl.hal.registry import robot_spaces
 from user_rl.testing.wait import wait_until
@@ -80,7 +80,7 @@ def post_all(trainer: Trainer, columns: list[dict[str, np.ndarray]]) -> None:
             assert trainer.submit(batch)
 
 
-def finish_resumed(resumed_spec: TrainerSpec, columns: list[dict[str, np.ndarray]], done: int) -> Reply:
+def finish_resumed(resumed_spec: TrainerSpec, columns: list[dict[str, np.ndarray]], done: int) -> StateReply:
     """A trainer resumed after `done` of `columns`: it starts at that count, trains on the rest,
     and answers with its final state."""
     resumed = Trainer(resumed_spec, depth=2)
@@ -99,15 +99,15 @@ def trainer():
     started.close()
 
 
-def replies_until_state(trainer: Trainer, timeout: float = 60.0) -> tuple[list[Reply], Reply]:
+def replies_until_state(trainer: Trainer, timeout: float = 60.0) -> tuple[list[ActorReply], StateReply]:
     """Every actor handed back, then the state asked for (requested here, after what was posted)."""
     with trainer.send_lock:
-        trainer.request("state", tag="checkpoint")
-    actors: list[Reply] = []
+        trainer.request_state(Tag.CHECKPOINT)
+    actors: list[ActorReply] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for reply in trainer.replies(timeout=0.5):
-            if reply.kind == "state":
+            if isinstance(reply, StateReply):
                 return actors, reply
             actors.append(reply)
     raise AssertionError("the trainer never answered the state request")

@@ -10,7 +10,7 @@ import pytest
 from user_rl.edge.batching import BatchBuilder
 from user_rl.hal.descriptor import DeviceDescriptor
 from user_rl.wire import user_rl_pb2 as pb
-from user_rl.wire.codec import PROTOCOL_VERSION, WireError, decode, encode, envelope
+from user_rl.wire.codec import PROTOCOL_VERSION, WireError, decode, encode, envelope, message_fields
 from user_rl.wire.spaces import (
     box_from_proto,
     box_to_proto,
@@ -98,6 +98,13 @@ def test_heartbeat() -> None:
     msg = roundtrip(envelope("r", heartbeat=hb))
     assert msg.kind == "heartbeat"
     assert msg.body == hb
+
+
+def test_message_fields_are_the_schemas_names_with_defaults_and_plain_maps() -> None:
+    fields = message_fields(pb.Heartbeat(env_steps=5, safety_violations={"clipped": 2}))
+    assert fields["env_steps"] == 5 and fields["health"] == "" and fields["inference_ms"] == 0.0
+    assert fields["safety_violations"] == {"clipped": 2} and type(fields["safety_violations"]) is dict
+    assert set(fields) == {f.name for f in pb.Heartbeat.DESCRIPTOR.fields}
 
 
 def test_batch_arrays_survive_exactly() -> None:

@@ -34,6 +34,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -74,6 +75,12 @@ CREDIT_IDLE_S = 10.0  # a paced edge heartbeats while it waits for credit: this 
 RECEIVE_QUEUE_MESSAGES = 128  # per connection: an edge has at most fleet.max_in_flight (64) batches unacked
 
 
+class BufferOpener(Protocol):
+    """Opens the run's buffer once the fleet's spaces are known (the learner's: it owns the buffer)."""
+
+    def __call__(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> PersistentReplay: ...
+
+
 class Ingest:
     def __init__(
         self,
@@ -89,7 +96,16 @@ class Ingest:
         max_robots: int = 1024,
         forget_idle_s: float = 600.0,
         max_quarantine_bytes: int = QUARANTINE_MAX_BYTES,
+        open_buffer: BufferOpener | None = None,
+        credit: StepCredit | None = None,
+        published: PublishedVersions | None = None,
+        status: Callable[[], dict] | None = None,
     ) -> None:
+        """What the ingest needs from its owner (the learner), all optional for an ingest on its own:
+        `open_buffer` makes the run's buffer when the spaces are fixed (default: one in `buffer_dir`),
+        `credit` is the paced fleet's step credit its acks carry, `published` the policy versions
+        published so far (lags count them), and `status` answers `user-rl status` requests (default:
+        the robots' rows of `report()`)."""
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         # A bigger frame: ZeroMQ drops the peer. A bigger message of many frames: dropped in `_receive`.
@@ -124,14 +140,16 @@ class Ingest:
         self._last_commit = time.monotonic()
         self.obs_space: gym.spaces.Dict | None = None
         self.action_space: gym.spaces.Box | None = None
-        self.credit = StepCredit()  # paced fleets: the learner sets its increment and the step budget
+        # paced fleets: the owner sets its increment and the step budget
+        self.credit = credit if credit is not None else StepCredit()
         self.lost_batches = 0
         self.episode_ends = 0  # count-0 batches that ended an episode (e-stop, hold)
         self.quarantine = Quarantine.of_buffer(self.buffer_dir, max_quarantine_bytes)  # batches refused for content
-        self.published = PublishedVersions()
+        self.published = published if published is not None else PublishedVersions()
         self.stale_transitions = 0  # stored rows whose policy lagged more than buffer.max_policy_lag
         self.lag_counts = LagCounts()  # stored rows the policy acted, by their lag
-        self.status_source: Callable[[], dict] | None = None  # the learner's latest status, for status requests
+        self._status = status or (lambda: {"robots": self.report()["robots"]})  # for `user-rl status` requests
+        self._open_buffer: BufferOpener = open_buffer or self._open_own_buffer
         self._max_logged = max_rejects_logged
 
     # -- receiving -------------------------------------------------------------------------
@@ -228,7 +246,7 @@ class Ingest:
             self._hello(identity, msg)
             return
         if kind == "status_request":  # `user-rl status ADDRESS`: no robot, no hello
-            reply = status_reply(self.status_source() if self.status_source else {"robots": self.report()["robots"]})
+            reply = status_reply(self._status())
             self.socket.send_multipart([identity, *encode(envelope(status_reply=reply))])
             return
         session = self.robots.get(msg.envelope.robot_id)
@@ -341,8 +359,11 @@ class Ingest:
 
     def open_buffer(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> None:
         """Open (or reopen after a restart) the run's buffer; the fleet's spaces are fixed from now."""
-        self.buffer = PersistentReplay(self.buffer_dir, obs_space, action_space, self.buffer_settings, self.gamma)
+        self.buffer = self._open_buffer(obs_space, action_space)
         self.obs_space, self.action_space = obs_space, action_space
+
+    def _open_own_buffer(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> PersistentReplay:
+        return PersistentReplay(self.buffer_dir, obs_space, action_space, self.buffer_settings, self.gamma)
 
     def _batch(self, session: RobotSession, msg: Message, identity: bytes) -> None:
         body = msg.body

@@ -10,6 +10,10 @@
 - The thread that calls `run` reads the trainer's replies (actors to publish, states to
   checkpoint), and handles pauses.
 
+The learner owns the buffer, the step credit and the published versions, and hands the ingest
+what it needs of them; what crosses between threads goes through one channel each
+(`cloud/handoffs.py`): the status, the opened buffer, the actor to publish, the fleet's pacing.
+
 The updates never wait for rollouts. When the fleet is paced (sims in training), every ack
 carries a step credit so that env steps and updates keep the configured update-to-data ratio.
 """
@@ -22,13 +26,16 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
+import gymnasium as gym
 import numpy as np
 import torch
 import zmq
 
 from user_rl.algos import algo_settings
 from user_rl.cloud.batches import BatchPreparer
+from user_rl.cloud.buffer.store import PersistentReplay
 from user_rl.cloud.checkpoint import (
     BackgroundCheckpointer,
     load_checkpoint,
@@ -37,11 +44,13 @@ from user_rl.cloud.checkpoint import (
     spaces_from_text,
     spaces_to_text,
 )
+from user_rl.cloud.credit import StepCredit
 from user_rl.cloud.endpoints import reachable_endpoint
+from user_rl.cloud.handoffs import ActorHandOff, FleetPacing, Latest, Pace
 from user_rl.cloud.ingest import Ingest
 from user_rl.cloud.staleness import PUBLISHED_FILE, PublishedVersions
 from user_rl.cloud.threads import GuardedThread
-from user_rl.cloud.trainer import Reply, Trainer, TrainerFailed, TrainerSpec
+from user_rl.cloud.trainer import ActorReply, Reply, StateReply, Tag, Trainer, TrainerFailed, TrainerSpec
 from user_rl.cloud.version_lease import VersionLease
 from user_rl.cloud.weight_server import WeightServer
 from user_rl.config import Config
@@ -94,6 +103,14 @@ def credit_increment(
     return min(share, left)
 
 
+class OpenedBuffer(NamedTuple):
+    """The run's buffer and the fleet's spaces, fixed together when it opens."""
+
+    buffer: PersistentReplay
+    obs_space: gym.spaces.Dict
+    action_space: gym.spaces.Box
+
+
 def learner_torch_threads(cfg: Config) -> int:
     """`learner.torch_threads`, or the cores the fleet's edges leave free (at least one)."""
     return cfg.learner.torch_threads or max(1, (os.cpu_count() or 1) - cfg.fleet.num_robots)
@@ -109,6 +126,9 @@ class Learner:
         self.context = zmq.Context()
         host, lc = cfg.learner.host, cfg.learner
         self.gate = learner_gate(self.context, cfg.security, host)  # None: links in the clear (loopback)
+        self._opened: Latest[OpenedBuffer | None] = Latest(None)  # by the config, a checkpoint or the first hello
+        self._status: Latest[dict] = Latest({})  # made on the ingest thread, read by any
+        self.credit = StepCredit()  # what the acks of a paced fleet allow: set on the ingest thread
         self.ingest = Ingest(
             self.context,
             f"tcp://{host}:{lc.data_port}",
@@ -120,9 +140,12 @@ class Learner:
             max_message_bytes=int(lc.max_message_mb * 2**20),
             max_robots=lc.max_robots,
             forget_idle_s=lc.forget_idle_s,
+            open_buffer=self._open_buffer,
+            credit=self.credit,
+            # Lags count the versions earlier learners of this run published too (staleness.py)
+            published=PublishedVersions(self.run_dir / PUBLISHED_FILE),
+            status=self._status.get,  # answered on the ingest thread, which also makes it
         )
-        # Lags count the versions earlier learners of this run published too (staleness.py)
-        self.ingest.published = PublishedVersions(self.run_dir / PUBLISHED_FILE)
         self.weights = WeightServer(
             self.context,
             f"tcp://{host}:{lc.weights_port}",
@@ -133,7 +156,7 @@ class Learner:
         self.rng = np.random.default_rng(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.trainer: Trainer | None = None  # started once the fleet's spaces are known
-        self._trainer_state: Reply | None = None  # the newest whole state it handed back (for `save`)
+        self._trainer_state: StateReply | None = None  # the newest whole state it handed back (for `save`)
         self.version = 0  # the newest version published (0: none yet)
         self.resumed_from: dict | None = None
         self.checkpoints = BackgroundCheckpointer(self.checkpoint_path)
@@ -142,24 +165,21 @@ class Learner:
         self._stop = threading.Event()
         self._pause_requested = threading.Event()
         self._paused = threading.Event()
-        self._publish_cond = threading.Condition()
-        self._to_publish: tuple[int, dict] | None = None  # (request number, actor snapshot) for the ingest thread
-        self._requested = self._published = 0
+        self._to_publish = ActorHandOff()  # from the thread that reads the trainer's replies to the ingest thread
         self.last_metrics: dict[str, float] = {}  # as of the trainer's last handed-back actor
         self._pause_asked = False
         self._state_asked = False
         self._checkpoint_wanted = threading.Event()
-        self.active_robots = cfg.fleet.num_robots  # fewer once a robot has failed: its share of credit moves on
+        # The launcher's word: robots still running (fewer once one has failed: its share of credit moves on),
+        # and the next evaluation point (stop.eval_every_env_steps), where a paced fleet and the updates
+        # stop until it has evaluated and sets the next one
+        self.pacing = FleetPacing(Pace(cfg.fleet.num_robots))
         self.lease = VersionLease(self.run_dir)
         if self.checkpoint_path.is_file():
             self._resume()
         else:
             self._open_configured_buffer()
         self.steps_at_start = self.env_steps  # for progress rates only
-        # The launcher's next evaluation point (stop.eval_every_env_steps): a paced fleet and the
-        # updates stop there until it has evaluated and sets the next one (None: no hold)
-        self.hold_at: int | None = None
-        self._status: dict = {}
         self._started = time.monotonic()
         self._credit_pushed_at = (-1, -1)  # (updates, robots) at the last push of credit to every robot
         # Push credit to every robot once each may take half a batch more: often enough that the
@@ -169,7 +189,7 @@ class Learner:
         self._credit_push_every = max(1, int(fleet.num_robots * fleet.batch_transitions * cfg.algo.utd_ratio / 2))
         self._update_ingest_credit()
         self.sampler = BatchPreparer(
-            lambda: self.ingest.buffer,
+            lambda: self.buffer,
             lambda: self.trainer,
             cfg.algo.batch_size,
             self.rng,
@@ -179,8 +199,7 @@ class Learner:
         )
         self._threads: dict[str, GuardedThread] = {}
         self._board_thread: GuardedThread | None = None
-        self._status = self._snapshot()  # no thread runs yet: the first status (it names the device) is ready now
-        self.ingest.status_source = lambda: self._status  # answered on the ingest thread, which also writes it
+        self._status.set(self._snapshot())  # no thread runs yet: the first status (it names the device) is ready now
         log.warning("learner trains on %s", self.device_name)
 
     @property
@@ -191,6 +210,20 @@ class Learner:
     def addresses(self) -> dict[str, str]:
         """Where edges and tools reach this learner (bound to every interface: this machine's address)."""
         return {"data": reachable_endpoint(self.ingest.endpoint), "weights": reachable_endpoint(self.weights.endpoint)}
+
+    @property
+    def buffer(self) -> PersistentReplay | None:
+        """The run's buffer (None until the fleet's spaces are known)."""
+        opened = self._opened.get()
+        return opened.buffer if opened else None
+
+    def _open_buffer(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> PersistentReplay:
+        """Open the run's buffer for these spaces (the ingest calls it: on its thread for a first hello)."""
+        buffer = PersistentReplay(
+            self.run_dir / "buffer", obs_space, action_space, self.cfg.buffer, self.cfg.algo.gamma
+        )
+        self._opened.set(OpenedBuffer(buffer, obs_space, action_space))
+        return buffer
 
     def _open_configured_buffer(self) -> None:
         """A fresh run takes the config's robot's spaces, so a stranger's hello cannot set them."""
@@ -219,7 +252,7 @@ class Learner:
         self.resumed_from = {
             "updates": trainer.updates,
             "policy_version": checkpoint_version,
-            "buffer_transitions": len(self.ingest.buffer),
+            "buffer_transitions": len(self.buffer),
         }
         # The checkpoint's actor may be newer than its version, and versions after it may have
         # been published before a crash: it goes out under a number never used before.
@@ -234,12 +267,13 @@ class Learner:
 
     def _ensure_trainer(self, state: dict | None = None, rng: dict | None = None) -> Trainer | None:
         """Start the trainer process once the fleet's spaces are known (from a checkpoint's state)."""
-        if self.trainer is None and self.ingest.obs_space is not None:
+        opened = self._opened.get()
+        if self.trainer is None and opened is not None:
             cfg = self.cfg
             settings = algo_settings(cfg.algo.type, cfg.algo.model_dump())  # the fields its Settings has
             spec = TrainerSpec(
-                self.ingest.obs_space,
-                self.ingest.action_space,
+                opened.obs_space,
+                opened.action_space,
                 cfg.policy.type,
                 cfg.policy.options(),
                 settings,
@@ -264,15 +298,33 @@ class Learner:
     @property
     def env_steps(self) -> int:
         """Step records stored for this run (survives learner restarts: it is counted from the buffer)."""
-        return self.ingest.buffer.records if self.ingest.buffer else 0
+        buffer = self.buffer
+        return buffer.records if buffer else 0
+
+    @property
+    def active_robots(self) -> int:
+        return self.pacing.get().active_robots
+
+    @property
+    def hold_at(self) -> int | None:
+        return self.pacing.get().hold_at
+
+    def set_active_robots(self, count: int) -> None:
+        """Robots still running (from the launcher's thread): a failed one's share of credit moves on."""
+        self.pacing.set_active_robots(count)
+
+    def set_hold(self, env_steps: int | None) -> None:
+        """The next evaluation point, where a paced fleet and the updates stop (None: none)."""
+        self.pacing.set_hold(env_steps)
 
     def _update_ingest_credit(self) -> None:
         """Set the credit the next acks carry (ingest thread): per stream, see cloud/credit.py."""
-        fleet, algo, credit = self.cfg.fleet, self.cfg.algo, self.ingest.credit
+        fleet, algo, credit = self.cfg.fleet, self.cfg.algo, self.credit
         if not fleet.pace_to_learner:
             credit.increment, credit.max_records = None, None
             return
-        credit.max_records = self.step_limit
+        step_limit = self.step_limit
+        credit.max_records = step_limit
         credit.increment = credit_increment(
             algo.learning_starts,
             self.updates,
@@ -280,7 +332,7 @@ class Learner:
             self.env_steps,
             max(1, self.active_robots),
             fleet.batch_transitions,
-            self.step_limit,
+            step_limit,
         )
 
     @property
@@ -290,7 +342,7 @@ class Learner:
 
     def _may_submit(self) -> bool:
         """Whether the sampler may send the trainer one more batch (read under its `send_lock`)."""
-        buffer, trainer = self.ingest.buffer, self.trainer
+        buffer, trainer = self.buffer, self.trainer
         if (
             self._pause_requested.is_set()
             or trainer is None
@@ -301,10 +353,10 @@ class Learner:
         if not self.cfg.fleet.pace_to_learner:
             return True
         # Paced: do not run ahead of the data either (the ratio holds in both directions).
-        algo = self.cfg.algo
-        lead = self.active_robots * self.cfg.fleet.batch_transitions * algo.utd_ratio
+        algo, pace = self.cfg.algo, self.pacing.get()
+        lead = pace.active_robots * self.cfg.fleet.batch_transitions * algo.utd_ratio
         limit = algo.utd_ratio * (self.env_steps - algo.learning_starts) + lead
-        if self.hold_at is not None:  # at an evaluation point exactly the updates its steps earn, as in a serial loop
+        if pace.hold_at is not None:  # at an evaluation point exactly the updates its steps earn, as in a serial loop
             limit = min(limit, algo.utd_ratio * (self.step_limit - algo.learning_starts))
         return trainer.submitted < limit
 
@@ -333,13 +385,13 @@ class Learner:
                     self._on_reply(reply)
                 if self._pause_requested.is_set() and not self._pause_asked:
                     with trainer.send_lock:  # every batch the sampler sends from now on sees the pause
-                        trainer.request("actor", tag="pause")
+                        trainer.request_actor(Tag.PAUSE)
                     self._pause_asked = True
                 checkpoint_due = time.monotonic() - self._last_checkpoint > self.cfg.learner.checkpoint_every_s
                 if (checkpoint_due or self._checkpoint_wanted.is_set()) and not self._state_asked:
                     self._checkpoint_wanted.clear()
                     with trainer.send_lock:
-                        trainer.request("state", tag="checkpoint")
+                        trainer.request_state(Tag.CHECKPOINT)
                     self._state_asked = True
         except TrainerFailed as exc:
             raise RuntimeError(f"the learner's trainer process stopped: {exc}") from None
@@ -350,20 +402,21 @@ class Learner:
             self._stop_trainer()
             if not self._threads["ingest"].is_alive():  # its sockets and counters are ours now
                 self._publish_pending()
-                self._status = self._snapshot()
+                self._status.set(self._snapshot())
             if self._board_thread is not None:  # it writes a last point and closes its file
                 self._board_thread.join(timeout=30)
 
     def _on_reply(self, reply: Reply) -> None:
-        if reply.kind == "actor":
+        if isinstance(reply, ActorReply):
             if reply.metrics:
                 self.last_metrics = reply.metrics
-            self._publish(self.weights.checksummed(reply.state), wait=reply.tag == "pause")  # not on the ingest thread
-            if reply.tag == "pause":
+            pause = reply.tag == Tag.PAUSE
+            self._publish(self.weights.checksummed(reply.weights), wait=pause)  # not on the ingest thread
+            if pause:
                 self._paused.set()
-        elif reply.kind == "state":
+        else:
             self._trainer_state = reply
-            if reply.tag == "checkpoint":
+            if reply.tag == Tag.CHECKPOINT:
                 self.checkpoints.submit(self._checkpoint_payload(reply))
                 self._last_checkpoint = time.monotonic()
                 self._state_asked = False
@@ -375,8 +428,8 @@ class Learner:
             return
         try:
             with trainer.send_lock:
-                trainer.request("state", tag="final")
-            self._trainer_state = trainer.wait_for("state", "final", timeout=120)
+                trainer.request_state(Tag.FINAL)
+            self._trainer_state = trainer.wait_for_state(Tag.FINAL, timeout=120)
         except TrainerFailed as exc:
             log.error("no final state from the trainer: %s", exc)
         trainer.close()
@@ -390,15 +443,11 @@ class Learner:
 
     def _publish(self, actor: PackedWeights, wait: bool = False) -> None:
         """Hand the actor's weights to the ingest thread, which publishes them under a new version."""
-        with self._publish_cond:
-            self._requested += 1
-            replaced, self._to_publish = self._to_publish, (self._requested, actor)
-            if replaced is not None and replaced[1].release is not None:
-                replaced[1].release()  # never published: its buffer is free for the trainer again
-            if wait:
-                request = self._requested
-                while self._published < request and not self._stop.is_set() and self._threads["ingest"].is_alive():
-                    self._publish_cond.wait(0.1)
+        request = self._to_publish.offer(actor)
+        if wait:
+            self._to_publish.wait_published(
+                request, lambda: not self._stop.is_set() and self._threads["ingest"].is_alive()
+            )
 
     def _publish_now(self, state: dict | PackedWeights) -> None:
         """Publish under a fresh version, reserved on disk first (ingest thread, or before it starts)."""
@@ -426,20 +475,17 @@ class Learner:
                 self.ingest.push_credit()  # a robot waiting for credit sends nothing, so it hears it here
                 self._credit_pushed_at = (self.updates, self.active_robots)
             if time.monotonic() - last_status > STATUS_EVERY_S:
-                self._status = self._snapshot()
+                self._status.set(self._snapshot())
                 last_status = time.monotonic()
         self._publish_pending()
 
     def _publish_pending(self) -> None:
-        with self._publish_cond:
-            pending, self._to_publish = self._to_publish, None
+        pending = self._to_publish.take()
         if pending is None:
             return
-        request, state = pending
-        self._publish_now(state)
-        with self._publish_cond:
-            self._published = request
-            self._publish_cond.notify_all()
+        request, actor = pending
+        self._publish_now(actor)
+        self._to_publish.published(request)
 
     def _log_curves(self) -> None:
         """The tensorboard thread: a point from the status every `learner.tensorboard_every_s`, and a last one.
@@ -485,7 +531,8 @@ class Learner:
         self._stop.set()
 
     def status(self) -> dict:
-        return {**self._status, "errors": {**self._status.get("errors", {}), **self._thread_errors()}}
+        status = self._status.get()
+        return {**status, "errors": {**status.get("errors", {}), **self._thread_errors()}}
 
     def _thread_errors(self) -> dict[str, str]:
         """Every background thread (and the trainer process) that stopped on an error or is failing, with why."""
@@ -500,8 +547,8 @@ class Learner:
 
     def _snapshot(self) -> dict:
         """The status (ingest thread: the ingest's state is read only there)."""
-        ingest = self.ingest.report()
-        buffer_errors = self.ingest.buffer.thread_errors() if self.ingest.buffer else {}
+        ingest, buffer = self.ingest.report(), self.buffer
+        buffer_errors = buffer.thread_errors() if buffer else {}
         robots = ingest["robots"]
         successes = [r["recent_success"] for r in robots.values() if r["recent_success"] is not None]
         returns = [r["recent_return"] for r in robots.values() if r["recent_return"] is not None]
@@ -514,7 +561,7 @@ class Learner:
             "updates": self.updates,
             "trainer_ready": self.trainer is not None,  # it starts once the first hello names the spaces
             "policy_version": self.version,
-            "buffer": len(self.ingest.buffer) if self.ingest.buffer else 0,
+            "buffer": len(buffer) if buffer else 0,
             "recent_success": float(np.mean(successes)) if successes else None,
             "recent_return": float(np.mean(returns)) if returns else None,
             # of the robots' recent stored steps, the share on which a person or the scripted intervener acted
@@ -536,14 +583,15 @@ class Learner:
         }
 
     # -- persistence -----------------------------------------------------------------------
-    def _checkpoint_payload(self, trainer_state: Reply) -> dict:
+    def _checkpoint_payload(self, trainer_state: StateReply) -> dict:
         """Everything a resume needs: the trainer's state and RNG, the sampler's RNG now, the counters."""
         with self._rng_lock:  # the sampler draws from this RNG
             rng_state = snapshot(self.rng.bit_generator.state)
+        opened = self._opened.get()  # a trainer's state implies an opened buffer
         return {
             "format": 2,
             "config": self.cfg.public_dump(),  # never a secret: checkpoints get copied around
-            "spaces": spaces_to_text(self.ingest.obs_space, self.ingest.action_space),
+            "spaces": spaces_to_text(opened.obs_space, opened.action_space),
             "policy": {"type": self.cfg.policy.type, "options": self.cfg.policy.options()},
             "policy_version": self.version,
             "actor": trainer_state.state["actor"],

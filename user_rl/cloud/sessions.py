@@ -38,7 +38,8 @@ class RobotSession:
     recent_success: deque = field(default_factory=lambda: deque(maxlen=20))
     episode_return: float = 0.0
     last_seen: float = field(default_factory=time.monotonic)
-    heartbeat: dict = field(default_factory=dict)
+    heartbeat: pb.Heartbeat | None = None  # the edge's newest report of itself, as it came (None: none yet)
+    policy_lag: int | None = None  # versions published since the one its newest heartbeat acts with
     streams: int = 1  # stream epochs seen: each restart of the robot's edge daemon starts a new one
     detached: bool = False  # the robot said it is leaving (a clean detach, not a failure)
     stale_transitions: int = 0  # stored rows whose policy lagged more than buffer.max_policy_lag
@@ -63,62 +64,50 @@ class RobotSession:
         self.connections[identity] = None
 
     def take_heartbeat(self, hb: pb.Heartbeat, policy_lag: int | None) -> None:
-        """What the edge said of itself (`summary` reports it); `policy_lag`: versions published since
-        the one it acts with."""
-        self.heartbeat = {
-            "env_steps": hb.env_steps,
+        """The edge's newest report of itself (`EdgeDaemon.report`), kept as it came; `summary` reports
+        it. `policy_lag`: versions published since the one it acts with."""
+        self.heartbeat, self.policy_lag = hb, policy_lag
+
+    def summary(self) -> dict:
+        hb = self.heartbeat
+        heard = hb is not None
+        hb = hb or pb.Heartbeat()  # before the first heartbeat: its defaults (unknowns stay None)
+        return {
+            "transitions": self.transitions,  # stored by this learner since it last heard this robot's hello
+            "edge_steps": hb.env_steps if heard else None,  # the edge's own count at its last heartbeat
+            "stream_epoch": self.epoch,
+            "acked_seq": self.stream.durable_seq,
+            "episodes": self.episodes,
+            "policy_versions": len([v for v in self.versions if v >= 0]),  # -1: random warm-up
+            "latest_version": max(self.versions, default=-1),
+            "acting_version": hb.policy_version if heard else None,  # what it acts with, at its last heartbeat
+            "policy_lag": self.policy_lag,  # versions published since that one
+            "stale_transitions": self.stale_transitions,
+            "recent_return": float(np.mean(self.recent_returns)) if self.recent_returns else None,
+            "recent_success": float(np.mean(self.recent_success)) if self.recent_success else None,
             "steps_per_second": hb.steps_per_second,
-            "policy_version": hb.policy_version,
-            "unacked": hb.unacked_batches,
-            "policy_lag": policy_lag,
+            "backlog_batches": hb.unacked_batches,
             "backlog_bytes": hb.backlog_bytes,
             "dropped_transitions": hb.dropped_transitions,
             "safety_violations": dict(hb.safety_violations),
             "watchdog_holds": hb.watchdog_holds,
             "estopped": hb.estopped or None,
-            "rearmed": hb.rearmed or None,
-            "intervention_steps": hb.intervention_steps,
+            "rearmed": hb.rearmed or None,  # who re-armed it last, when, and which stop they cleared
+            "health": hb.health or "unknown",  # "ok" or what is wrong, as the edge sees it
+            "last_error": hb.last_error or None,  # the newest problem the edge met
+            "intervention_rate": self.intervention_rate(),  # of its recent stored steps
             "take_overs": hb.take_overs,
-            "driver": hb.driver,
-            "health": hb.health or "unknown",
-            "last_error": hb.last_error or None,
+            "driver": hb.driver,  # who acts now ("": the policy)
+            # latency, chunk age, control-loop jitter
             "inference": {
                 "latency_ms": hb.inference_ms,
                 "latency_p99_ms": hb.inference_p99_ms,
                 "chunk_age_steps": hb.chunk_age_steps,
                 "starved_steps": hb.starved_steps,
                 "loop_jitter_p99_ms": hb.loop_jitter_p99_ms,
-            },
-        }
-
-    def summary(self) -> dict:
-        return {
-            "transitions": self.transitions,  # stored by this learner since it last heard this robot's hello
-            "edge_steps": self.heartbeat.get("env_steps"),  # the edge's own count at its last heartbeat
-            "stream_epoch": self.epoch,
-            "acked_seq": self.stream.durable_seq,
-            "episodes": self.episodes,
-            "policy_versions": len([v for v in self.versions if v >= 0]),  # -1: random warm-up
-            "latest_version": max(self.versions, default=-1),
-            "acting_version": self.heartbeat.get("policy_version"),  # what it acts with, at its last heartbeat
-            "policy_lag": self.heartbeat.get("policy_lag"),  # versions published since that one
-            "stale_transitions": self.stale_transitions,
-            "recent_return": float(np.mean(self.recent_returns)) if self.recent_returns else None,
-            "recent_success": float(np.mean(self.recent_success)) if self.recent_success else None,
-            "steps_per_second": self.heartbeat.get("steps_per_second", 0.0),
-            "backlog_batches": self.heartbeat.get("unacked", 0),
-            "backlog_bytes": self.heartbeat.get("backlog_bytes", 0),
-            "dropped_transitions": self.heartbeat.get("dropped_transitions", 0),
-            "safety_violations": self.heartbeat.get("safety_violations", {}),
-            "watchdog_holds": self.heartbeat.get("watchdog_holds", 0),
-            "estopped": self.heartbeat.get("estopped"),
-            "rearmed": self.heartbeat.get("rearmed"),  # who re-armed it last, when, and which stop they cleared
-            "health": self.heartbeat.get("health", "unknown"),  # "ok" or what is wrong, as the edge sees it
-            "last_error": self.heartbeat.get("last_error"),  # the newest problem the edge met
-            "intervention_rate": self.intervention_rate(),  # of its recent stored steps
-            "take_overs": self.heartbeat.get("take_overs", 0),
-            "driver": self.heartbeat.get("driver", ""),  # who acts now ("": the policy)
-            "inference": self.heartbeat.get("inference", {}),  # latency, chunk age, control-loop jitter
+            }
+            if heard
+            else {},
             "seconds_since_seen": round(time.monotonic() - self.last_seen, 2),
             "edge_restarts": self.streams - 1,
             "detached": self.detached,

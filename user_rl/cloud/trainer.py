@@ -28,8 +28,9 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any
 
 import gymnasium as gym
@@ -43,15 +44,30 @@ from user_rl.cloud.buffer.store import NEXT_OBS
 from user_rl.cloud.checkpoint import snapshot
 from user_rl.policies.weights import load_weights
 from user_rl.wire.transitions import OBS
-from user_rl.wire.weights import CASTS
+from user_rl.wire.weights import CASTS, PackedWeights
 
 log = logging.getLogger(__name__)
 
 PARENT_CHECK_S = 0.5  # an idle trainer checks this often that the learner is still there
 START_TIMEOUT_S = 180.0  # spawning imports torch: seconds on a slow machine
-BATCH, ACTOR, STATE, STOP = range(4)  # what a ring entry asks for
-KINDS = {"actor": ACTOR, "state": STATE}
-TAGS = (None, "pause", "checkpoint", "final")  # a request's tag crosses as its index here
+
+
+class Entry(IntEnum):
+    """What a ring entry asks the trainer for (it crosses the ring as this number)."""
+
+    BATCH = 0  # an update on the batch in the entry's slot
+    ACTOR = 1  # hand the actor back
+    STATE = 2  # hand the whole state back
+    STOP = 3
+
+
+class Tag(IntEnum):
+    """Why the actor or the state was asked for; the reply carries it back (it crosses the ring as this number)."""
+
+    PERIODIC = 0  # the actor the trainer hands back on its own, every `publish_every` updates
+    PAUSE = 1
+    CHECKPOINT = 2
+    FINAL = 3
 
 
 @dataclass
@@ -74,18 +90,72 @@ class TrainerSpec:
     weight_dtype: str = "float32"  # what the actor is published as (`learner.weight_dtype`)
 
 
-@dataclass
-class Reply:
-    """An answer from the trainer: kind "actor" (state = the actor's weights packed in a shared
-    buffer, with the latest metrics) or "state" (state = the algorithm's whole state, rng = its RNG
-    states)."""
+# -- what the trainer process sends the learner (through its outbox queue: picklable) ----------------
+@dataclass(frozen=True)
+class Started:
+    """The algorithm is built; `updates` it has done (a resumed state's count)."""
 
-    kind: str
-    tag: str | None
     updates: int
-    state: Any
-    metrics: dict[str, float] | None = None
-    rng: dict | None = None
+
+
+@dataclass(frozen=True)
+class ActorBuffersMade:
+    """The shared buffers every later actor comes back in (sent once, before the first `ActorWritten`)."""
+
+    buffers: ActorBuffers
+
+
+@dataclass(frozen=True)
+class ActorWritten:
+    """The actor after `updates` updates is in buffer `index` of the shared actor buffers."""
+
+    tag: Tag
+    updates: int
+    index: int
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class StateSerialised:
+    """The algorithm's whole state and its RNG states after `updates` updates, as `to_bytes((state, rng))`."""
+
+    tag: Tag
+    updates: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The trainer process raised; `error` says what (it ends after sending this)."""
+
+    error: str
+
+
+TrainerMessage = Started | ActorBuffersMade | ActorWritten | StateSerialised | Failed
+
+
+# -- what the learner's side makes of them -----------------------------------------------------
+@dataclass
+class ActorReply:
+    """The actor's weights packed in a shared buffer, with the latest metrics."""
+
+    tag: Tag
+    updates: int
+    weights: PackedWeights
+    metrics: dict[str, float]
+
+
+@dataclass
+class StateReply:
+    """The algorithm's whole state (`state`) and its RNG states (`rng`: "torch", "cuda")."""
+
+    tag: Tag
+    updates: int
+    state: dict
+    rng: dict
+
+
+Reply = ActorReply | StateReply
 
 
 def to_bytes(obj: Any) -> bytes:
@@ -117,7 +187,7 @@ class Trainer:
         self.error: str | None = None
         self._ring = Ring(context, depth)
         self._slots_channel = context.Queue()  # the slots' shared tensors, once (shaped by the first batch)
-        self._outbox = context.Queue()  # ("ready", updates) | ("actor"|"state", ...) | ("error", text)
+        self._outbox = context.Queue()  # TrainerMessage
         self._updates = context.Value("q", 0, lock=False)
         self._idle_us = context.Value("q", 0, lock=False)
         self._next = 0  # the ring entry the next post takes
@@ -132,10 +202,10 @@ class Trainer:
         )
         self.process.start()
         ready = self._next_message(start_timeout_s)
-        if ready is None or ready[0] != "ready":
+        if not isinstance(ready, Started):
             self.close()
             raise TrainerFailed(self.error or f"the trainer process did not start within {start_timeout_s:.0f} s")
-        self.submitted = int(ready[1])  # updates asked for so far (done: `updates`)
+        self.submitted = ready.updates  # updates asked for so far (done: `updates`)
 
     # -- counters ------------------------------------------------------------------------------
     @property
@@ -170,23 +240,30 @@ class Trainer:
         entry = self._next % self.depth
         for key, tensor in self._slots.items():
             tensor[entry].copy_(torch.from_numpy(columns[key]))
-        self._post(entry, BATCH, 0)
+        self._post(entry, Entry.BATCH, Tag.PERIODIC)
         self._holding = False
         self.submitted += 1
         return True
 
     # -- requests and replies ------------------------------------------------------------------
-    def request(self, kind: str, tag: str | None = None) -> None:
-        """Ask for the actor ("actor") or the whole state ("state") once the batches posted are
-        done (hold `send_lock` if a thread may be submitting; blocks while the ring is full)."""
+    def request_actor(self, tag: Tag) -> None:
+        """Ask for the actor once the batches posted are done (an `ActorReply` with `tag`)."""
+        self._request(Entry.ACTOR, tag)
+
+    def request_state(self, tag: Tag) -> None:
+        """Ask for the whole state once the batches posted are done (a `StateReply` with `tag`)."""
+        self._request(Entry.STATE, tag)
+
+    def _request(self, entry: Entry, tag: Tag) -> None:
+        """Post a request (hold `send_lock` if a thread may be submitting; blocks while the ring is full)."""
         if self._holding:  # the sampler's held entry is ours now; it takes another
             self._holding = False
         else:
             while not self._ring.free.acquire(timeout=PARENT_CHECK_S):
                 self.check()
-        self._post(self._next % self.depth, KINDS[kind], TAGS.index(tag))
+        self._post(self._next % self.depth, entry, tag)
 
-    def _post(self, entry: int, kind: int, tag: int) -> None:
+    def _post(self, entry: int, kind: Entry, tag: Tag) -> None:
         self._ring.kinds[entry], self._ring.tags[entry] = kind, tag
         self._next += 1
         self._ring.posted.release()
@@ -195,36 +272,35 @@ class Trainer:
         """The replies that have come (waiting up to `timeout` for the first); raises `TrainerFailed`."""
         message = self._next_message(timeout)
         while message is not None:
-            if message[0] == "actor_buffers":
-                self.actor_buffers = message[1]
-            elif message[0] in ("actor", "state"):
-                kind, tag, updates, data, extra = message
-                if kind == "actor":
-                    yield Reply(kind, tag, updates, self.actor_buffers.packed(data), metrics=extra)
-                else:
-                    state, rng = from_bytes(data)
-                    yield Reply(kind, tag, updates, state, rng=rng)
+            if isinstance(message, ActorBuffersMade):
+                self.actor_buffers = message.buffers
+            elif isinstance(message, ActorWritten):
+                weights = self.actor_buffers.packed(message.index)
+                yield ActorReply(message.tag, message.updates, weights, message.metrics)
+            elif isinstance(message, StateSerialised):
+                state, rng = from_bytes(message.data)
+                yield StateReply(message.tag, message.updates, state, rng)
             message = self._next_message(0)
         self.check()
 
-    def wait_for(self, kind: str, tag: str, timeout: float) -> Reply:
-        """The reply to a request just made (other replies that come first are dropped)."""
+    def wait_for_state(self, tag: Tag, timeout: float) -> StateReply:
+        """The reply to a state request just made (other replies that come first are dropped)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for reply in self.replies(min(0.5, max(0.0, deadline - time.monotonic()))):
-                if reply.kind == kind and reply.tag == tag:
+                if isinstance(reply, StateReply) and reply.tag == tag:
                     return reply
-        raise TrainerFailed(f"the trainer did not answer a {kind!r} request within {timeout:.0f} s")
+        raise TrainerFailed(f"the trainer did not answer a state request within {timeout:.0f} s")
 
-    def _next_message(self, timeout: float) -> tuple | None:
+    def _next_message(self, timeout: float) -> TrainerMessage | None:
         try:
             message = self._outbox.get(timeout=timeout) if timeout > 0 else self._outbox.get_nowait()
         except queue.Empty:
             if not self.process.is_alive() and self.error is None:
                 self.error = f"the trainer process ended (exit code {self.process.exitcode})"
             return None
-        if message[0] == "error":
-            self.error = message[1]
+        if isinstance(message, Failed):
+            self.error = message.error
             return None
         return message
 
@@ -241,7 +317,7 @@ class Trainer:
         if self.process.is_alive() and (self._holding or self._ring.free.acquire(timeout=timeout)):
             with self.send_lock:
                 self._holding = False
-                self._post(self._next % self.depth, STOP, 0)
+                self._post(self._next % self.depth, Entry.STOP, Tag.PERIODIC)
             self.process.join(timeout)
         if self.process.is_alive():
             log.warning("the trainer process did not stop within %.0f s; killing it", timeout)
@@ -289,12 +365,12 @@ def serve(spec: TrainerSpec, ring: Ring, slots_channel, outbox, updates, idle_us
             if device.type == "cuda" and "cuda" in spec.rng:  # SAC's action noise is drawn on the GPU
                 torch.cuda.set_rng_state(spec.rng["cuda"], device)
         updates.value = algo.updates
-        outbox.put(("ready", algo.updates))
+        outbox.put(Started(algo.updates))
         _train(spec, algo, device, ring, slots_channel, outbox, updates, idle_us, parent_pid)
     except BaseException as exc:  # the learner reports it and stops
         if _parent_gone(parent_pid, grace_s=0.0):
             return  # no learner to report to: what failed was talking to it
-        outbox.put(("error", f"{type(exc).__name__}: {exc}"))
+        outbox.put(Failed(f"{type(exc).__name__}: {exc}"))
         traceback.print_exc()
         raise
     finally:
@@ -340,8 +416,8 @@ def _train(
             idle_us.value += int((time.perf_counter() - waited) * 1e6)
         entry = taken % depth
         taken += 1
-        kind, tag = ring.kinds[entry], TAGS[ring.tags[entry]]
-        if kind == BATCH:
+        kind, tag = Entry(ring.kinds[entry]), Tag(ring.tags[entry])
+        if kind == Entry.BATCH:
             if slots is None:
                 slots = _receive_slots(slots_channel, parent_pid)
                 if slots is None:  # the learner was killed meanwhile: nobody will ever stop us
@@ -354,24 +430,20 @@ def _train(
                 ring.free.release()
             updates.value = algo.updates
             if algo.updates == 1 or algo.updates % spec.publish_every == 0:
-                publisher.actor(None, metrics)
+                publisher.actor(Tag.PERIODIC, metrics)
             continue
         ring.free.release()
-        if kind == ACTOR:
+        if kind == Entry.ACTOR:
             publisher.actor(tag, metrics)
-        elif kind == STATE:
+        elif kind == Entry.STATE:
             rng = {"torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state(device)} if on_gpu else {})}
             state = snapshot(algo.state_dict())  # copied here, between updates; serialised by the sender
             publisher.later(
-                lambda updates=algo.updates, state=state, tag=tag, rng=rng: (
-                    "state",
-                    tag,
-                    updates,
-                    to_bytes((state, rng)),
-                    None,
+                lambda updates=algo.updates, state=state, tag=tag, rng=rng: StateSerialised(
+                    tag, updates, to_bytes((state, rng))
                 )
             )
-        elif kind == STOP:
+        elif kind == Entry.STOP:
             publisher.close()
             return
 
@@ -422,16 +494,16 @@ class ActorPublisher:
         self._sender = threading.Thread(target=self._send, name="trainer-sender", daemon=True)
         self._sender.start()
 
-    def actor(self, tag: str | None, metrics: dict[str, torch.Tensor]) -> None:
+    def actor(self, tag: Tag, metrics: dict[str, torch.Tensor]) -> None:
         if self.buffers is None:
             self.buffers = ActorBuffers(self.algo.actor, self.cast)
-            self.later(lambda buffers=self.buffers: ("actor_buffers", buffers))
-        index = self.buffers.write(self.algo.actor, wait_s=0.0 if tag is None else 60.0)
+            self.later(lambda buffers=self.buffers: ActorBuffersMade(buffers))
+        index = self.buffers.write(self.algo.actor, wait_s=0.0 if tag == Tag.PERIODIC else 60.0)
         if index is not None:
             floats = metrics_to_floats(metrics)
-            self.later(lambda updates=self.algo.updates: ("actor", tag, updates, index, floats))
+            self.later(lambda updates=self.algo.updates: ActorWritten(tag, updates, index, floats))
 
-    def later(self, make_message) -> None:
+    def later(self, make_message: Callable[[], TrainerMessage]) -> None:
         """Send what `make_message()` returns, from the sender thread, after everything before it."""
         self._queue.put(make_message)
 
@@ -440,7 +512,7 @@ class ActorPublisher:
             try:
                 self.outbox.put(make_message())
             except BaseException as exc:  # the learner hears of it and stops
-                self.outbox.put(("error", f"{type(exc).__name__}: {exc}"))
+                self.outbox.put(Failed(f"{type(exc).__name__}: {exc}"))
                 raise
 
     def close(self) -> None:

@@ -44,8 +44,11 @@ from user_rl.rewards import EnvReward, RewardedStep, StepReward
 from user_rl.robots.estop import LATCH_NAME, EStopLatch
 from user_rl.robots.safety import ActionFilter, HoldBlocked, SafetySettings, Watchdog
 from user_rl.wire import user_rl_pb2 as pb
+from user_rl.wire.codec import message_fields
 
 log = logging.getLogger(__name__)
+# Heartbeat fields filled only as a heartbeat leaves (health needs a probe of the robot, on the control loop)
+SENT_ONLY = frozenset({"time", "leaving", "health", "last_error"})
 
 
 class RobotRefused(RuntimeError):
@@ -201,23 +204,9 @@ class EdgeDaemon:
             self._flush()
         if now - self._last_heartbeat > self.settings.heartbeat_s:
             self._update_rate(now)
-            health, last_error = self.health.check()
-            self.link.heartbeat(
-                env_steps=self.steps,
-                episodes=self.episodes,
-                policy_version=self.acting_version,
-                steps_per_second=self.steps_per_second,
-                safety_violations=self._violations(),
-                watchdog_holds=self.watchdog.holds,
-                estopped=self.estop.tripped() or "",
-                rearmed=self.estop.rearm_text(),
-                intervention_steps=self.interventions.intervention_steps,
-                take_overs=self.interventions.take_overs,
-                driver=self.interventions.driver_name,
-                health=health,
-                last_error=last_error,
-                **self._inference_stats(),
-            )
+            report = self.report()
+            report.health, report.last_error = self.health.check()  # probes the robot: on this loop only
+            self.link.heartbeat(report)
             self._last_heartbeat = now
         self.link.poll(0)
 
@@ -457,29 +446,45 @@ class EdgeDaemon:
         episode ends there). False if the learner could not be reached in time (the spool keeps the data)."""
         return self.drain(timeout_s) and self.link.leave()
 
+    def report(self) -> pb.Heartbeat:
+        """What this edge says of itself: the heartbeat the learner keeps per robot and reports in its
+        status, and the heart of this edge's own `status`. (Health and the last error come from
+        probing the robot, which only the control loop does: they are set where the heartbeat is sent.)"""
+        return pb.Heartbeat(
+            env_steps=self.steps,
+            episodes=self.episodes,
+            policy_version=self.acting_version,
+            unacked_batches=self.link.unacked,
+            steps_per_second=self.steps_per_second,
+            backlog_bytes=self.link.spool.bytes_used,
+            dropped_transitions=self.link.dropped_transitions,
+            safety_violations=self._violations(),
+            watchdog_holds=self.watchdog.holds,
+            estopped=self.estop.tripped() or "",
+            rearmed=self.estop.rearm_text(),
+            intervention_steps=self.interventions.intervention_steps,
+            take_overs=self.interventions.take_overs,
+            driver=self.interventions.driver_name,
+            **self._inference_stats(),
+        )
+
     def status(self) -> dict:
+        """The heartbeat's fields (`report`), then what only this edge's status shows."""
         return {
+            **{name: value for name, value in message_fields(self.report()).items() if name not in SENT_ONLY},
             "robot_id": self.robot.descriptor.id,
             "epoch": self.link.epoch,
             "refused": self.link.refused,
             "link_error": self.link.handshake_error,
             "steps": self.steps,
-            "episodes": self.episodes,
-            "policy_version": self.acting_version,
             "newest_version": self.policy_version,  # received; takes over at the next chunk or episode
             "weight_checksum_failures": self.weights.checksum_failures,  # parts not as published: fetched again
-            "steps_per_second": self.steps_per_second,
-            "unacked_batches": self.link.unacked,
-            "backlog_bytes": self.link.spool.bytes_used,
-            "dropped_transitions": self.link.dropped_transitions,
             "batch_transitions": self.batch.capacity,
             "resends": self.link.resends,
             "lost_batches": self.link.lost_batches,  # unreadable spool files, sent as explicit gaps
             "bad_observations": self.observations.bad,  # NaN / inf observations: episode ended, robot reset
             "refused_batches": self.link.refused_batches,  # batches the learner refused (and quarantined)
             "reconnects": self.link.reconnects,  # connections replaced after ack_timeout_s of silence
-            "safety_violations": self._violations(),
-            "watchdog_holds": self.watchdog.holds,
             "hold_error": self.watchdog.last_failure,  # the last hold that failed (counted as hold_failed)
             "errors": self.errors(),
             "last_error": self.health.last_error or None,
@@ -491,7 +496,6 @@ class EdgeDaemon:
             "interventions": self.interventions.status(),
             "teleop": self.teleop.address if self.teleop is not None else None,
             "robot_unanswered_s": round(time.monotonic() - since, 2) if (since := self._robot_since) else 0.0,
-            **self._inference_stats(),
         }
 
     def _inference_stats(self) -> dict[str, float]:

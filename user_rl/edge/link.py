@@ -295,18 +295,13 @@ class DataLink:
                     cursor.progress_at = now
                 cursor.sent = seq
 
-    def heartbeat(self, **stats: float) -> None:
-        """Report backlog and rates; only once welcomed (before, the learner would reject it as no_hello)."""
+    def heartbeat(self, report: pb.Heartbeat) -> None:
+        """Send the edge's report of itself (`EdgeDaemon.report`), stamped now; only once welcomed
+        (before, the learner would reject it as no_hello)."""
         if not self.welcomed:
             return
-        hb = pb.Heartbeat(
-            time=time.time(),
-            unacked_batches=self.unacked,
-            backlog_bytes=self.spool.bytes_used,
-            dropped_transitions=self.dropped_transitions,
-            **stats,
-        )
-        self._send(encode(envelope(self.robot_id, heartbeat=hb)))
+        report.time = time.time()
+        self._send(encode(envelope(self.robot_id, heartbeat=report)))
 
     def leave(self, timeout_s: float = 5.0) -> bool:
         """Tell the learner this robot is detaching; True once it answered (call after everything is acked)."""

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from google.protobuf.message import DecodeError
+from google.protobuf.message import Message as ProtoMessage
 
 from user_rl.wire import user_rl_pb2 as pb
 
@@ -57,6 +59,18 @@ def envelope(robot_id: str = "", **body: object) -> pb.Envelope:
     ((name, value),) = body.items()
     getattr(env, name).CopyFrom(value)
     return env
+
+
+def message_fields(message: ProtoMessage) -> dict[str, Any]:
+    """A message's fields by their .proto names, defaults included (maps as dicts): one spelling, the
+    schema's, from the sender to whatever reports the message."""
+    out: dict[str, Any] = {}
+    for field_ in message.DESCRIPTOR.fields:
+        value = getattr(message, field_.name)
+        if field_.message_type is not None and field_.message_type.GetOptions().map_entry:
+            value = dict(value)
+        out[field_.name] = value
+    return out
 
 
 def encode(env: pb.Envelope, arrays: Mapping[str, np.ndarray] | None = None) -> list[bytes | memoryview]:
