@@ -6,9 +6,11 @@ layers are listed in docs/architecture.md; a new package gets a layer here and t
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "user_rl"
+DOCS = PACKAGE.parent / "docs" / "architecture.md"
 
 # Bottom first. A top-level module or package is one unit; the three config modules are one (settings).
 LAYERS: list[set[str]] = [
@@ -61,6 +63,12 @@ def test_every_package_has_a_layer() -> None:
     placed = set().union(*LAYERS)
     assert units <= placed, f"give these a layer in tests/test_layers.py and docs/architecture.md: {units - placed}"
     assert all(len([i for i, u in enumerate(LAYERS) if name in u]) == 1 for name in placed)
+
+
+def test_the_docs_list_the_same_layers() -> None:
+    section = DOCS.read_text().split("Layers, bottom first", 1)[1]
+    numbered = re.search(r"^1\. .*?(?=\n\n)", section, re.M | re.S).group(0).splitlines()
+    assert [set(re.findall(r"`(\w+)`", line)) - (SETTINGS - {"config"}) for line in numbered] == LAYERS
 
 
 def test_no_module_imports_from_a_layer_above_its_own() -> None:

@@ -7,7 +7,7 @@ built once per checkout and reused while the requirement it was built for is unc
 session starts the build in the background as soon as it knows LeRobot tests will run (it is mostly
 a download), so the suite does not wait for it (tests/conftest.py).
 
-    python -m tests.support.lerobot_env      # build it now; prints the venv's python
+    python -m tests.support.lerobot_env      # in the checkout's root: build it now; prints the venv's python
 """
 
 from __future__ import annotations
