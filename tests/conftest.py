@@ -30,9 +30,9 @@ def ingest(context: zmq.Context, tmp_path):
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """LeRobot tests run in an environment of their own (user_rl/testing/lerobot_env.py): start
+    """LeRobot tests run in an environment of their own (tests/support/lerobot_env.py): start
     building it now, in the background, so it is ready by the time they run."""
     if any("tests/lerobot/" in item.nodeid for item in session.items):
-        from user_rl.testing import lerobot_env
+        from tests.support import lerobot_env
 
         lerobot_env.start_in_background()

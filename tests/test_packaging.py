@@ -10,6 +10,7 @@ package from a copy of this checkout. About 30-60 s on 2 busy cores; pytest -s p
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import signal
@@ -59,6 +60,19 @@ def edge_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _run([python, "-m", "pip", "install", "--quiet", f"{source}[edge]"], 600, cwd=root)
     print(f"\nedge-only venv: created and installed in {time.monotonic() - started:.0f} s")
     return venv
+
+
+def test_the_package_holds_no_test_infrastructure() -> None:
+    """Nothing in the installed package runs pip or builds a venv: the suite's own infrastructure
+    (the LeRobot venv, the example driver installed with pip) lives in tests/support/."""
+    commands = []
+    for path in sorted((REPO / "user_rl").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.List, ast.Tuple)):
+                words = [e.value for e in node.elts if isinstance(e, ast.Constant)]
+                if "pip" in words or "venv" in words:
+                    commands.append(f"{path.relative_to(REPO)}:{node.lineno}: {words}")
+    assert not commands, commands
 
 
 def test_an_edge_only_install_has_neither_ray_nor_mujoco(edge_venv: Path, tmp_path: Path) -> None:

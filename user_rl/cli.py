@@ -58,7 +58,7 @@ def _buffer_inspect(args: argparse.Namespace) -> int:
 
 def _buffer_export(args: argparse.Namespace) -> int:
     from user_rl.cloud.buffer.episodes import EpisodeFilter
-    from user_rl.interop.lerobot_dataset import export_lerobot, print_progress
+    from user_rl.datasets.lerobot import export_lerobot, print_progress
 
     which = EpisodeFilter(
         robots=args.robot or None,
@@ -84,7 +84,7 @@ def _buffer_export(args: argparse.Namespace) -> int:
 
 
 def _buffer_import(args: argparse.Namespace) -> int:
-    from user_rl.interop.lerobot_dataset import import_lerobot, print_progress
+    from user_rl.datasets.lerobot import import_lerobot, print_progress
 
     try:
         done = import_lerobot(args.dataset, args.out, repo_id=args.repo_id, progress=print_progress("imported"))

@@ -148,7 +148,7 @@ class InterventionConfig(Section):
     teleoperator: dict[str, Any] | None = Field(
         None,
         description="a LeRobot teleoperator as LeRobot configures it, e.g. {type: so101_leader, port: "
-        "/dev/ttyACM1, id: leader}; needs user-rl[lerobot] (user_rl/interop/lerobot_teleop.py)",
+        "/dev/ttyACM1, id: leader}; needs user-rl[lerobot] (user_rl/edge/lerobot_teleop.py)",
     )
     teleoperator_drives: Literal["auto", "events", "always"] = Field(
         "auto",

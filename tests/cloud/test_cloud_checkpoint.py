@@ -92,7 +92,7 @@ def test_a_failed_write_is_reported_and_does_not_stop_the_writer(tmp_path: Path,
 
 
 SPACES_TEXT = """
-from user_rl.cloud.checkpoint import spaces_to_text
+from user_rl.wire.spaces import spaces_to_text
 from user_rl.hal.registry import robot_spaces
 print(spaces_to_text(*robot_spaces("mujoco_reach", {"obs_mode": "image", "image_size": 16, "targets": "two_colours"}))
       ["hello_hex"])
@@ -104,8 +104,8 @@ def test_spaces_text_is_the_same_in_every_process_and_old_orders_still_match(tmp
     one did: protobuf orders map entries by a per-process hash unless told to sort them, and the
     two-colour reach's three observation keys came out in different orders."""
     from user_rl.cloud.buffer.store import PersistentReplay
-    from user_rl.cloud.checkpoint import same_spaces, spaces_from_text
     from user_rl.wire import user_rl_pb2 as pb
+    from user_rl.wire.spaces import same_spaces, spaces_from_text
 
     texts = {
         subprocess.run(

@@ -23,11 +23,11 @@ import pytest
 
 from user_rl.cloud.buffer.rows import KIND_CARRY, row_bytes, segment_schema, successors
 from user_rl.cloud.buffer.segment import read_layout, read_segment
-from user_rl.cloud.buffer.store import NEXT_OBS, PersistentReplay
+from user_rl.cloud.buffer.store import PersistentReplay
 from user_rl.config import AttachConfig, BufferConfig
 from user_rl.edge.batching import BatchBuilder
 from user_rl.wire import user_rl_pb2 as pb
-from user_rl.wire.transitions import OBS
+from user_rl.wire.transitions import NEXT_OBS, OBS
 
 OBS_SPACE = gym.spaces.Dict(
     {

@@ -27,11 +27,11 @@ from pathlib import Path
 import pytest
 
 from tests.docs.guide_blocks import commands, drift, file_blocks
+from tests.support.example_arm import arm_controller, example_arm_env
 from user_rl.cli import main
 from user_rl.cloud.endpoints import this_machine_address
 from user_rl.config import load_config
 from user_rl.status import NoStatus, ask_learner
-from user_rl.testing.example_arm import arm_controller, example_arm_env
 from user_rl.testing.wait import free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from tests.docs.guide_blocks import commands, drift
-from user_rl.testing.example_arm import arm_controller, example_arm_env
+from tests.support.example_arm import arm_controller, example_arm_env
 from user_rl.testing.wait import free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from user_rl.cloud.checkpoint import load_checkpoint, spaces_from_text
+from user_rl.cloud.checkpoint import load_checkpoint
 from user_rl.testing.wait import wait_for_run_dir, wait_until
+from user_rl.wire.spaces import spaces_from_text
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "MUJOCO_GL": "egl"}

@@ -27,7 +27,7 @@ from user_rl.config_sections import TeleopConfig
 from user_rl.edge.daemon import EdgeDaemon, EdgeSettings
 from user_rl.edge.intervention import InterventionMux
 from user_rl.edge.teleop import make_source, start_server
-from user_rl.interop.lerobot_robot import LeRobotRobot
+from user_rl.hal.lerobot.robot import LeRobotRobot
 from user_rl.policies import make_actor
 from user_rl.robots.safety import FULL_RANGE_S, SafetySettings
 from user_rl.testing.wait import wait_until

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from user_rl.testing.example_arm import example_arm_env
+from tests.support.example_arm import example_arm_env
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,8 @@ import pytest
 
 from user_rl.edge.motion import Motion
 from user_rl.hal import ActionMode, DeviceDescriptor, Robot, StepResult
+from user_rl.hal.lerobot.robot import LeRobotRobot
 from user_rl.hal.registry import make_robot, register_robot
-from user_rl.interop.lerobot_robot import LeRobotRobot
 from user_rl.sim.gym_adapter import GymRobot
 from user_rl.sim.reach import ReachRobot
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from user_rl.testing.example_arm import arm_controller
+from tests.support.example_arm import arm_controller
 
 REPO = Path(__file__).resolve().parents[2]
 

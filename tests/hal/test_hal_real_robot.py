@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 import yaml
 
+from tests.support.example_arm import arm_controller
 from user_rl.cloud.buffer.index import BufferIndex
 from user_rl.config import build_config
 from user_rl.edge.factory import make_edge
 from user_rl.hal import DeviceDescriptor, Robot, StepResult
 from user_rl.hal.registry import make_robot, register_robot
-from user_rl.testing.example_arm import arm_controller
 from user_rl.testing.wait import free_port, wait_until
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from user_rl.testing import lerobot_env
+from tests.support import lerobot_env
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Running code in the LeRobot tests' environment (user_rl/testing/lerobot_env.py)."""
+"""Running code in the LeRobot tests' environment (tests/support/lerobot_env.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from user_rl.testing import lerobot_env
+from tests.support import lerobot_env
 
 
 def run_in_lerobot(

@@ -358,7 +358,7 @@ LOAD_AND_IMPORT = """
 import json, shutil, sys
 from pathlib import Path
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
-from user_rl.interop.lerobot_dataset import import_lerobot
+from user_rl.datasets.lerobot import import_lerobot
 root, work = Path(sys.argv[1]), Path(sys.argv[2])
 dataset = LeRobotDataset("local/user-rl", root=root)  # still a dataset LeRobot loads, frame by frame
 bounds = [(int(e["dataset_from_index"]), int(e["dataset_to_index"])) for e in dataset.meta.episodes]

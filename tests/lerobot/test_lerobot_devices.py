@@ -22,8 +22,8 @@ import yaml
 from safetensors.torch import load_file
 
 from tests.lerobot.harness import install_plugins, run_in_lerobot
+from tests.support import lerobot_env
 from user_rl.cloud.buffer.episodes import Episode, EpisodeFilter, buffer_spaces, read_episodes
-from user_rl.testing import lerobot_env
 from user_rl.testing.wait import free_port, wait_until
 from user_rl.wire import user_rl_pb2 as pb
 

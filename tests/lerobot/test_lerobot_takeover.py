@@ -10,7 +10,7 @@ from tests.lerobot.harness import install_plugins, run_in_lerobot
 
 TAKE_OVER = """
 import importlib.util, sys
-from user_rl.interop.lerobot_robot import LeRobotRobot
+from user_rl.hal.lerobot.robot import LeRobotRobot
 
 # the scenario and its checks, from the file (another `tests` package may come first on the path)
 spec = importlib.util.spec_from_file_location("teleop_takeover", "tests/edge/test_teleop_takeover.py")

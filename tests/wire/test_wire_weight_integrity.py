@@ -14,11 +14,11 @@ import torch
 import zmq
 from torch import nn
 
+from tests.support.weight_edge import WeightEdge
+from tests.support.weight_server import ServerThread
 from user_rl.cloud.actor_buffers import ActorBuffers
 from user_rl.testing.fault_proxy import FaultProxy
 from user_rl.testing.wait import wait_until
-from user_rl.testing.weight_edge import WeightEdge
-from user_rl.testing.weight_server import ServerThread
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import encode, envelope
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 import zmq
 
+from tests.support.weight_server import ServerThread
 from user_rl.cloud.actor_buffers import ActorBuffers
 from user_rl.edge.weights import WeightReceiver
 from user_rl.testing.fault_proxy import FaultProxy
 from user_rl.testing.wait import wait_until
-from user_rl.testing.weight_server import ServerThread
 from user_rl.wire.weights import pack
 
 MIB = 1 << 20

@@ -9,8 +9,8 @@ import pytest
 import torch
 import zmq
 
+from tests.support.weight_server import ServerThread
 from user_rl.edge.weights import WeightReceiver
-from user_rl.testing.weight_server import ServerThread
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import WireError, decode, encode, envelope
 from user_rl.wire.weights import WeightsAssembly, pack

@@ -15,10 +15,10 @@ from collections.abc import Callable
 import numpy as np
 
 from user_rl.algos import SAC
-from user_rl.cloud.buffer.store import NEXT_OBS, NothingToSample, PersistentReplay
+from user_rl.cloud.buffer.store import NothingToSample, PersistentReplay
 from user_rl.cloud.trainer import Trainer
 from user_rl.wire import user_rl_pb2 as pb
-from user_rl.wire.transitions import OBS, intervened
+from user_rl.wire.transitions import NEXT_OBS, OBS, intervened
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""Checkpoints: the learner's full state, and everything `user-rl eval` needs to rebuild the actor.
+"""Checkpoints: the learner's full state, and everything `user-rl eval` needs to rebuild the actor
+(its spaces as text: `wire/spaces.py`'s `spaces_to_text`).
 
 Written to a temporary file and renamed into place, so a crash never leaves half a checkpoint.
 During training they are snapshotted in memory and written by a background thread.
@@ -13,29 +14,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import torch
 
-from user_rl.wire import user_rl_pb2 as pb
-from user_rl.wire.spaces import box_from_proto, box_to_proto, dict_space_from_proto, dict_space_to_proto
-
 log = logging.getLogger(__name__)
-
-
-def spaces_to_text(obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> dict[str, str]:
-    """The spaces as text; the same spaces always give the same text (map entries sorted by key)."""
-    hello = pb.Hello(observation_space=dict_space_to_proto(obs_space), action_space=box_to_proto(action_space))
-    return {"hello_hex": hello.SerializeToString(deterministic=True).hex()}
-
-
-def spaces_from_text(text: dict[str, str]) -> tuple[gym.spaces.Dict, gym.spaces.Box]:
-    hello = pb.Hello.FromString(bytes.fromhex(text["hello_hex"]))
-    return dict_space_from_proto(hello.observation_space), box_from_proto(hello.action_space)
-
-
-def same_spaces(text: dict[str, str], obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> bool:
-    """Whether `text` describes these spaces (text written before it was canonical may order keys otherwise)."""
-    return spaces_to_text(*spaces_from_text(text)) == spaces_to_text(obs_space, action_space)
 
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:

@@ -36,14 +36,7 @@ import zmq
 from user_rl.algos import algo_settings
 from user_rl.cloud.batches import BatchPreparer
 from user_rl.cloud.buffer.store import PersistentReplay
-from user_rl.cloud.checkpoint import (
-    BackgroundCheckpointer,
-    load_checkpoint,
-    save_checkpoint,
-    snapshot,
-    spaces_from_text,
-    spaces_to_text,
-)
+from user_rl.cloud.checkpoint import BackgroundCheckpointer, load_checkpoint, save_checkpoint, snapshot
 from user_rl.cloud.credit import StepCredit
 from user_rl.cloud.endpoints import reachable_endpoint
 from user_rl.cloud.handoffs import ActorHandOff, FleetPacing, Latest, Pace
@@ -57,6 +50,7 @@ from user_rl.config import Config
 from user_rl.hal.registry import robot_spaces
 from user_rl.security.curve import learner_gate
 from user_rl.tensorboard_log import LearnerCurves, open_log
+from user_rl.wire.spaces import spaces_from_text, spaces_to_text
 from user_rl.wire.weights import CASTS, PackedWeights
 
 log = logging.getLogger(__name__)

@@ -40,10 +40,9 @@ import torch.multiprocessing as torch_mp
 
 from user_rl.algos import Algorithm, algo_class, make_algo, metrics_to_floats
 from user_rl.cloud.actor_buffers import ActorBuffers
-from user_rl.cloud.buffer.store import NEXT_OBS
 from user_rl.cloud.checkpoint import snapshot
 from user_rl.policies.weights import load_weights
-from user_rl.wire.transitions import OBS
+from user_rl.wire.transitions import NEXT_OBS, OBS
 from user_rl.wire.weights import CASTS, PackedWeights
 
 log = logging.getLogger(__name__)

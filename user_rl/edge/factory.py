@@ -134,7 +134,7 @@ def intervention_sources(
         teleop = make_source(robot, cfg.teleop, cfg.safety.max_action_delta, cfg.fleet.control_hz)
         interventions.add(teleop)
     if i.teleoperator is not None:
-        from user_rl.interop.lerobot_teleop import LeRobotTeleop
+        from user_rl.edge.lerobot_teleop import LeRobotTeleop
 
         interventions.add(
             LeRobotTeleop(i.teleoperator, robot, requests, i.teleoperator_drives, i.teleoperator_calibrate)

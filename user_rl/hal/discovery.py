@@ -160,7 +160,7 @@ def _lerobot_robot_types() -> list[Device]:
     """LeRobot's robot types (its own and installed plugins'), each a `robot.type: lerobot` candidate."""
     if importlib.util.find_spec("lerobot") is None:
         return []
-    from user_rl.interop.lerobot_devices import known_types
+    from user_rl.hal.lerobot.devices import known_types
 
     try:
         types = known_types("robot")

@@ -1,4 +1,5 @@
-"""Spaces and descriptors on the wire: what an edge tells the learner in its hello."""
+"""Spaces and descriptors on the wire: what an edge tells the learner in its hello, and the same
+spaces as text, which the buffer's metadata, checkpoints and dataset exports keep."""
 
 from __future__ import annotations
 
@@ -177,3 +178,19 @@ def hello_spaces(
         return dict_space_from_proto(hello.observation_space), box_from_proto(hello.action_space)
     except (TypeError, ValueError) as exc:
         raise WireError("bad_hello", f"{robot_id}: unusable spaces: {exc}"[:300]) from None
+
+
+def spaces_to_text(obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> dict[str, str]:
+    """The spaces as text; the same spaces always give the same text (map entries sorted by key)."""
+    hello = pb.Hello(observation_space=dict_space_to_proto(obs_space), action_space=box_to_proto(action_space))
+    return {"hello_hex": hello.SerializeToString(deterministic=True).hex()}
+
+
+def spaces_from_text(text: dict[str, str]) -> tuple[gym.spaces.Dict, gym.spaces.Box]:
+    hello = pb.Hello.FromString(bytes.fromhex(text["hello_hex"]))
+    return dict_space_from_proto(hello.observation_space), box_from_proto(hello.action_space)
+
+
+def same_spaces(text: dict[str, str], obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> bool:
+    """Whether `text` describes these spaces (text written before it was canonical may order keys otherwise)."""
+    return spaces_to_text(*spaces_from_text(text)) == spaces_to_text(obs_space, action_space)

@@ -1,4 +1,6 @@
-"""The transition-batch columns shared by the edge (which fills them) and the learner.
+"""The transition columns: their names and types, one place for every layer that handles them. The
+edge fills them in batches, the ingest checks them (`validate_batch`), the buffer lays them out as
+rows, the trainer receives them in sampled batches, the dataset export renames them.
 
 A batch is a run of consecutive steps of one robot. Record t holds obs_t, the action executed
 at t and what followed (reward, terminated, truncated). Its next observation is the obs of
@@ -16,6 +18,7 @@ from user_rl.wire.codec import WireError
 
 OBS = "obs/"
 FINAL_OBS = "final_obs/"
+NEXT_OBS = "next_" + OBS  # a sampled batch's next observations (never on the wire: the buffer links rows)
 FINAL_ROW = "final_row"
 POLICY_ACTION = "policy_action"
 

@@ -21,7 +21,7 @@ from user_rl.cloud.buffer.index import EpisodeRecord
 from user_rl.cloud.buffer.recovery import open_index_read_only
 from user_rl.cloud.buffer.rows import DEFAULTED_COLUMNS, KIND_FINAL, KIND_RECORD
 from user_rl.cloud.buffer.segment import read_segment
-from user_rl.cloud.checkpoint import spaces_from_text
+from user_rl.wire.spaces import spaces_from_text
 from user_rl.wire.transitions import DISCARD, OBS, intervened
 
 # Per-step columns an episode carries besides its observations (the buffer's bookkeeping left out).

@@ -29,7 +29,7 @@ from user_rl.cloud.buffer.rows import KIND_CARRY, KIND_RECORD, StreamState, acco
 from user_rl.cloud.buffer.sampling import SOURCES
 from user_rl.cloud.buffer.segment import CorruptSegment, read_segment, seal_open_file
 from user_rl.cloud.buffer.streams import StreamRegistry
-from user_rl.cloud.checkpoint import same_spaces, spaces_from_text, spaces_to_text
+from user_rl.wire.spaces import same_spaces, spaces_from_text, spaces_to_text
 from user_rl.wire.transitions import DISCARD, intervened
 
 if TYPE_CHECKING:

@@ -49,10 +49,18 @@ from user_rl.cloud.buffer.scrub import Scrubber
 from user_rl.cloud.buffer.segment import CorruptSegment, SegmentWriter
 from user_rl.cloud.buffer.streams import StreamRegistry
 from user_rl.config import BufferConfig
-from user_rl.wire.transitions import DISCARD, EDGE_RESTART, FINAL_OBS, FINAL_ROW, OBS, POLICY_ACTION, intervened
+from user_rl.wire.transitions import (
+    DISCARD,
+    EDGE_RESTART,
+    FINAL_OBS,
+    FINAL_ROW,
+    NEXT_OBS,
+    OBS,
+    POLICY_ACTION,
+    intervened,
+)
 
 log = logging.getLogger(__name__)
-NEXT_OBS = "next_" + OBS
 ONLINE = SOURCES.index("online")
 STALE_REDRAWS = 8  # rounds of rejection that down-weight stale transitions in a batch
 

@@ -39,8 +39,8 @@ import numpy as np
 
 from user_rl.hal.action import ActionMode
 from user_rl.hal.descriptor import DeviceDescriptor
+from user_rl.hal.lerobot.devices import connect_device, device_config, float_names
 from user_rl.hal.robot import Health, Observation, Robot, StepResult
-from user_rl.interop.lerobot_devices import connect_device, device_config, float_names
 
 STATE = "state"
 Bounds = dict[str, tuple[float, float]]

@@ -29,8 +29,8 @@ import gymnasium as gym
 import numpy as np
 
 from user_rl.cloud.buffer.episodes import Episode, EpisodeFilter, buffer_spaces, count_episodes, read_episodes
-from user_rl.cloud.checkpoint import spaces_from_text, spaces_to_text
 from user_rl.wire import user_rl_pb2 as pb
+from user_rl.wire.spaces import spaces_from_text, spaces_to_text
 from user_rl.wire.transitions import OBS, intervened
 
 if TYPE_CHECKING:

@@ -26,8 +26,8 @@ import numpy as np
 
 from user_rl.edge.intervention import StepView
 from user_rl.edge.operator import OperatorRequests
+from user_rl.hal.lerobot.devices import connect_device, float_names
 from user_rl.hal.robot import Robot
-from user_rl.interop.lerobot_devices import connect_device, float_names
 from user_rl.wire import user_rl_pb2 as pb
 
 Drives = Literal["auto", "events", "always"]

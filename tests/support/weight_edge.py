@@ -1,7 +1,7 @@
 """An edge that only receives policy versions, as a process of its own, for tests: a real
 `WeightReceiver` whose process a test can slow down, stop (SIGSTOP) and resume.
 
-    python -m user_rl.testing.weight_edge tcp://127.0.0.1:5555 [resend_s]
+    python -m tests.support.weight_edge tcp://127.0.0.1:5555 [resend_s]
 
 It prints one JSON line on start ({"ready": true}) and one per version it hands over: the version,
 each tensor's smallest and largest value (a test fills every element of version v with v, so a
@@ -18,8 +18,10 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 __all__ = ["WeightEdge"]
+REPO = Path(__file__).resolve().parents[2]  # `-m tests.support.weight_edge` is found from the checkout's root
 
 
 class WeightEdge:
@@ -27,10 +29,11 @@ class WeightEdge:
 
     def __init__(self, address: str, resend_s: float = 1.0) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "user_rl.testing.weight_edge", address, str(resend_s)],
+            [sys.executable, "-m", "tests.support.weight_edge", address, str(resend_s)],
             stdout=subprocess.PIPE,
             text=True,
             env=os.environ.copy(),
+            cwd=REPO,
         )
         self.reports: list[dict] = []  # one per version handed over, in order, stamped with the test's clock
         self.ready = threading.Event()

@@ -7,7 +7,7 @@ built once per checkout and reused while the requirement it was built for is unc
 session starts the build in the background as soon as it knows LeRobot tests will run (it is mostly
 a download), so the suite does not wait for it (tests/conftest.py).
 
-    python -m user_rl.testing.lerobot_env      # build it now; prints the venv's python
+    python -m tests.support.lerobot_env      # in the checkout's root: build it now; prints the venv's python
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def start_in_background() -> None:
     if not ready() and not _background:
         _background.append(
             subprocess.Popen(
-                [sys.executable, "-m", "user_rl.testing.lerobot_env"],
+                [sys.executable, "-m", "tests.support.lerobot_env"],
                 cwd=REPO,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
