@@ -27,7 +27,6 @@ import numpy as np
 import torch
 import zmq
 
-from user_rl.algos import algo_settings
 from user_rl.cloud.batches import BatchPreparer
 from user_rl.cloud.checkpoint import (
     BackgroundCheckpointer,
@@ -113,7 +112,7 @@ class Learner:
             self.context,
             f"tcp://{host}:{lc.data_port}",
             self.run_dir / "buffer",
-            cfg.buffer,
+            cfg.run_buffer(),
             cfg.algo.gamma,
             gate=self.gate,
             max_messages_per_s=lc.max_messages_per_s,
@@ -236,13 +235,12 @@ class Learner:
         """Start the trainer process once the fleet's spaces are known (from a checkpoint's state)."""
         if self.trainer is None and self.ingest.obs_space is not None:
             cfg = self.cfg
-            settings = algo_settings(cfg.algo.type, cfg.algo.model_dump())  # the fields its Settings has
             spec = TrainerSpec(
                 self.ingest.obs_space,
                 self.ingest.action_space,
                 cfg.policy.type,
                 cfg.policy.options(),
-                settings,
+                cfg.algo,  # its algorithm's Settings
                 str(self.device),
                 learner_torch_threads(cfg),
                 cfg.seed,
