@@ -127,15 +127,15 @@ class Config(Section):
     def _policy_suits_the_algorithm(self) -> Config:
         """Each algorithm declares the policies it trains (step or chunk policies, a choice among chunks)."""
         policy, algo = self.policy, self.algo
+        if not algo.suits(type(policy)):
+            algos = [name for name, cls in registered_settings("algo").items() if cls.suits(type(policy))]
+            raise ValueError(f"policy.type {policy.type} trains with algo.type {' or '.join(algos)}, not {algo.type}")
         if algo.picks_among_chunks and policy.chunks_sampled < 2:
-            choosers = [name for name, cls in registered_settings("policy").items() if "best_of" in cls.model_fields]
+            choosers = [name for name, cls in registered_settings("policy").items() if cls.samples_chunks]
             raise ValueError(
                 f"algo.type {algo.type} picks the best of several sampled chunks: it needs policy.type "
                 f"{' or '.join(choosers)} with policy.best_of of 2 or more"
             )
-        if not algo.suits(policy):
-            algos = [name for name, cls in registered_settings("algo").items() if cls.suits(policy)]
-            raise ValueError(f"policy.type {policy.type} trains with algo.type {' or '.join(algos)}, not {algo.type}")
         for key, wanted in (("action_horizon", self.action_horizon), ("n_step", self.n_step)):
             if key in self.buffer.model_fields_set and getattr(self.buffer, key) not in (1, wanted):
                 raise ValueError(f"buffer.{key}: this run's policy.chunk is {wanted}; leave buffer.{key} out")

@@ -39,6 +39,7 @@ class PolicySettings(ComponentSettings):
     """What every policy has; a policy's `Settings` adds the keyword arguments its actor takes."""
 
     chunked: ClassVar[bool] = False  # acts in chunks of actions (trained by algorithms that see chunks)
+    samples_chunks: ClassVar[bool] = False  # can sample several chunks per inference (`chunks_sampled`)
 
     type: str = "mlp"
     freeze: list[str] = Field(
@@ -85,9 +86,9 @@ class AlgoSettings(ComponentSettings):
     utd_ratio: float = Field(1.0, gt=0.0, description="learner updates per env step when paced")
 
     @classmethod
-    def suits(cls, policy: PolicySettings) -> bool:
-        """Whether this algorithm trains `policy`."""
-        if cls.picks_among_chunks and policy.chunks_sampled < 2:
+    def suits(cls, policy: type[PolicySettings]) -> bool:
+        """Whether this algorithm trains policies of type `policy` (their settings may still need changing)."""
+        if cls.picks_among_chunks and not policy.samples_chunks:
             return False
         return cls.trains_chunk_policies if policy.chunked else cls.trains_step_policies
 
@@ -160,6 +161,9 @@ def validated_settings(section: str, value: Any, handler: ValidatorFunctionWrapH
         value = value.model_dump()
     if not isinstance(value, dict):
         return handler(value)  # not a mapping: the base class says so
+    if section == "algo" and isinstance(value.get("options"), dict):  # older configs nest a plugin's own keys
+        nested = value["options"]
+        value = {**{k: v for k, v in value.items() if k != "options"}, **nested}
     name = value.get("type", SECTIONS[section][3].model_fields["type"].default)
     if not isinstance(name, str):
         return handler(value)

@@ -33,6 +33,7 @@ class FlowSettings(PolicySettings):
     """`policy.type: flow`: chunks of `chunk` actions (trained by bc, qc)."""
 
     chunked = True
+    samples_chunks = True
 
     type: str = "flow"
     hidden: list[int] = Field(default_factory=lambda: [256, 256], description="widths of the hidden layers")
