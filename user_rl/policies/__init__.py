@@ -34,9 +34,9 @@ from torch import nn
 
 from user_rl.plugins import POLICIES, known_names, load_plugin
 from user_rl.policies.chunking import ChunkRunner, act_chunk, chunk_length
-from user_rl.policies.flow import FlowChunkActor
+from user_rl.policies.flow import FlowChunkActor, FlowSettings
 from user_rl.policies.mlp import GaussianActor, MLPSettings, TwinQCritic
-from user_rl.policies.vla import VLAChunkActor
+from user_rl.policies.vla import VLAChunkActor, VLASettings
 
 ACTORS: dict[str, type[nn.Module] | str] = {
     "mlp": GaussianActor,
@@ -112,9 +112,12 @@ __all__ = [
     "CRITICS",
     "ChunkRunner",
     "FlowChunkActor",
+    "FlowSettings",
     "GaussianActor",
+    "MLPSettings",
     "TwinQCritic",
     "VLAChunkActor",
+    "VLASettings",
     "act_chunk",
     "actor_class",
     "chunk_length",
