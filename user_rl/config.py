@@ -108,6 +108,8 @@ class Config(Section):
         if not isinstance(data, dict) or not isinstance(data.get("embodiments"), dict) or not data["embodiments"]:
             return data
         fleet = data.get("fleet") or {}
+        if isinstance(fleet, FleetConfig):
+            fleet = fleet.model_dump(exclude_unset=True)
         try:
             total = sum(
                 int(e.get("num_robots", 1) if isinstance(e, dict) else e.num_robots)

@@ -241,9 +241,6 @@ class LeRobotSettings(PolicySettings):
     def actions_per_chunk(self) -> int:
         return self.chunk
 
-    def options(self) -> dict[str, Any]:
-        return {**super().options(), "lerobot": dict(self.lerobot or {})}
-
 
 class LeRobotChunkActor(nn.Module):
     """A LeRobot ACT or diffusion policy behind the chunk actor interface (`act_chunk`, `imitation_loss`)."""
