@@ -157,8 +157,8 @@ def _unknown_key(section: str, chosen: str, key: str, allowed: list[str], value:
 
 def validated_settings(section: str, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
     """A wrap validator's body: `value` (a section's mapping) validated against its type's settings class."""
-    if isinstance(value, ComponentSettings):
-        value = value.model_dump()
+    if isinstance(value, SECTIONS[section][3]):
+        return value  # built (and validated) as its own settings class
     if not isinstance(value, dict):
         return handler(value)  # not a mapping: the base class says so
     if section == "algo" and isinstance(value.get("options"), dict):  # older configs nest a plugin's own keys
