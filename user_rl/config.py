@@ -34,6 +34,8 @@ from user_rl.config_plugins import (  # noqa: F401
     validated_settings,
 )
 from user_rl.config_sections import (  # noqa: F401
+    TELEOP_TOKEN,
+    AttachConfig,
     BufferConfig,
     ConfigError,
     EdgeConfig,
