@@ -251,9 +251,12 @@ def train(cfg: Config, out: Printer = print, ray_address: str | None = None) -> 
         run_dir = make_run_dir(cfg)
         out(f"run directory: {run_dir}")
         if cfg.teleop.enabled:  # one token for the run's pages (never in config.yaml; in teleop.json, owner-only)
+            from pydantic import SecretStr
+
             from user_rl.edge.teleop import resolve_token
 
-            cfg = cfg.model_copy(update={"teleop": cfg.teleop.model_copy(update={"token": resolve_token(cfg.teleop)})})
+            token = SecretStr(resolve_token(cfg.teleop))
+            cfg = cfg.model_copy(update={"teleop": cfg.teleop.model_copy(update={"token": token})})
         runs = _fleet_runs(cfg, run_dir, out)
         for run in runs:
             _place(run)
