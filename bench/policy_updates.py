@@ -43,7 +43,7 @@ from torch import nn
 from torch.distributions import Normal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from user_rl.algos import algo_settings, make_algo  # noqa: E402
+from user_rl.algos import make_algo  # noqa: E402
 from user_rl.cloud.batches import training_columns  # noqa: E402
 from user_rl.cloud.buffer.store import NEXT_OBS  # noqa: E402
 from user_rl.cloud.trainer import training_batch  # noqa: E402
@@ -208,16 +208,16 @@ def main() -> None:
         action_space,
         cfg.policy.type,
         cfg.policy.options(),
-        algo_settings(cfg.algo.type, cfg.algo.model_dump()),
+        cfg.algo,  # its algorithm's Settings
         device,
     )
-    horizon = cfg.buffer.action_horizon
+    horizon = cfg.action_horizon
     rng = np.random.default_rng(cfg.seed)
     host_batches = [
         {
             key: torch.from_numpy(np.ascontiguousarray(value))
             for key, value in training_columns(
-                buffer_batch(obs_space, action_space, batch_size, horizon, cfg.buffer.n_step, rng), algo.batch_columns
+                buffer_batch(obs_space, action_space, batch_size, horizon, cfg.n_step, rng), algo.batch_columns
             ).items()
         }
         for _ in range(4)

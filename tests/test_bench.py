@@ -239,7 +239,7 @@ def test_sample_efficiency_builds_both_sacs_alike() -> None:
     """The comparison with Stable-Baselines3 is like with like: the same networks, temperature and settings."""
     from stable_baselines3 import SAC as SB3SAC
 
-    from user_rl.algos import ALGOS, algo_settings
+    from user_rl.algos import ALGOS
     from user_rl.config import build_config
     from user_rl.sim.gym_adapter import GymRobot
 
@@ -253,7 +253,7 @@ def test_sample_efficiency_builds_both_sacs_alike() -> None:
         robot.action_space,
         "mlp",
         cfg.policy.options(),
-        algo_settings("sac", cfg.algo.model_dump()),
+        cfg.algo,  # SAC's Settings
     )
     theirs = SB3SAC("MlpPolicy", robot.env, **bench.sb3_kwargs(schedule, 3))
     robot.close()

@@ -198,13 +198,18 @@ def test_chunk_policies_and_their_algorithms_are_checked_together() -> None:
     """policy.type flow trains with bc or qc; qc needs a critic to choose among samples; the buffer samples
     as many future actions as the policy's chunk (and qc backs up over as many rewards)."""
     cfg = build_config({}, ["policy.type=flow", "policy.chunk=5", "policy.best_of=8", "algo.type=qc"])
-    assert cfg.buffer.action_horizon == 5 and cfg.buffer.n_step == 5
+    assert cfg.action_horizon == 5 and cfg.n_step == 5
+    assert (cfg.run_buffer().action_horizon, cfg.run_buffer().n_step) == (5, 5)  # what the learner's buffer gets
+    assert (cfg.buffer.action_horizon, cfg.buffer.n_step) == (1, 1)  # computed, not written into the config
     assert cfg.policy.options() == {"hidden": [256, 256], "chunk": 5, "flow_steps": 10, "best_of": 8}
-    assert build_config({}, ["policy.type=flow", "policy.chunk=5", "algo.type=bc"]).buffer.n_step == 1
+    assert build_config({}, ["policy.type=flow", "policy.chunk=5", "algo.type=bc"]).n_step == 1
     for overrides, message in (
         (["policy.type=flow", "algo.type=sac"], "policy.type flow trains with algo.type bc or qc, not sac"),
         (["policy.type=flow", "algo.type=qc"], "it needs policy.type flow or vla with policy.best_of of 2 or more"),
-        (["policy.chunk=4"], "policy.chunk is a setting of policy.type flow or vla or lerobot; this policy is mlp"),
+        (
+            ["policy.chunk=4"],
+            "policy.chunk is a setting of policy.type flow or vla or lerobot; this policy's type is mlp",
+        ),
         (
             ["policy.type=flow", "policy.chunk=4", "algo.type=bc", "buffer.action_horizon=3"],
             "buffer.action_horizon: this run's policy.chunk is 4; leave buffer.action_horizon out",
@@ -231,20 +236,28 @@ def test_a_policy_algo_or_reward_that_is_not_installed_lists_the_known_ones(
     assert f"entry-point group {group!r}" in message and message.endswith("(got 'residual_thing')")
 
 
-def test_the_builtin_names_the_config_knows_are_the_registries() -> None:
-    """The config lists them without importing torch; the registries hold the classes."""
-    from user_rl.algos import ALGOS
-    from user_rl.config import BUILTIN_ALGOS, BUILTIN_POLICIES, BUILTIN_REWARDS
-    from user_rl.policies import ACTORS
-    from user_rl.rewards import REWARDS
+def test_each_section_is_the_settings_class_its_type_registers() -> None:
+    """The registries hold each type's settings class (next to its code); the config validates against it."""
+    from user_rl.algos import ALGOS, algo_settings
+    from user_rl.policies import ACTORS, policy_settings
+    from user_rl.rewards import REWARDS, reward_settings
 
-    assert (BUILTIN_POLICIES, BUILTIN_ALGOS, BUILTIN_REWARDS) == (tuple(ACTORS), tuple(ALGOS), tuple(REWARDS))
+    lookup = {"policy": policy_settings, "algo": algo_settings, "reward": reward_settings}
+    bc, chunks = {"algo": {"type": "bc"}}, {"policy": {"type": "flow", "best_of": 2}}
+    for section, registry, extra in (
+        ("policy", ACTORS, {"lerobot": {"lerobot": {"type": "act"}}}),
+        ("algo", ALGOS, {}),
+        ("reward", REWARDS, {"classifier": {"classifier": "clf.pt"}}),
+    ):
+        for name in registry:
+            cfg = build_config(
+                {**bc, **(chunks if name == "qc" else {}), section: {"type": name, **extra.get(name, {})}}
+            )
+            assert type(getattr(cfg, section)) is lookup[section](name), (section, name)
 
 
-def test_algo_options_are_a_plugin_algorithms_own_settings() -> None:
-    """A built-in algorithm's settings are keys of algo (each validated there), so it takes no options."""
+def test_algo_options_are_older_configs_nesting_of_an_algorithms_own_keys() -> None:
+    """`algo.options` (older plugin configs) holds keys of algo itself: each is checked like one."""
     message = error(overrides=["algo.options.num_critics=5"])
-    assert message == (
-        "config error: algo.options: unknown key 'num_critics' for algo.type sac; "
-        "allowed: none (its settings are keys of algo itself)"
-    )
+    assert message.startswith("config error: algo.num_critics is not a key of algo.type sac; allowed: type, gamma,")
+    assert build_config({}, ["algo.options.tau=0.01"]).algo.tau == 0.01

@@ -1,32 +1,47 @@
 """Typed configuration: YAML plus `key=value` overrides, validated once, errors on one line.
 
-cfg = load_config("configs/reach.yaml", ["fleet.num_robots=2", "algo.lr=1e-3"])
+cfg = load_config("configs/reach.yaml", ["fleet.num_robots=2", "algo.actor_lr=1e-3"])
+
+`policy`, `algo` and `reward` are each a `type` plus that type's own settings class
+(user_rl/config_plugins.py); a loaded config is never changed, and what follows from several
+sections (the buffer's chunk length, a run's robots) is computed where it is read.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import (
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_validator,
+)
 
-# Other modules import the sections (and the plugin names) from here, where the whole config lives.
-from user_rl.config_plugins import BUILTIN_ALGOS, BUILTIN_POLICIES, BUILTIN_REWARDS  # noqa: F401
+# Other modules import the sections from here, where the whole config lives.
+from user_rl.config_plugins import (
+    AlgoSettings,
+    ComponentSettings,
+    PolicySettings,
+    RewardSettings,
+    default_settings,
+    registered_settings,
+    validated_settings,
+)
 from user_rl.config_sections import (
     TELEOP_TOKEN,
-    AlgoConfig,
     AttachConfig,
     BufferConfig,
     ConfigError,
     EdgeConfig,
-    EmbodimentConfig,
     FleetConfig,
     InterventionConfig,
     LearnerConfig,
-    PolicyConfig,
-    RewardConfig,
     RobotConfig,
     SafetyConfig,
     Section,
@@ -36,7 +51,29 @@ from user_rl.config_sections import (
     without_secrets,
 )
 
+
+def _section(name: str) -> WrapValidator:
+    def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return validated_settings(name, value, handler)
+
+    return WrapValidator(validate)
+
+
+# A section validated against the settings class its `type` names, dumped with that class's keys.
+Policy = Annotated[SerializeAsAny[PolicySettings], _section("policy")]
+Algo = Annotated[SerializeAsAny[AlgoSettings], _section("algo")]
+Reward = Annotated[SerializeAsAny[RewardSettings], _section("reward")]
+
+
 EMBODIMENT_NAME = re.compile(r"[a-z0-9][a-z0-9_]*")
+
+
+class EmbodimentConfig(Section):
+    """One robot model of a heterogeneous fleet: its robots, trained by a policy of its own."""
+
+    robot: RobotConfig
+    num_robots: int = Field(1, ge=1, le=256)
+    policy: Policy | None = Field(None, description="default: the run's policy section")
 
 
 class Config(Section):
@@ -49,9 +86,9 @@ class Config(Section):
     edge: EdgeConfig = Field(default_factory=EdgeConfig)
     intervention: InterventionConfig = Field(default_factory=InterventionConfig)
     teleop: TeleopConfig = Field(default_factory=TeleopConfig)
-    reward: RewardConfig = Field(default_factory=RewardConfig)
-    policy: PolicyConfig = Field(default_factory=PolicyConfig)
-    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    reward: Reward = Field(default_factory=lambda: default_settings("reward"))
+    policy: Policy = Field(default_factory=lambda: default_settings("policy"))
+    algo: Algo = Field(default_factory=lambda: default_settings("algo"))
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     stop: StopConfig = Field(default_factory=StopConfig)
     buffer: BufferConfig = Field(default_factory=BufferConfig)
@@ -66,28 +103,61 @@ class Config(Section):
         checkpoints). The processes that need a secret get `model_dump()`."""
         return without_secrets(self.model_dump())
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fleet_counts_the_embodiments(cls, data: Any) -> Any:
+        """With embodiments, fleet.num_robots is their robots together (computed from the input)."""
+        if not isinstance(data, dict) or not isinstance(data.get("embodiments"), dict) or not data["embodiments"]:
+            return data
+        fleet = data.get("fleet") or {}
+        if isinstance(fleet, FleetConfig):
+            fleet = fleet.model_dump(exclude_unset=True)
+        try:
+            total = sum(
+                int(e.get("num_robots", 1) if isinstance(e, dict) else e.num_robots)
+                for e in data["embodiments"].values()
+            )
+            given = int(fleet["num_robots"]) if "num_robots" in fleet else total
+        except (AttributeError, TypeError, ValueError):
+            return data  # the sections' own checks say what is wrong
+        if given != total:
+            raise ValueError(
+                f"fleet.num_robots: the embodiments have {total} robots, not {given}; "
+                "leave fleet.num_robots out and set embodiments.<name>.num_robots"
+            )
+        return {**data, "fleet": {**fleet, "num_robots": total}}
+
     @model_validator(mode="after")
     def _policy_suits_the_algorithm(self) -> Config:
-        """Chunk policies train with bc or qc, which see chunks through the buffer's sampler."""
-        policy, algo = self.policy.type, self.algo.type
-        algos = ("bc",) if policy == "lerobot" else ("bc", "qc")  # qc needs a flow policy's chunk critic
-        if self.policy.chunked and algo not in algos:
-            raise ValueError(f"policy.type {policy} trains with algo.type {' or '.join(algos)}, not {algo}")
-        if algo == "qc" and (not self.policy.chunked or self.policy.best_of < 2):
+        """Each algorithm declares the policies it trains (step or chunk policies, a choice among chunks)."""
+        policy, algo = self.policy, self.algo
+        if not algo.suits(type(policy)):
+            algos = [name for name, cls in registered_settings("algo").items() if cls.suits(type(policy))]
+            raise ValueError(f"policy.type {policy.type} trains with algo.type {' or '.join(algos)}, not {algo.type}")
+        if algo.picks_among_chunks and policy.chunks_sampled < 2:
+            choosers = [name for name, cls in registered_settings("policy").items() if cls.samples_chunks]
             raise ValueError(
-                "algo.type qc picks the best of several sampled chunks: it needs policy.type flow "
-                "or vla with policy.best_of of 2 or more"
+                f"algo.type {algo.type} picks the best of several sampled chunks: it needs policy.type "
+                f"{' or '.join(choosers)} with policy.best_of of 2 or more"
             )
-        for key, wanted in (
-            ("action_horizon", self.policy.chunk),
-            ("n_step", self.policy.chunk if algo == "qc" else None),
-        ):
-            if wanted is None:
-                continue
+        for key, wanted in (("action_horizon", self.action_horizon), ("n_step", self.n_step)):
             if key in self.buffer.model_fields_set and getattr(self.buffer, key) not in (1, wanted):
                 raise ValueError(f"buffer.{key}: this run's policy.chunk is {wanted}; leave buffer.{key} out")
-            setattr(self.buffer, key, wanted)
         return self
+
+    @property
+    def action_horizon(self) -> int:
+        """Future actions the buffer samples per row: the policy's chunk."""
+        return self.policy.actions_per_chunk
+
+    @property
+    def n_step(self) -> int:
+        """Rewards summed per transition: the chunk for an algorithm that sums over chunks, else buffer.n_step."""
+        return self.policy.actions_per_chunk if self.algo.returns_over_chunks else self.buffer.n_step
+
+    def run_buffer(self) -> BufferConfig:
+        """The buffer section with what the policy and algorithm decide (n_step, action_horizon) filled in."""
+        return self.buffer.model_copy(update={"n_step": self.n_step, "action_horizon": self.action_horizon})
 
     @model_validator(mode="after")
     def _watchdog_outlasts_a_control_period(self) -> Config:
@@ -114,18 +184,11 @@ class Config(Section):
                 "robot: a run with embodiments takes each robot from its embodiment; "
                 "move this section to embodiments.<name>.robot"
             )
-        total = sum(e.num_robots for e in self.embodiments.values())
-        if "num_robots" in self.fleet.model_fields_set and self.fleet.num_robots != total:
-            raise ValueError(
-                f"fleet.num_robots: the embodiments have {total} robots, not {self.fleet.num_robots}; "
-                "leave fleet.num_robots out and set embodiments.<name>.num_robots"
-            )
         if self.learner.data_port or self.learner.weights_port:
             raise ValueError(
                 "learner.data_port: each embodiment has a learner of its own, so fixed ports would "
                 "clash; leave learner.data_port and learner.weights_port at 0"
             )
-        self.fleet.num_robots = total
         return self
 
     def robot_options(self, index: int) -> dict[str, Any]:
@@ -189,6 +252,8 @@ def _explain(exc: ValidationError) -> str:
     got = err.get("input")
     got_text = "" if isinstance(got, dict) else f" (got {got!r})"
     where = f"{key}: " if key else ""  # a check across sections names its key in the message
+    if err["type"] == "settings_key":  # "policy.chunk is a setting of ..."
+        where = f"{key} "
     return f"config error: {where}{msg}{got_text}"
 
 

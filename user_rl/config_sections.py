@@ -1,24 +1,14 @@
-"""Each section of a config (`robot:`, `fleet:`, `policy:`, `algo:` ...): its keys, their defaults
-and the checks that need only that section. `user_rl.config` puts them together into a `Config`."""
+"""Each section of a config (`robot:`, `fleet:`, `buffer:` ...): its keys, their defaults
+and the checks that need only that section. The sections that name a registered component
+(`policy:`, `algo:`, `reward:`) are in `user_rl.config_plugins`; `user_rl.config` puts them all
+together into a `Config`."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
-
-from user_rl import plugins
-from user_rl.config_plugins import (
-    BUILTIN_ALGOS,
-    BUILTIN_POLICIES,
-    BUILTIN_REWARDS,
-    checked_plugin_options,
-    installed,
-    plugin_algo_settings,
-)
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -40,17 +30,6 @@ def without_secrets(data: Any) -> Any:
     if isinstance(data, (list, tuple)):
         return type(data)(without_secrets(value) for value in data)
     return data
-
-
-def settings_of_other_types(section: BaseModel) -> list[tuple[str, tuple[str, ...]]]:
-    """(key, the types it belongs to) for each of the section's `ONLY_FOR` keys that is changed from
-    its default although the section's `type` is none of its owners."""
-    defaults = type(section).model_fields
-    return [
-        (key, owners)
-        for key, owners in section.ONLY_FOR.items()
-        if section.type not in owners and getattr(section, key) != defaults[key].default
-    ]
 
 
 class RobotConfig(Section):
@@ -207,223 +186,6 @@ class TeleopConfig(Section):
         return value
 
 
-class RewardConfig(Section):
-    """Which reward the run learns from, decided on each edge before a row is recorded (user_rl/rewards/).
-    With labels or classifier, the environment's own reward never leaves the edge."""
-
-    type: str = Field(
-        "env",
-        description="env: the environment's reward; labels: 1 on a row labelled success (person or env), "
-        "else 0; classifier: 1 where a learned success classifier judges the observation a success "
-        "(which ends the episode), else 0; or a reward an installed package adds "
-        "(entry-point group user_rl.rewards)",
-    )
-    classifier: str | None = Field(None, description="classifier: the file `user-rl reward train` wrote")
-    threshold: float = Field(0.5, gt=0.0, lt=1.0, description="classifier: P(success) from which a step is a success")
-    keys: list[str] | None = Field(
-        None, description="classifier: observation keys it reads (default: those it was trained on)"
-    )
-
-    @field_validator("type")
-    @classmethod
-    def _installed_reward(cls, value: str) -> str:
-        return installed("reward", plugins.REWARDS, BUILTIN_REWARDS, value)
-
-    @field_validator("classifier")
-    @classmethod
-    def _absolute(cls, value: str | None) -> str | None:
-        """Edges may run in another working directory (Ray workers): the path is fixed where the config is read."""
-        return None if value is None else str(Path(value).expanduser().resolve())
-
-    @model_validator(mode="after")
-    def _classifier_settings(self) -> RewardConfig:
-        if self.type == "classifier" and self.classifier is None:
-            raise ValueError("reward.classifier: reward.type classifier needs the classifier file's path")
-        if self.type != "classifier":
-            for key in ("classifier", "keys"):
-                if getattr(self, key) is not None:
-                    raise ValueError(f"reward.{key} is a setting of reward.type classifier; this run's is {self.type}")
-        return self
-
-
-class PolicyConfig(Section):
-    """The network edges run (`user_rl.policies.ACTORS`) and what it is built from."""
-
-    type: str = Field(
-        "mlp",
-        description="mlp: a Gaussian actor (sac, drq, bc); flow: a flow-matching policy that outputs "
-        "chunks of `chunk` actions (bc, qc); vla: images + instruction + state through a "
-        "transformer, into flow chunks (bc, qc); lerobot: a LeRobot ACT or diffusion policy (bc); "
-        "or a policy an installed package adds (entry-point group user_rl.policies)",
-    )
-    hidden: list[int] = Field(default_factory=lambda: [256, 256], description="vla: its flow head's (default: by size)")
-    size: Literal["tiny", "100m", "500m"] = Field("tiny", description="vla: the backbone's named size")
-    freeze: list[str] = Field(
-        default_factory=list,
-        description="parameter-name prefixes kept fixed in training, e.g. [encoder]: a pretrained backbone",
-    )
-    chunk: int = Field(
-        1,
-        ge=1,
-        le=128,
-        description="flow: actions per inferred chunk (H), the edge infers once per "
-        "chunk; lerobot: ACT's chunk_size, diffusion's horizon",
-    )
-    flow_steps: int = Field(10, ge=1, le=100, description="flow: Euler steps from noise to a chunk")
-    best_of: int = Field(
-        1,
-        ge=1,
-        le=256,
-        description="flow: chunks sampled per inference, of which the chunk critic "
-        "picks one (Q-chunking; algo qc needs more than 1)",
-    )
-    weights: str | None = Field(None, description="initial actor weights: a .safetensors file or a run's checkpoint.pt")
-    lerobot: dict[str, Any] | None = Field(
-        None,
-        description="lerobot: {type: act|diffusion, <its config fields>} or "
-        "{path: <a directory LeRobot's save_pretrained wrote>}",
-    )
-
-    ONLY_FOR: ClassVar[dict[str, tuple[str, ...]]] = {
-        "chunk": ("flow", "vla", "lerobot"),
-        "flow_steps": ("flow", "vla"),
-        "best_of": ("flow", "vla"),
-        "size": ("vla",),
-        "lerobot": ("lerobot",),
-    }
-
-    @field_validator("type")
-    @classmethod
-    def _installed_policy(cls, value: str) -> str:
-        return installed("policy", plugins.POLICIES, BUILTIN_POLICIES, value)
-
-    @model_validator(mode="after")
-    def _settings_of_the_chosen_policy(self) -> PolicyConfig:
-        for key, owners in settings_of_other_types(self):
-            raise ValueError(
-                f"policy.{key} is a setting of policy.type {' or '.join(owners)}; this policy is {self.type}"
-            )
-        if self.type == "lerobot":
-            if not self.lerobot or ("type" in self.lerobot) == ("path" in self.lerobot):
-                raise ValueError(
-                    "policy.lerobot: give its type (act or diffusion, with LeRobot's config fields) or "
-                    "path (a directory LeRobot's save_pretrained wrote)"
-                )
-            if "hidden" in self.model_fields_set:
-                raise ValueError("policy.hidden: a LeRobot policy's sizes are fields of policy.lerobot")
-        return self
-
-    @property
-    def chunked(self) -> bool:
-        return self.type in ("flow", "vla", "lerobot")
-
-    @field_validator("weights")
-    @classmethod
-    def _absolute_weights(cls, value: str | None) -> str | None:
-        """The learner may run in another working directory (a Ray worker)."""
-        return None if value is None else str(Path(value).expanduser().resolve())
-
-    @field_validator("lerobot")
-    @classmethod
-    def _absolute_lerobot_path(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is None or "path" not in value:
-            return value
-        return {**value, "path": str(Path(value["path"]).expanduser().resolve())}
-
-    def summary(self) -> dict[str, Any]:
-        """The type and the settings changed from their defaults (for messages)."""
-        return {"type": self.type, **self.model_dump(exclude_defaults=True, exclude={"type"})}
-
-    def options(self) -> dict[str, Any]:
-        """The keyword arguments `make_actor(type, obs_space, action_space, **options)` takes."""
-        if self.type == "lerobot":
-            return {
-                "chunk": self.chunk,
-                "lerobot": dict(self.lerobot or {}),
-                **({"freeze": list(self.freeze)} if self.freeze else {}),
-            }
-        options: dict[str, Any] = {"hidden": self.hidden}
-        if self.chunked:
-            options.update(chunk=self.chunk, flow_steps=self.flow_steps, best_of=self.best_of)
-        if self.type == "vla":
-            options["size"] = self.size
-            if "hidden" not in self.model_fields_set:
-                options["hidden"] = None  # the size's own head
-        if self.freeze:
-            options["freeze"] = list(self.freeze)
-        return options
-
-
-class AlgoConfig(Section):
-    """The learning algorithm and its settings. `type` names one of `user_rl.algos.ALGOS` or an
-    installed package's algorithm. Each algorithm reads the fields of its own settings dataclass
-    (`SACSettings`, `BCSettings`) from here by name; a plugin's other settings come from `options`."""
-
-    type: str = Field(
-        "sac",
-        description="sac: soft actor-critic (RLPD with critic_layer_norm, a high utd_ratio and buffer.mix); "
-        "drq: SAC from pixels (a shared camera encoder, random-shift augmentation); "
-        "bc: behaviour cloning of interventions (HG-DAgger; mlp or flow policies); "
-        "qc: Q-chunking, online RL for flow chunk policies (best-of-N on a chunk critic); "
-        "or an algorithm an installed package adds (entry-point group user_rl.algos)",
-    )
-    options: dict[str, Any] = Field(
-        default_factory=dict,
-        description="a plugin algorithm's own settings: fields of "
-        "its Settings that are not keys of algo (built-in algorithms take none)",
-    )
-    gamma: float = Field(0.99, gt=0.0, le=1.0)
-    tau: float = Field(0.005, gt=0.0, le=1.0)
-    actor_lr: float = Field(3e-4, gt=0.0)
-    critic_lr: float = Field(3e-4, gt=0.0)
-    batch_size: int = Field(256, ge=1)
-    init_alpha: float = Field(0.1, gt=0.0)
-    target_entropy_scale: float = 1.0
-    learning_starts: int = Field(2000, ge=1)
-    utd_ratio: float = Field(1.0, gt=0.0, description="learner updates per env step when paced")
-    critic_layer_norm: bool = Field(False, description="sac, drq: LayerNorm in the critics' hidden layers (RLPD)")
-    augment_pad: int = Field(4, ge=0, le=32, description="drq: images shift at random by up to this many pixels")
-    policy_row_weight: float | None = Field(
-        None,
-        ge=0.0,
-        description="bc, qc: weight of rows where the policy acted in what the policy imitates "
-        "(interventions weigh 1); default bc 0 (HG-DAgger), qc 1 (Q-chunking's behaviour flow)",
-    )
-
-    ONLY_FOR: ClassVar[dict[str, tuple[str, ...]]] = {
-        "critic_layer_norm": ("sac", "drq"),
-        "augment_pad": ("drq",),
-        "policy_row_weight": ("bc", "qc"),
-    }
-
-    @field_validator("type")
-    @classmethod
-    def _installed_algo(cls, value: str) -> str:
-        return installed("algorithm", plugins.ALGOS, BUILTIN_ALGOS, value)
-
-    @field_validator("options")
-    @classmethod
-    def _options_of_a_plugin(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        """Keys of the plugin's Settings that algo itself lacks, each checked against its field's type."""
-        name = info.data.get("type")
-        if not options or name is None:  # nothing to check, or the type itself was refused
-            return options
-        return checked_plugin_options(name, options, set(cls.model_fields))
-
-    @model_validator(mode="after")
-    def _settings_of_the_chosen_algorithm(self) -> AlgoConfig:
-        """A setting changed from its default for an algorithm the run does not use is a mistake
-        (a plugin algorithm uses those its Settings has)."""
-        for key, owners in settings_of_other_types(self):
-            settings = plugin_algo_settings(self.type)
-            if settings is not None and key in {f.name for f in dataclasses.fields(settings)}:
-                continue
-            raise ValueError(
-                f"{key} is a setting of algo.type {' or '.join(owners)}; this run's algo.type is {self.type}"
-            )
-        return self
-
-
 class AttachConfig(Section):
     """An earlier run's buffer, read-only, filtered; its transitions join the sampling."""
 
@@ -443,12 +205,17 @@ class BufferConfig(Section):
     strategy: Literal["uniform", "recency", "task_balanced"] = "uniform"
     recency_half_life: int = Field(50_000, ge=1)
     mix: dict[str, float] | None = Field(None, description="e.g. {online: 0.5, demo: 0.5} (RLPD)")
-    n_step: int = Field(1, ge=1, le=64, description="rewards summed per transition; algo qc sets it to policy.chunk")
+    n_step: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="rewards summed per transition; an algorithm that sums over chunks (qc) uses policy.chunk",
+    )
     action_horizon: int = Field(
         1,
         ge=1,
         le=128,
-        description="future actions sampled per row (action_chunk, chunk_mask); set to policy.chunk by the run",
+        description="future actions sampled per row (action_chunk, chunk_mask); the run uses policy.chunk",
     )
     max_policy_lag: int | None = Field(
         None, ge=0, description="versions a row's policy may lag the newest on arrival to be used as is; None: no limit"
@@ -556,11 +323,3 @@ class StopConfig(Section):
         """The first multiple of `eval_every_env_steps` after `env_steps` (None: no such schedule)."""
         every = self.eval_every_env_steps
         return None if every is None else (env_steps // every + 1) * every
-
-
-class EmbodimentConfig(Section):
-    """One robot model of a heterogeneous fleet: its robots, trained by a policy of its own."""
-
-    robot: RobotConfig
-    num_robots: int = Field(1, ge=1, le=256)
-    policy: PolicyConfig | None = Field(None, description="default: the run's policy section")

@@ -8,9 +8,9 @@ A package declares them in its pyproject.toml, and a config names them like buil
 Entry points, not registration at import time: the learner, its trainer process and every edge
 run in processes of their own (Ray workers, subprocesses), and an installed package's entry
 points are visible in each of them. Robot drivers come the same way (`user_rl.robots`,
-hal/registry.py). Names are read without importing anything (so the config checks them without
-torch); a plugin is imported the first time it is used. A built-in keeps its name: a plugin of
-the same name is never loaded.
+hal/registry.py). Names are read without importing anything; a plugin is imported the first time
+it is used, e.g. when a config naming it is validated against its class's `Settings`
+(user_rl/config_plugins.py). A built-in keeps its name: a plugin of the same name is never loaded.
 
 This module imports nothing of ours, so any part of user_rl may use it.
 """

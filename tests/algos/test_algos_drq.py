@@ -57,8 +57,12 @@ def test_random_shift_moves_each_image_by_at_most_pad_pixels_and_repeats_its_edg
 def test_the_encoder_is_the_critics_and_the_actor_loss_leaves_it_alone() -> None:
     torch.manual_seed(0)
     drq = make_algo(
-        "drq", OBS_SPACE, ACTION_SPACE, policy_options={"hidden": [32]}, settings=DrQSettings(critic_lr=0.0)
-    )  # only the actor's loss may move anything
+        "drq",
+        OBS_SPACE,
+        ACTION_SPACE,
+        policy_options={"hidden": [32]},
+        settings=DrQSettings.model_construct(critic_lr=0.0),
+    )  # only the actor's loss may move anything (a learning rate the config refuses: built unchecked)
     assert drq.actor.encoder is drq.critic.encoder and drq.critic_target.encoder is not drq.critic.encoder
     encoder = {k: v.clone() for k, v in drq.critic.encoder.state_dict().items()}
     head = {k: v.clone() for k, v in drq.actor.trunk.state_dict().items()}

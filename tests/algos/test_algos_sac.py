@@ -23,7 +23,7 @@ def train_on_bandit(critic_layer_norm: bool = False) -> SAC:
         obs_space,
         action_space,
         policy_options={"hidden": [64, 64]},
-        settings=SACSettings(
+        settings=SACSettings.model_construct(  # a bandit: gamma 0, which a run's config refuses (built unchecked)
             gamma=0.0, actor_lr=3e-3, critic_lr=3e-3, init_alpha=0.01, critic_layer_norm=critic_layer_norm
         ),
     )

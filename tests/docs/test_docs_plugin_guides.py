@@ -80,32 +80,41 @@ def plugin_here(plugin_site: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return plugin_site
 
 
-def test_the_config_names_the_plugins_parts_and_checks_the_algorithms_options(plugin_here: Path) -> None:
-    from user_rl.algos import algo_settings
-
+def test_the_config_validates_the_plugins_own_settings(plugin_here: Path) -> None:
+    """A plugin policy's and algorithm's `Settings` are their config sections, checked like a built-in's."""
     cfg = load_config(CONFIG)
     assert (cfg.policy.type, cfg.algo.type, cfg.reward.type) == ("residual_mlp", "redq", "point_distance")
-    settings = algo_settings("redq", cfg.algo.model_dump())  # what the learner builds REDQ with
-    assert type(settings).__name__ == "REDQSettings"
-    assert (settings.num_critics, settings.target_critics, settings.gamma, settings.actor_lr) == (5, 2, 0.95, 0.001)
-    # A SAC setting that REDQ's Settings has is REDQ's too; the same key is refused for bc.
+    assert type(cfg.policy).__name__ == "ResidualSettings" and type(cfg.algo).__name__ == "REDQSettings"
+    assert cfg.policy.options() == {"hidden": [64, 64], "residual_scale": 1.0}  # what the actor is built with
+    algo = cfg.algo  # what the learner hands REDQ
+    assert (algo.num_critics, algo.target_critics, algo.gamma, algo.actor_lr) == (5, 2, 0.95, 0.001)
+    # A SAC setting that REDQ's Settings has is REDQ's too; REDQ's own keys are refused for bc.
     assert build_config({"algo": {"type": "redq", "critic_layer_norm": True}}).algo.critic_layer_norm
     for overrides, message in (
+        (["algo.num_critic=3"], "config error: algo.num_critic is not a key of algo.type redq; allowed: type, gamma,"),
+        (["algo.num_critics=many"], "config error: algo.num_critics: Input should be a valid integer"),
+        (["algo.target_critics=9"], "config error: algo: algo.target_critics: at most num_critics (5), not 9"),
+        (["algo.type=sac"], "config error: algo.num_critics is a setting of algo.type redq; this algo's type is sac"),
         (
-            ["algo.options.num_critic=3"],
-            "config error: algo.options: unknown key 'num_critic' for algo.type redq; "
-            "allowed: num_critics, target_critics",
+            ["policy.hidden=[64,32]"],
+            "config error: policy.hidden: policy.type residual_mlp repeats one width, e.g. [64, 64] (got [64, 32])",
         ),
-        (["algo.options.num_critics=many"], "config error: algo.options: num_critics: Input should be a valid integer"),
-        (["algo.options.target_critics=9"], "target_critics must be 1..num_critics (5), not 9"),
+        (["policy.residual_scale=2"], "config error: policy.residual_scale: Input should be less than or equal to 1"),
         (
-            ["algo.options.gamma=0.9"],
-            "unknown key 'gamma' for algo.type redq",
-        ),  # a key of algo: set there, checked there
-        (["algo.type=bc"], "config error: algo.options: unknown key 'num_critics' for algo.type bc; allowed: none"),
+            ["policy.type=mlp", "policy.residual_scale=0.5"],
+            "config error: policy.residual_scale is a setting of policy.type residual_mlp",
+        ),
     ):
         with pytest.raises(ConfigError, match=re.escape(message)):
             load_config(CONFIG, overrides)
+    # The guides quote these errors as they are.
+    guides = (REPO / "docs/guides/add-a-policy.md").read_text() + (REPO / "docs/guides/add-an-algorithm.md").read_text()
+    for overrides in (["policy.hidden=[64,32]"], ["policy.residual_scale=2"], ["algo.target_critics=9"]):
+        with pytest.raises(ConfigError) as raised:
+            load_config(CONFIG, overrides)
+        assert f"`{raised.value}`" in " ".join(guides.split()), raised.value
+    legacy = {**load_config(CONFIG).public_dump(), "algo": {"type": "redq", "options": {"num_critics": 3}}}
+    assert build_config(legacy).algo.num_critics == 3  # older configs nest an algorithm's own keys in options
 
 
 def test_the_policy_trains_with_builtin_sac_and_the_reward_checks_its_robot(plugin_here: Path) -> None:
@@ -127,8 +136,6 @@ def test_the_policy_trains_with_builtin_sac_and_the_reward_checks_its_robot(plug
         "terminated": torch.zeros(8),
     }
     assert np.isfinite(list(metrics_to_floats(sac.update(batch)).values())).all()
-    with pytest.raises(ValueError, match="policy.hidden repeats one width"):
-        make_algo("sac", obs_space, action_space, "residual_mlp", {"hidden": [32, 64]})
     with pytest.raises(ValueError, match="reward.type point_distance reads a 'state'"):
         make_reward("point_distance", gym.spaces.Dict({"joints": gym.spaces.Box(-1, 1, (2,), np.float32)}))
 

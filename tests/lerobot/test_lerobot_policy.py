@@ -51,13 +51,17 @@ def test_a_lerobot_policy_config_is_checked_and_without_lerobot_says_how_to_get_
     cfg = build_config(
         {"policy": {"type": "lerobot", "chunk": 10, "lerobot": {"path": "models/act"}}, "algo": {"type": "bc"}}
     )
-    assert cfg.buffer.action_horizon == 10  # each row is sampled with the chunk it imitates
+    assert cfg.action_horizon == 10  # each row is sampled with the chunk it imitates
     assert Path(cfg.policy.options()["lerobot"]["path"]).is_absolute()  # the learner may run elsewhere
     for policy, algo, message in [
         ({"type": "lerobot", "lerobot": {"type": "act"}}, "sac", "policy.type lerobot trains with algo.type bc"),
         ({"type": "lerobot"}, "bc", "policy.lerobot: give its type (act or diffusion"),
         ({"type": "lerobot", "lerobot": {"type": "act", "path": "x"}}, "bc", "policy.lerobot: give its type"),
-        ({"type": "lerobot", "hidden": [64], "lerobot": {"type": "act"}}, "bc", "policy.hidden: a LeRobot"),
+        (
+            {"type": "lerobot", "hidden": [64], "lerobot": {"type": "act"}},
+            "bc",
+            "policy.hidden is a setting of policy.type mlp or flow or vla",
+        ),
     ]:
         with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
             build_config({"policy": policy, "algo": {"type": algo}})

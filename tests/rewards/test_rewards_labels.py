@@ -76,7 +76,9 @@ def test_a_persons_success_mark_is_the_only_reward_with_labels(tmp_path: Path) -
 def test_reward_config_errors_name_what_is_wrong(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="reward.classifier: reward.type classifier needs the classifier file's path"):
         build_config({}, ["reward.type=classifier"])
-    with pytest.raises(ConfigError, match="reward.keys is a setting of reward.type classifier; this run's is labels"):
+    with pytest.raises(
+        ConfigError, match="reward.keys is a setting of reward.type classifier; this reward's type is labels"
+    ):
         build_config({}, ["reward.type=labels", "reward.keys=[image]"])
     with pytest.raises(ConfigError, match="reward.type"):
         build_config({}, ["reward.type=magic"])

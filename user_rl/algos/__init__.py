@@ -1,6 +1,6 @@
 """Learning algorithms by name: the one registry the learner picks `algo.type` from.
 
-    settings = algo_settings("sac", cfg.algo.model_dump())   # the fields SAC reads, from the config
+    settings = cfg.algo                         # the run's algo section: an instance of SAC's Settings
     algo = make_algo("sac", obs_space, action_space, "mlp", {"hidden": [256, 256]}, settings)
 
 | `algo.type` | class | learns from |
@@ -10,17 +10,15 @@
 | `bc` | `BehaviourCloning` | the actions of people (and the scripted intervener): HG-DAgger; MLP or flow chunks |
 | `qc` | `QChunking` | rewards, for a flow chunk policy: a chunk critic picks the best of N sampled chunks (QC) |
 
-To add one here: a class with the interface of `base.Algorithm`, its settings fields added to
-`AlgoConfig` under the same names, its name in `ALGOS` and in `config.BUILTIN_ALGOS`. Another
-installed package adds one without touching this repository, through the `user_rl.algos`
-entry-point group (user_rl/plugins.py; docs/guides/add-an-algorithm.md): its Settings fields named
-like `AlgoConfig` fields come from there, the others from `algo.options`.
+To add one here: a class with the interface of `base.Algorithm`, whose `Settings` (an
+`AlgoSettings` subclass next to it) holds its keys of the config's `algo` section and declares the
+policies it trains, and one line in `ALGOS`. Another installed package adds one without touching
+this repository, through the `user_rl.algos` entry-point group (user_rl/plugins.py;
+docs/guides/add-an-algorithm.md), the same way.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -31,8 +29,10 @@ from user_rl.algos.bc import BCSettings, BehaviourCloning
 from user_rl.algos.drq import DrQ, DrQSettings
 from user_rl.algos.qc import QChunking, QCSettings
 from user_rl.algos.sac import SAC, SACSettings
+from user_rl.config_plugins import AlgoSettings
 from user_rl.plugins import ALGOS as ALGO_GROUP
 from user_rl.plugins import known_names, load_plugin
+from user_rl.policies.encoders import is_image
 
 ALGOS: dict[str, type] = {"sac": SAC, "drq": DrQ, "bc": BehaviourCloning, "qc": QChunking}
 
@@ -49,16 +49,9 @@ def algo_class(name: str) -> type:
     return found
 
 
-def algo_settings(name: str, fields: Mapping[str, Any] | None = None) -> Any:
-    """The algorithm's settings dataclass, each field taken from `fields` (an `AlgoConfig` dump)
-    where it is there and not None, or from its `options` (a plugin's own settings); the others
-    keep their defaults (which differ by algorithm)."""
-    settings = algo_class(name).Settings
-    known = {f.name for f in dataclasses.fields(settings)}
-    fields = dict(fields or {})
-    options = fields.pop("options", None) or {}
-    chosen = {key: value for key, value in fields.items() if key in known and value is not None}
-    return settings(**{**chosen, **options})
+def algo_settings(name: str) -> type:
+    """The settings class of algorithm `name` (its `Settings`)."""
+    return algo_class(name).Settings
 
 
 def make_algo(
@@ -74,6 +67,12 @@ def make_algo(
     cls = algo_class(name)
     if settings is not None and not isinstance(settings, cls.Settings):
         raise TypeError(f"algorithm {name!r} takes {cls.Settings.__name__}, not {type(settings).__name__}")
+    if cls.Settings.needs_cameras and not any(is_image(space) for space in obs_space.spaces.values()):
+        others = [other for other, built_in in ALGOS.items() if not built_in.Settings.needs_cameras]
+        raise ValueError(
+            f"algo.type {name} learns from camera images, and this robot's observations have none "
+            f"({', '.join(sorted(obs_space.spaces))}): use algo.type {' or '.join(others)}"
+        )
     return cls(obs_space, action_space, policy, policy_options, settings, device)
 
 
@@ -91,6 +90,7 @@ __all__ = [
     "algo_class",
     "algo_names",
     "algo_settings",
+    "AlgoSettings",
     "check_state_is_for",
     "make_algo",
     "metrics_to_floats",

@@ -16,8 +16,9 @@ from torch import nn
 class Algorithm(Protocol):
     """One learning algorithm.
 
-    - `name`: its `algo.type`. `Settings`: a dataclass of its settings; each field has the name
-      of an `AlgoConfig` field, which is where a run's value comes from.
+    - `name`: its `algo.type`. `Settings`: its settings class (an `AlgoSettings` subclass): the
+      keys of the config's `algo` section for this type, and what it declares about the policies
+      it trains (`trains_chunk_policies`, ...); a run's `cfg.algo` is an instance of it.
     - `batch_columns`: the batch columns `update` reads. "obs" and "next_obs" stand for every
       obs/* (next_obs/*) column; "discount" is there only for n-step returns; "intervened" and
       "policy_acted" (float32, 1.0 or 0.0) are derived by the learner from the row's actor.

@@ -29,14 +29,14 @@ momentum), but it counts in `updates`, which counts the batches taken.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import gymnasium as gym
 import torch
+from pydantic import Field
 from torch.distributions import Normal
 
 from user_rl.algos.base import check_state_is_for, trainable
 from user_rl.algos.optim import adam
+from user_rl.config_plugins import AlgoSettings
 from user_rl.policies import make_actor
 
 # The likelihood's target for an action at a bound is atanh(0.99) = 2.6, not infinity. (Nearer 1 the
@@ -45,10 +45,19 @@ from user_rl.policies import make_actor
 TARGET_EDGE = 0.99
 
 
-@dataclass
-class BCSettings:
-    actor_lr: float = 3e-4
-    policy_row_weight: float = 0.0  # 0: HG-DAgger (learn from interventions only)
+class BCSettings(AlgoSettings):
+    """`algo.type: bc`: behaviour cloning of interventions (HG-DAgger; mlp or chunk policies)."""
+
+    trains_chunk_policies = True
+
+    type: str = "bc"
+    actor_lr: float = Field(3e-4, gt=0.0)
+    policy_row_weight: float = Field(
+        0.0,
+        ge=0.0,
+        description="weight of rows where the policy acted in what it imitates (interventions weigh 1); "
+        "0: HG-DAgger (learn from interventions only)",
+    )
 
 
 class BehaviourCloning:

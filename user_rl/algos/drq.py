@@ -12,10 +12,9 @@ The target critic keeps its own encoder, updated by the same moving average as i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import gymnasium as gym
 import torch
+from pydantic import Field
 
 from user_rl.algos.augment import random_shift
 from user_rl.algos.optim import adam
@@ -23,9 +22,15 @@ from user_rl.algos.sac import SAC, SACSettings
 from user_rl.policies.encoders import is_image
 
 
-@dataclass
 class DrQSettings(SACSettings):
-    augment_pad: int = 4  # pixels; DrQ's choice for 84 x 84 images
+    """`algo.type: drq`: SAC from pixels."""
+
+    needs_cameras = True
+
+    type: str = "drq"
+    augment_pad: int = Field(
+        4, ge=0, le=32, description="images shift at random by up to this many pixels (DrQ's choice for 84 x 84)"
+    )
 
 
 class DrQ(SAC):
@@ -41,12 +46,7 @@ class DrQ(SAC):
         settings: DrQSettings | None = None,
         device: str | torch.device = "cpu",
     ) -> None:
-        self.cameras = [k for k, space in obs_space.spaces.items() if is_image(space)]
-        if not self.cameras:
-            raise ValueError(
-                "algo.type drq learns from camera images, and this robot's observations have none "
-                f"({', '.join(sorted(obs_space.spaces))}): use algo.type sac"
-            )
+        self.cameras = [k for k, space in obs_space.spaces.items() if is_image(space)]  # some: make_algo checks
         super().__init__(obs_space, action_space, policy, policy_options, settings or DrQSettings(), device)
         self.actor.encoder = self.critic.encoder
         own = [p for name, p in self.actor.named_parameters() if not name.startswith("encoder.")]

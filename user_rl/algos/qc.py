@@ -19,24 +19,33 @@ Start it from a behaviour-cloned flow (`policy.weights`) with the demonstrations
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import gymnasium as gym
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 
 from user_rl.algos.base import check_state_is_for
 from user_rl.algos.optim import adam
+from user_rl.config_plugins import AlgoSettings
 from user_rl.policies import make_actor
 
 
-@dataclass
-class QCSettings:
-    gamma: float = 0.99
-    tau: float = 0.005
-    actor_lr: float = 3e-4
-    critic_lr: float = 3e-4
-    policy_row_weight: float = 1.0  # the flow's weight on rows the policy acted in (interventions weigh 1)
+class QCSettings(AlgoSettings):
+    """`algo.type: qc`: Q-chunking, online RL for flow chunk policies (best-of-N on a chunk critic)."""
+
+    trains_step_policies = False
+    trains_chunk_policies = True
+    picks_among_chunks = True
+    returns_over_chunks = True
+
+    type: str = "qc"
+    tau: float = Field(0.005, gt=0.0, le=1.0)
+    actor_lr: float = Field(3e-4, gt=0.0)
+    critic_lr: float = Field(3e-4, gt=0.0)
+    policy_row_weight: float = Field(
+        1.0, ge=0.0, description="the flow's weight on rows the policy acted in (interventions weigh 1)"
+    )
 
 
 class QChunking:

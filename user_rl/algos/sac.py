@@ -17,28 +17,30 @@ A variant with other Q-networks (an ensemble, as REDQ's) overrides `build_critic
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import nn
 
 from user_rl.algos.base import check_state_is_for
 from user_rl.algos.optim import adam
+from user_rl.config_plugins import AlgoSettings
 from user_rl.policies import make_actor, make_critic
 
 
-@dataclass
-class SACSettings:
-    gamma: float = 0.99
-    tau: float = 0.005
-    actor_lr: float = 3e-4
-    critic_lr: float = 3e-4
-    init_alpha: float = 0.1
+class SACSettings(AlgoSettings):
+    """`algo.type: sac` (RLPD with critic_layer_norm, a high utd_ratio and buffer.mix)."""
+
+    type: str = "sac"
+    tau: float = Field(0.005, gt=0.0, le=1.0)
+    actor_lr: float = Field(3e-4, gt=0.0)
+    critic_lr: float = Field(3e-4, gt=0.0)
+    init_alpha: float = Field(0.1, gt=0.0)
     target_entropy_scale: float = 1.0
-    critic_layer_norm: bool = False  # RLPD: LayerNorm after each hidden layer of the critics
+    critic_layer_norm: bool = Field(False, description="LayerNorm in the critics' hidden layers (RLPD)")
 
 
 class SAC:

@@ -33,7 +33,6 @@ import numpy as np
 import torch
 import zmq
 
-from user_rl.algos import algo_settings
 from user_rl.cloud.batches import BatchPreparer
 from user_rl.cloud.buffer.store import PersistentReplay
 from user_rl.cloud.checkpoint import BackgroundCheckpointer, load_checkpoint, save_checkpoint, snapshot
@@ -127,7 +126,7 @@ class Learner:
             self.context,
             f"tcp://{host}:{lc.data_port}",
             self.run_dir / "buffer",
-            cfg.buffer,
+            cfg.run_buffer(),
             cfg.algo.gamma,
             gate=self.gate,
             max_messages_per_s=lc.max_messages_per_s,
@@ -214,7 +213,7 @@ class Learner:
     def _open_buffer(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> PersistentReplay:
         """Open the run's buffer for these spaces (the ingest calls it: on its thread for a first hello)."""
         buffer = PersistentReplay(
-            self.run_dir / "buffer", obs_space, action_space, self.cfg.buffer, self.cfg.algo.gamma
+            self.run_dir / "buffer", obs_space, action_space, self.cfg.run_buffer(), self.cfg.algo.gamma
         )
         self._opened.set(OpenedBuffer(buffer, obs_space, action_space))
         return buffer
@@ -264,13 +263,12 @@ class Learner:
         opened = self._opened.get()
         if self.trainer is None and opened is not None:
             cfg = self.cfg
-            settings = algo_settings(cfg.algo.type, cfg.algo.model_dump())  # the fields its Settings has
             spec = TrainerSpec(
                 opened.obs_space,
                 opened.action_space,
                 cfg.policy.type,
                 cfg.policy.options(),
-                settings,
+                cfg.algo,  # its algorithm's Settings
                 str(self.device),
                 learner_torch_threads(cfg),
                 cfg.seed,

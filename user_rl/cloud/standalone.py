@@ -101,10 +101,11 @@ def reopened(learner: Learner) -> Learner:
     except OSError as exc:  # the room went again: the restart resumes from the last checkpoint
         log.error("no final checkpoint before the restart: %s", exc)
     learner.close()
-    cfg = learner.cfg.model_copy(deep=True)
-    cfg.learner.data_port = int(learner.addresses["data"].rsplit(":", 1)[1])  # the edges' addresses stay valid
-    cfg.learner.weights_port = int(learner.addresses["weights"].rsplit(":", 1)[1])
-    return Learner(cfg, learner.run_dir)
+    ports = {name: int(learner.addresses[name].rsplit(":", 1)[1]) for name in ("data", "weights")}
+    same_addresses = learner.cfg.learner.model_copy(  # the edges' addresses stay valid
+        update={"data_port": ports["data"], "weights_port": ports["weights"]}
+    )
+    return Learner(learner.cfg.model_copy(update={"learner": same_addresses}), learner.run_dir)
 
 
 def _restart(learner: Learner, loop: GuardedThread, out: Callable[[str], None]) -> tuple[Learner, GuardedThread]:

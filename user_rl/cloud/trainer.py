@@ -77,7 +77,7 @@ class TrainerSpec:
     action_space: gym.spaces.Box
     policy: str
     policy_options: dict
-    settings: Any  # the algorithm's settings dataclass (`algo_settings`)
+    settings: Any  # the algorithm's settings (`cfg.algo`, its Settings class)
     device: str
     threads: int
     seed: int

@@ -79,8 +79,7 @@ def make_edge(
     step("building interventions and the reward")
     try:  # a part that cannot be built (no expert, no classifier file) must not leave a device open
         interventions, teleop = intervention_sources(cfg, robot, requests)
-        r = cfg.reward
-        reward = make_reward(r.type, robot.observation_space, r.classifier, r.threshold, r.keys)
+        reward = make_reward(cfg.reward.type, robot.observation_space, **cfg.reward.options())
     except BaseException:
         if interventions is not None:
             interventions.close()

@@ -235,7 +235,8 @@ def train(cfg: Config, out: Printer = print, ray_address: str | None = None) -> 
 
     from user_rl.security.curve import check_launch_keys
 
-    cfg.security.keys_dir = str(Path(cfg.security.keys_dir).resolve())  # actors run in other directories
+    keys_dir = str(Path(cfg.security.keys_dir).resolve())  # actors run in other directories
+    cfg = cfg.model_copy(update={"security": cfg.security.model_copy(update={"keys_dir": keys_dir})})
     for one_model in cfg.embodiment_configs().values():  # a missing key fails now, not inside a Ray actor
         check_launch_keys(
             one_model.security,
@@ -250,9 +251,12 @@ def train(cfg: Config, out: Printer = print, ray_address: str | None = None) -> 
         run_dir = make_run_dir(cfg)
         out(f"run directory: {run_dir}")
         if cfg.teleop.enabled:  # one token for the run's pages (never in config.yaml; in teleop.json, owner-only)
+            from pydantic import SecretStr
+
             from user_rl.edge.teleop import resolve_token
 
-            cfg.teleop.token = resolve_token(cfg.teleop)
+            token = SecretStr(resolve_token(cfg.teleop))
+            cfg = cfg.model_copy(update={"teleop": cfg.teleop.model_copy(update={"token": token})})
         runs = _fleet_runs(cfg, run_dir, out)
         for run in runs:
             _place(run)

@@ -12,10 +12,16 @@ executed per inference) and `imitation_loss` (what `algo.type: bc` minimises).
 `make_actor(..., freeze=[prefix, ...])` keeps the parameters whose names start so fixed.
 `ChunkRunner` (`chunking.py`) runs either kind one action per step.
 
+Each actor class names its settings in a `Settings` attribute (a `PolicySettings` subclass next to
+it: `MLPSettings`, `FlowSettings`, ...): the keys of the config's `policy` section for that type,
+and the keyword arguments the actor is built with (`settings.options()`). Adding a policy is its
+module and one line in `ACTORS`.
+
 Another installed package adds a policy through the `user_rl.policies` entry-point group
 (user_rl/plugins.py; docs/guides/add-a-policy.md): the entry point names an actor class, built as
-`cls(obs_space, action_space, hidden=policy.hidden)`. With SAC-family algorithms its class names
-the critic trained beside it in a `Critic` attribute (e.g. `Critic = TwinQCritic`).
+`cls(obs_space, action_space, **settings.options())` from its own `Settings` (without one it takes
+`MLPSettings`: `hidden`). With SAC-family algorithms its class names the critic trained beside it
+in a `Critic` attribute (e.g. `Critic = TwinQCritic`).
 """
 
 from __future__ import annotations
@@ -28,9 +34,9 @@ from torch import nn
 
 from user_rl.plugins import POLICIES, known_names, load_plugin
 from user_rl.policies.chunking import ChunkRunner, act_chunk, chunk_length
-from user_rl.policies.flow import FlowChunkActor
-from user_rl.policies.mlp import GaussianActor, TwinQCritic
-from user_rl.policies.vla import VLAChunkActor
+from user_rl.policies.flow import FlowChunkActor, FlowSettings
+from user_rl.policies.mlp import GaussianActor, MLPSettings, TwinQCritic
+from user_rl.policies.vla import VLAChunkActor, VLASettings
 
 ACTORS: dict[str, type[nn.Module] | str] = {
     "mlp": GaussianActor,
@@ -70,6 +76,11 @@ def actor_class(name: str) -> type[nn.Module]:
     return found
 
 
+def policy_settings(name: str) -> type:
+    """The settings class of a policy type (its actor's `Settings`; `MLPSettings` for a plugin without one)."""
+    return getattr(actor_class(name), "Settings", MLPSettings)
+
+
 def freeze_parameters(module: nn.Module, prefixes: list[str] | tuple[str, ...]) -> None:
     """Keep the parameters whose names start with a prefix fixed (no gradient, so no optimiser step)."""
     names = [name for name, _ in module.named_parameters()]
@@ -101,9 +112,12 @@ __all__ = [
     "CRITICS",
     "ChunkRunner",
     "FlowChunkActor",
+    "FlowSettings",
     "GaussianActor",
+    "MLPSettings",
     "TwinQCritic",
     "VLAChunkActor",
+    "VLASettings",
     "act_chunk",
     "actor_class",
     "chunk_length",
@@ -111,4 +125,5 @@ __all__ = [
     "make_actor",
     "make_critic",
     "policy_names",
+    "policy_settings",
 ]

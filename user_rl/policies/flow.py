@@ -19,12 +19,41 @@ import math
 import gymnasium as gym
 import numpy as np
 import torch
+from pydantic import Field
 from torch import nn
 
+from user_rl.config_plugins import PolicySettings
 from user_rl.policies.encoders import ActionScaling, DictEncoder, mlp
 from user_rl.policies.mlp import TwinQCritic
 
 TIME_FEATURES = 16
+
+
+class FlowSettings(PolicySettings):
+    """`policy.type: flow`: chunks of `chunk` actions (trained by bc, qc)."""
+
+    chunked = True
+    samples_chunks = True
+
+    type: str = "flow"
+    hidden: list[int] = Field(default_factory=lambda: [256, 256], description="widths of the hidden layers")
+    chunk: int = Field(1, ge=1, le=128, description="actions per inferred chunk (H); the edge infers once per chunk")
+    flow_steps: int = Field(10, ge=1, le=100, description="Euler steps from noise to a chunk")
+    best_of: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="chunks sampled per inference, of which the chunk critic picks one "
+        "(Q-chunking; algo qc needs more than 1)",
+    )
+
+    @property
+    def actions_per_chunk(self) -> int:
+        return self.chunk
+
+    @property
+    def chunks_sampled(self) -> int:
+        return self.best_of
 
 
 def time_embedding(t: torch.Tensor) -> torch.Tensor:
@@ -42,6 +71,8 @@ def chunk_space(action_space: gym.spaces.Box, chunk: int) -> gym.spaces.Box:
 
 
 class FlowChunkActor(ActionScaling):
+    Settings = FlowSettings
+
     def __init__(
         self,
         obs_space: gym.spaces.Dict,

@@ -37,8 +37,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from pydantic import Field, field_validator, model_validator
 from torch import nn
 
+from user_rl.config_plugins import PolicySettings
 from user_rl.policies.encoders import is_image, unit_pixels
 
 log = logging.getLogger(__name__)
@@ -204,8 +206,46 @@ def saved_normalisation(path: Path, config: Any) -> dict[str, tuple[torch.Tensor
     return found
 
 
+class LeRobotSettings(PolicySettings):
+    """`policy.type: lerobot`: a LeRobot ACT or diffusion policy (trained by bc); its sizes are
+    fields of `lerobot`, so it has no `hidden`."""
+
+    chunked = True
+
+    type: str = "lerobot"
+    chunk: int = Field(1, ge=1, le=128, description="ACT's chunk_size, diffusion's horizon")
+    lerobot: dict[str, Any] | None = Field(
+        None,
+        description="{type: act|diffusion, <its config fields>} or "
+        "{path: <a directory LeRobot's save_pretrained wrote>}",
+    )
+
+    @field_validator("lerobot")
+    @classmethod
+    def _absolute_lerobot_path(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The learner may run in another working directory (a Ray worker)."""
+        if value is None or "path" not in value:
+            return value
+        return {**value, "path": str(Path(value["path"]).expanduser().resolve())}
+
+    @model_validator(mode="after")
+    def _type_or_path(self) -> LeRobotSettings:
+        if not self.lerobot or ("type" in self.lerobot) == ("path" in self.lerobot):
+            raise ValueError(
+                "policy.lerobot: give its type (act or diffusion, with LeRobot's config fields) or "
+                "path (a directory LeRobot's save_pretrained wrote)"
+            )
+        return self
+
+    @property
+    def actions_per_chunk(self) -> int:
+        return self.chunk
+
+
 class LeRobotChunkActor(nn.Module):
     """A LeRobot ACT or diffusion policy behind the chunk actor interface (`act_chunk`, `imitation_loss`)."""
+
+    Settings = LeRobotSettings
 
     def __init__(
         self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, chunk: int, lerobot: dict[str, Any]

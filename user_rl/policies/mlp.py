@@ -9,15 +9,27 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import torch
+from pydantic import Field
 from torch import nn
 from torch.distributions import Normal
 
+from user_rl.config_plugins import PolicySettings
 from user_rl.policies.encoders import ActionScaling, DictEncoder, mlp
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
+class MLPSettings(PolicySettings):
+    """`policy.type: mlp`: a Gaussian actor (trained by sac, drq, bc). A plugin policy without
+    `Settings` of its own takes these."""
+
+    type: str = "mlp"
+    hidden: list[int] = Field(default_factory=lambda: [256, 256], description="widths of the hidden layers")
+
+
 class GaussianActor(ActionScaling):
+    Settings = MLPSettings
+
     def __init__(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, hidden: list[int]) -> None:
         super().__init__(action_space)
         self.encoder = DictEncoder(obs_space)

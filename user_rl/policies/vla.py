@@ -16,14 +16,16 @@ the action head.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
+from pydantic import Field
 from torch import nn
 
 from user_rl.policies.encoders import is_image, unit_pixels
-from user_rl.policies.flow import FlowChunkActor
+from user_rl.policies.flow import FlowChunkActor, FlowSettings
 
 INSTRUCTION = "instruction"  # the observation key (user_rl/hal/instruction.py; policies import nothing of ours)
 
@@ -180,7 +182,17 @@ class VLAEncoder(nn.Module):
         return self.norm(self.transformer(x, src_key_padding_mask=torch.cat(padding, dim=1))[:, 0])
 
 
+class VLASettings(FlowSettings):
+    """`policy.type: vla`: images + instruction + state through a transformer, into flow chunks (bc, qc)."""
+
+    type: str = "vla"
+    size: Literal["tiny", "100m", "500m"] = Field("tiny", description="the backbone's named size")
+    hidden: list[int] | None = Field(None, description="its flow head's widths (default: by size)")
+
+
 class VLAChunkActor(FlowChunkActor):
+    Settings = VLASettings
+
     def __init__(
         self,
         obs_space: gym.spaces.Dict,

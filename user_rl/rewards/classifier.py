@@ -19,7 +19,9 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+from pydantic import Field, field_validator, model_validator
 
+from user_rl.config_plugins import RewardSettings
 from user_rl.rewards.base import RewardedStep
 from user_rl.rewards.model import (
     ClassifierFileError,
@@ -31,17 +33,40 @@ from user_rl.rewards.model import (
 from user_rl.wire import user_rl_pb2 as pb
 
 
+class ClassifierSettings(RewardSettings):
+    """`reward.type: classifier`: 1 where a learned success classifier judges the observation a
+    success (which ends the episode), else 0."""
+
+    type: str = "classifier"
+    classifier: str | None = Field(None, description="the file `user-rl reward train` wrote")
+    threshold: float = Field(0.5, gt=0.0, lt=1.0, description="P(success) from which a step is a success")
+    keys: list[str] | None = Field(None, description="observation keys it reads (default: those it was trained on)")
+
+    @field_validator("classifier")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        """Edges may run in another working directory (Ray workers): the path is fixed where the config is read."""
+        return None if value is None else str(Path(value).expanduser().resolve())
+
+    @model_validator(mode="after")
+    def _needs_a_classifier(self) -> ClassifierSettings:
+        if self.classifier is None:
+            raise ValueError("reward.classifier: reward.type classifier needs the classifier file's path")
+        return self
+
+
 class ClassifierReward:
     name = "classifier"
+    Settings = ClassifierSettings
 
     def __init__(
         self,
-        path: str | Path,
         observation_space: gym.spaces.Dict,
+        classifier: str | Path,
         threshold: float = 0.5,
         keys: list[str] | None = None,
     ) -> None:
-        self.path = Path(path)
+        self.path = Path(classifier)
         if not self.path.is_file():
             raise ClassifierFileError(
                 f"reward.classifier: no classifier file at {self.path} (make one with "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import gymnasium as gym
 import numpy as np
 
 from user_rl.rewards.base import RewardedStep
@@ -17,6 +18,9 @@ from user_rl.wire import user_rl_pb2 as pb
 
 class LabelReward:
     name = "labels"
+
+    def __init__(self, observation_space: gym.spaces.Dict | None = None) -> None:
+        """Every reward is built from the robot's observation space; this one needs nothing of it."""
 
     def __call__(self, next_obs: dict[str, np.ndarray], env_step: RewardedStep) -> RewardedStep:
         return replace(env_step, reward=float(env_step.label == pb.LABEL_SUCCESS))

@@ -8,25 +8,29 @@ temperature, the target networks, n-step discounts, checkpoints.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import gymnasium as gym
 import numpy as np
 import torch
+from pydantic import Field, model_validator
 from torch import nn
 
 from user_rl.algos import SAC, SACSettings
 from user_rl.policies.encoders import DictEncoder, mlp
 
 
-@dataclass
 class REDQSettings(SACSettings):
-    num_critics: int = 10  # N, from algo.options (the SAC fields come from algo's own keys)
-    target_critics: int = 2  # M
+    """The config's `algo` keys for redq: SAC's (gamma, tau, actor_lr, ...) and its own two."""
 
-    def __post_init__(self) -> None:
-        if not 1 <= self.target_critics <= self.num_critics:
-            raise ValueError(f"target_critics must be 1..num_critics ({self.num_critics}), not {self.target_critics}")
+    num_critics: int = Field(10, ge=1, le=100, description="N: the ensemble's critics")
+    target_critics: int = Field(2, ge=1, description="M: critics drawn at random for each update's target")
+
+    @model_validator(mode="after")
+    def _draws_from_the_ensemble(self) -> REDQSettings:
+        if self.target_critics > self.num_critics:
+            raise ValueError(
+                f"algo.target_critics: at most num_critics ({self.num_critics}), not {self.target_critics}"
+            )
+        return self
 
 
 class QEnsemble(nn.Module):
