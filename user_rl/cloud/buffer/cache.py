@@ -155,9 +155,9 @@ class SlotCache:
         self._clear(slot)
 
     def swap_spare(self, victim: int) -> None:
-        """The spare (freshly prefetched) becomes active; the victim's slot becomes the spare."""
+        """The spare (freshly prefetched) becomes active; the victim's slot becomes the spare.
+        (Its links stay: nothing follows them from a spare, and `prepare` rewrites them all.)"""
         self.info[victim] = SlotInfo()
-        self.next_row[victim] = -1
         self.spare = victim
         self._clear(victim)
 
@@ -206,13 +206,14 @@ class SlotCache:
         if self.drop_stale:
             rows = rows[~stale]
         order, source, task = self._describe(slot, info, rows)
-        return PreparedBlock(rows, self.plan.prepare(rows, order, source, task), discarded, info.rows)
+        tables = self.plan.prepare(rows, order, source, task)
+        return PreparedBlock(rows.astype(np.int32), tables, discarded, info.rows)  # the catalog's dtype, here
 
     def install(self, slot: int, block: PreparedBlock) -> None:
         """Make a prepared block the slot's catalog (redone if a discard came in between)."""
         if block.discarded is not self.discarded:
             block = self.prepare(slot, self.info[slot])
-        self.entries[slot] = Growable(np.int32, block.rows)
+        self.entries[slot] = Growable.adopting(block.rows)  # no copy on the sampling path
         self.plan.put(slot, block.tables)
         self.slot_loads += 1
         self.loaded_rows += block.looked_at

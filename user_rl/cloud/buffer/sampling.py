@@ -73,6 +73,13 @@ class Growable:
         self.data[: len(values)] = values
         self.size = len(values)
 
+    @classmethod
+    def adopting(cls, values: np.ndarray) -> Growable:
+        """One that starts as `values` itself, without a copy (the caller gives the array up)."""
+        grown = cls.__new__(cls)
+        grown.data, grown.size = values, len(values)
+        return grown
+
     def append(self, values: np.ndarray) -> None:
         n = len(values)
         if self.size + n > len(self.data):
