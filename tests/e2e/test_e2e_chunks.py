@@ -20,8 +20,10 @@ FRESH_EPISODES = 100  # with gains of 0.2-0.3 measured, a +0.1 bar on 100 episod
 
 @pytest.mark.long
 @pytest.mark.timeout(1200)
-def test_q_chunking_improves_a_behaviour_cloned_flow_chunk_policy_online(tmp_path: Path) -> None:
-    cloned = train("configs/reach_flow_bc.yaml", tmp_path / "bc", *ONLY_THE_FINAL_EVALUATION)
+def test_q_chunking_improves_a_behaviour_cloned_flow_chunk_policy_online(
+    tmp_path: Path, seed_overrides: tuple[str, ...]
+) -> None:
+    cloned = train("configs/reach_flow_bc.yaml", tmp_path / "bc", *seed_overrides, *ONLY_THE_FINAL_EVALUATION)
     assert cloned["stop_reason"] == "max_env_steps"
     bc_dir = Path(cloned["run_dir"])
     bc_fresh = evaluate(cloned["checkpoint"], episodes=FRESH_EPISODES, seed=11)
@@ -29,6 +31,7 @@ def test_q_chunking_improves_a_behaviour_cloned_flow_chunk_policy_online(tmp_pat
     online = train(
         "configs/reach_flow_qc.yaml",
         tmp_path / "qc",
+        *seed_overrides,
         f"policy.weights={cloned['checkpoint']}",
         f"buffer.attach=[{{path: {bc_dir / 'buffer'}, source: demo}}]",
         *ONLY_THE_FINAL_EVALUATION,

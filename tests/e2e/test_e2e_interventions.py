@@ -28,11 +28,14 @@ def intervention_rates(run_dir: Path) -> list[float]:
 
 @pytest.mark.long
 @pytest.mark.timeout(1200)
-def test_interventions_solve_a_sparse_task_that_sac_alone_does_not(tmp_path: Path) -> None:
+def test_interventions_solve_a_sparse_task_that_sac_alone_does_not(
+    tmp_path: Path, seed_overrides: tuple[str, ...]
+) -> None:
     # Helped: until two evaluations in a row (100 episodes each) reach 0.9, at most 30,000 env steps.
     helped = train(
         "configs/reach_interventions.yaml",
         tmp_path / "helped",
+        *seed_overrides,
         "stop.success_rate=0.9",
         "stop.confirm_evals=2",
         "stop.eval_every_s=15",
@@ -43,6 +46,7 @@ def test_interventions_solve_a_sparse_task_that_sac_alone_does_not(tmp_path: Pat
     alone = train(
         "configs/reach_interventions.yaml",
         tmp_path / "alone",
+        *seed_overrides,
         "intervention.scripted=false",
         "buffer.mix=null",
         f"stop.max_env_steps={steps}",

@@ -14,13 +14,16 @@ import pytest
 
 from tests.e2e.harness import ONLY_THE_FINAL_EVALUATION, evaluate, train
 
-FRESH_EPISODES = 50  # per instruction; the expert itself touches ~0.94 of targets within 30 steps
+# Per instruction, rendered (the costly part of judging). The expert itself touches ~0.94 of targets
+# within 30 steps; nine training runs measured 0.92-0.98 on each instruction (docs/policies.md): at
+# 0.92 the 0.8 bar fails on 30 episodes 1 time in 120 per instruction (binomial), at 0.90 1 in 40.
+FRESH_EPISODES = 30
 
 
 @pytest.mark.long
 @pytest.mark.timeout(1500)
-def test_the_tiny_vla_touches_the_target_its_instruction_names(tmp_path: Path) -> None:
-    summary = train("configs/reach_vla.yaml", tmp_path, *ONLY_THE_FINAL_EVALUATION, timeout=1200)
+def test_the_tiny_vla_touches_the_target_its_instruction_names(tmp_path: Path, seed_overrides: tuple[str, ...]) -> None:
+    summary = train("configs/reach_vla.yaml", tmp_path, *seed_overrides, *ONLY_THE_FINAL_EVALUATION, timeout=1200)
     assert summary["stop_reason"] == "max_env_steps", summary["stdout"][-3000:]
     # The same fresh scenes told each instruction (a fixed goal leaves the scene's draws unchanged):
     # only the words differ, so touching the named target on both is the instruction steering it.

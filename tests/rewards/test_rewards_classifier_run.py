@@ -40,11 +40,13 @@ FRESH_EPISODES = 100
 
 @pytest.mark.long
 @pytest.mark.timeout(1500)
-def test_a_run_rewarded_by_the_success_classifier_learns_the_task(tmp_path: Path) -> None:
+def test_a_run_rewarded_by_the_success_classifier_learns_the_task(
+    tmp_path: Path, seed_overrides: tuple[str, ...]
+) -> None:
     record_run(
         tmp_path / "labelled",
         {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 30, "reward": "sparse"}},
-        RECORD,
+        [*RECORD, *seed_overrides],
         RECORD_STEPS,
     )
     classifier_file = tmp_path / "classifier.pt"
@@ -73,6 +75,7 @@ def test_a_run_rewarded_by_the_success_classifier_learns_the_task(tmp_path: Path
     summary = train(
         "configs/reach_interventions.yaml",
         tmp_path / "run",
+        *seed_overrides,
         "robot.options.reward=dense",
         "reward.type=classifier",
         f"reward.classifier={classifier_file}",
