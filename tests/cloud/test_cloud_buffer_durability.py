@@ -342,7 +342,7 @@ def test_a_prefetch_error_shows_in_thread_errors_and_the_thread_goes_on(tmp_path
     def broken(*args, **kwargs):
         raise RuntimeError("disk controller on fire")
 
-    monkeypatch.setattr(prefetch, "read_segment", broken)
+    monkeypatch.setattr(prefetch, "read_segment_into", broken)
 
     def sampled_until_error() -> bool:
         store.sample(32, rng)
