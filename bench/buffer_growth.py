@@ -17,8 +17,8 @@ gather with the CPU caches in the same state. Times are medians over the samples
 Goals: ours at 1M <= 1.5x ours at 10k; ours >= 0.7x raw in batches/s at every size.
 
 Beyond the RAM budget (`--beyond`, `--budgets`): a second buffer holds `--beyond` transitions with
-budgets smaller than the data, so the prefetcher swaps a cold segment in every 16 batches while
-the same add-then-sample pattern runs. A swap must cost O(the segment), not rebuild the catalog:
+budgets smaller than the data, so the prefetcher swaps a cold segment in every `buffer.batches_per_swap`
+(64) batches while the same add-then-sample pattern runs. A swap must cost O(the segment), not rebuild the catalog:
 the median, p99 and maximum sample times are reported (and the adds', which wait on the same
 lock in the learner). Goal: p99 <= 3x the median at every budget.
 
@@ -189,7 +189,7 @@ def beyond_budget(
     seed: int,
 ) -> dict:
     """Sample times (with a 32-row add before each) from a buffer `transitions` long whose RAM budget
-    holds only part of it: the prefetcher swaps a segment in every 16 batches."""
+    holds only part of it: the prefetcher swaps a segment in every `batches_per_swap` batches."""
     settings = BufferConfig(ram_budget_mb=budget_mb, segment_mb=segment_mb)
     store = PersistentReplay(root / f"beyond-{budget_mb:g}", OBS_SPACE, ACTION_SPACE, settings)
     try:

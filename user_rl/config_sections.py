@@ -202,6 +202,13 @@ class BufferConfig(Section):
     max_disk_gb: float = Field(0.0, ge=0, description="0: no limit; else evict oldest online segments")
     commit_interval_s: float = Field(0.05, ge=0, description="group commit: fsync and ack this often")
     hot_segments: int = Field(2, ge=0, description="newest sealed segments always kept in RAM")
+    batches_per_swap: int = Field(
+        64,
+        ge=1,
+        description="beyond ram_budget_mb: batches drawn between two cold segments swapped into RAM (fewer: faster "
+        "rotation, more disk reads and a longer tail per batch; at 64 with 32 MB segments and batches of 256, "
+        "a segment is read for every 16k transitions drawn)",
+    )
     strategy: Literal["uniform", "recency", "task_balanced"] = "uniform"
     recency_half_life: int = Field(50_000, ge=1)
     mix: dict[str, float] | None = Field(None, description="e.g. {online: 0.5, demo: 0.5} (RLPD)")

@@ -145,7 +145,9 @@ class PersistentReplay:
         )
         self._new_open_segment()
         self._pin_hot()
-        self.prefetcher = Prefetcher(self.cache, self.catalog, self.segment_checked, self.thread_error)
+        self.prefetcher = Prefetcher(
+            self.cache, self.catalog, self.segment_checked, self.thread_error, s.batches_per_swap
+        )
         self.scrubber = Scrubber(self.catalog, self.segment_checked, self.thread_error) if s.scrub else None
 
     @property
