@@ -18,7 +18,7 @@ This module imports nothing of ours, so any part of user_rl may use it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from functools import lru_cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
@@ -50,6 +50,17 @@ def plugin_names(group: str) -> list[str]:
 def known_names(group: str, builtins: Collection[str]) -> list[str]:
     """The built-in names in their own order, then the plugins' (for "known: ..." messages)."""
     return [*builtins, *(name for name in plugin_names(group) if name not in builtins)]
+
+
+def builtin_or_plugin(
+    group: str, builtins: Mapping[str, Any], name: str, what: str, error: type[Exception] = ValueError
+) -> Any:
+    """The built-in `name`, else what the plugin of `group` that declares it points at; an unknown
+    name raises `error` naming the known ones (every registry looks its components up this way)."""
+    found = builtins[name] if name in builtins else load_plugin(group, name)
+    if found is None:
+        raise error(f"unknown {what} {name!r}; known: {', '.join(known_names(group, builtins))}")
+    return found
 
 
 def load_plugin(group: str, name: str) -> Any | None:

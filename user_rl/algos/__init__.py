@@ -31,7 +31,7 @@ from user_rl.algos.qc import QChunking, QCSettings
 from user_rl.algos.sac import SAC, SACSettings
 from user_rl.config_plugins import AlgoSettings
 from user_rl.plugins import ALGOS as ALGO_GROUP
-from user_rl.plugins import known_names, load_plugin
+from user_rl.plugins import builtin_or_plugin, known_names
 from user_rl.policies.encoders import is_image
 
 ALGOS: dict[str, type] = {"sac": SAC, "drq": DrQ, "bc": BehaviourCloning, "qc": QChunking}
@@ -43,10 +43,7 @@ def algo_names() -> list[str]:
 
 
 def algo_class(name: str) -> type:
-    found = ALGOS[name] if name in ALGOS else load_plugin(ALGO_GROUP, name)
-    if found is None:
-        raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(algo_names())}")
-    return found
+    return builtin_or_plugin(ALGO_GROUP, ALGOS, name, "algorithm")
 
 
 def algo_settings(name: str) -> type:

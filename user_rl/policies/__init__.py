@@ -32,7 +32,7 @@ from typing import Any
 import gymnasium as gym
 from torch import nn
 
-from user_rl.plugins import POLICIES, known_names, load_plugin
+from user_rl.plugins import POLICIES, builtin_or_plugin, known_names
 from user_rl.policies.chunking import ChunkRunner, act_chunk, chunk_length
 from user_rl.policies.flow import FlowChunkActor, FlowSettings
 from user_rl.policies.mlp import GaussianActor, MLPSettings, TwinQCritic
@@ -67,9 +67,7 @@ def policy_names() -> list[str]:
 def actor_class(name: str) -> type[nn.Module]:
     """The class of a policy type; one named "module:Class" (an optional extra) or a plugin's is imported
     on first use."""
-    found = ACTORS[name] if name in ACTORS else load_plugin(POLICIES, name)
-    if found is None:
-        raise KeyError(f"unknown policy {name!r}; known: {', '.join(policy_names())}")
+    found = builtin_or_plugin(POLICIES, ACTORS, name, "policy", KeyError)
     if isinstance(found, str):
         module, _, attribute = found.partition(":")
         found = getattr(importlib.import_module(module), attribute)

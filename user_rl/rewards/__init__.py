@@ -29,7 +29,7 @@ import gymnasium as gym
 
 from user_rl.config_plugins import RewardSettings
 from user_rl.plugins import REWARDS as REWARD_GROUP
-from user_rl.plugins import known_names, load_plugin
+from user_rl.plugins import builtin_or_plugin, known_names
 from user_rl.rewards.base import RewardedStep, StepReward
 from user_rl.rewards.classifier import ClassifierReward, ClassifierSettings
 from user_rl.rewards.env import EnvReward
@@ -40,10 +40,7 @@ REWARDS: dict[str, type] = {"env": EnvReward, "labels": LabelReward, "classifier
 
 def reward_class(name: str) -> type:
     """The class of a reward type; a plugin's is imported on first use."""
-    found = REWARDS[name] if name in REWARDS else load_plugin(REWARD_GROUP, name)
-    if found is None:
-        raise ValueError(f"unknown reward type {name!r}; known: {', '.join(reward_names())}")
-    return found
+    return builtin_or_plugin(REWARD_GROUP, REWARDS, name, "reward type")
 
 
 def reward_settings(name: str) -> type:
