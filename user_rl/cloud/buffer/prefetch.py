@@ -38,7 +38,7 @@ class Prefetcher:
         catalog: SegmentCatalog,
         checked: Checked,
         report_error: Callable[[str, BaseException], None],
-        samples_per_swap: int = 64,
+        samples_per_swap: int,  # buffer.batches_per_swap
         seed: int = 0,
     ) -> None:
         self.cache, self.catalog = cache, catalog

@@ -419,8 +419,9 @@ def read_segment_into(path: Path, targets: dict[str, np.ndarray], verify: bool =
     stored: dict[str, np.ndarray] = {}
     for column in sorted(layout.columns, key=lambda c: c.offset):
         target = targets.get(column.name)
-        if target is None:  # not wanted: still checked, so a verified segment is checked whole
-            stored[column.name] = _map_rows(path, column, rows)
+        if target is None:  # not wanted: mapped only to be checked, so a verified segment is checked whole
+            if verify:
+                stored[column.name] = _map_rows(path, column, rows)
         elif target.dtype != column.dtype or target.shape[1:] != column.shape or not target.flags.c_contiguous:
             target[:rows] = stored[column.name] = _map_rows(path, column, rows)
         else:
