@@ -85,11 +85,11 @@ def test_discarded_rows_do_not_start_learning_and_an_empty_draw_never_stops_the_
         edge.link.send_batch(*steps(0, 25))
         edge.link.send_episode_end(DISCARD)  # a person re-records: its 24 transitions leave the catalog
         edge.acked()
-        wait_until(lambda: learner.ingest.buffer.stats()["discarded_episodes"] == 1, 30)
-        assert len(learner.ingest.buffer) == 0  # nothing sampleable
+        wait_until(lambda: learner.buffer.stats()["discarded_episodes"] == 1, 30)
+        assert len(learner.buffer) == 0  # nothing sampleable
         edge.link.send_batch(*steps(1, 20))  # 19 sampleable: with the discarded 24, past learning_starts
         edge.acked()
-        wait_until(lambda: len(learner.ingest.buffer) == 19, 30)
+        wait_until(lambda: len(learner.buffer) == 19, 30)
         time.sleep(1.0)  # the sampler thread's turns: it must neither start learning nor die
         assert loop.is_alive() and not learner.status()["errors"], (loop.error, learner.status()["errors"])
         assert learner.updates == 0 and learner.sampler.prepared == 0
@@ -110,7 +110,7 @@ def test_a_mix_with_nothing_in_ram_to_draw_makes_training_wait_not_stop(tmp_path
     with learner_with_edge(tmp_path, config) as (learner, loop, edge):
         edge.link.send_batch(*steps(0, 40))
         edge.acked()
-        wait_until(lambda: len(learner.ingest.buffer) == 39, 30)
+        wait_until(lambda: len(learner.buffer) == 39, 30)
         time.sleep(1.5)  # many turns of the sampler thread, each finding nothing to draw
         assert loop.is_alive() and not learner.status()["errors"], (loop.error, learner.status()["errors"])
         assert learner.updates == 0 and learner.sampler.empty_waits > 0

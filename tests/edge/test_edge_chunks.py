@@ -31,7 +31,7 @@ def test_edges_execute_flow_chunks_and_the_learner_samples_them_back(running) ->
     )
     wait_until(lambda: all(e.policy_version >= 2 for e in edges), 120, "two policy versions at every edge")
     wait_until(lambda: learner.env_steps >= 1500, 120, "1,500 env steps")
-    buffer = learner.ingest.buffer
+    buffer = learner.buffer
     assert buffer.settings.action_horizon == H
     batch = buffer.sample(4096, np.random.default_rng(0))
     assert batch["action_chunk"].shape == (4096, H, 3)

@@ -28,7 +28,7 @@ def test_camera_fleet_streams_uint8_images_and_receives_policies(running) -> Non
         {"type": "mujoco_reach", "options": {"obs_mode": "image", "image_size": 32}},
     )
     wait_until(lambda: all(e.policy_version >= 2 for e in edges), 120, "two policy versions at every edge")
-    batch = learner.ingest.buffer.sample(64, np.random.default_rng(0))
+    batch = learner.buffer.sample(64, np.random.default_rng(0))
     assert batch["obs/image"].dtype == np.uint8 and batch["obs/image"].shape[1:] == (32, 32, 3)
     assert batch["next_obs/image"].any(), "images arrived empty"
     assert learner.updates > 0

@@ -140,7 +140,7 @@ def test_scripted_interventions_reach_the_buffer_flagged_with_the_policys_propos
         REACH,
     )
     wait_until(lambda: edge.policy_version >= 2 and edge.steps >= 800, 120, "policy versions and 800 steps")
-    buffer = learner.ingest.buffer
+    buffer = learner.buffer
     batch = buffer.sample(2000, np.random.default_rng(0))
     actors = batch["actor"]
     # Before the first policy: random warm-up (not an intervention); the expert takes over from it.
@@ -183,7 +183,7 @@ def test_a_persons_label_ends_the_episode_and_says_who_gave_it(running) -> None:
     wait_until(lambda: edge.episodes > episode, 10, "the labelled episode to end")
     edge.requests.mark(success=False)
     wait_until(lambda: edge.episodes > episode + 1, 10, "the second labelled episode to end")
-    flat = learner.ingest.buffer.cache.flat
+    flat = learner.buffer.cache.flat
 
     def labelled_rows() -> np.ndarray:  # on copies: the ingest thread writes on
         label, number, kind = flat["label"].copy(), flat["episode"].copy(), flat["kind"].copy()

@@ -202,7 +202,7 @@ def test_a_person_drives_labels_and_stops_the_robot_from_the_page(running, brows
     assert "p50" in text(alice, "latency")
 
     # Her steps reach the buffer flagged human, with the policy's proposals beside them.
-    flat = learner.ingest.buffer.cache.flat
+    flat = learner.buffer.cache.flat
 
     def human_rows() -> np.ndarray:
         actor, kind = flat["actor"].copy(), flat["kind"].copy()

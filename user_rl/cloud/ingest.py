@@ -42,6 +42,7 @@ import zmq
 
 from user_rl.cloud.buffer.rows import StreamState
 from user_rl.cloud.buffer.store import PersistentReplay
+from user_rl.cloud.buffer.writer import BufferWriter
 from user_rl.cloud.credit import StepCredit
 from user_rl.cloud.fleet_status import status_reply
 from user_rl.cloud.lives import resume_acks, spooled_epochs
@@ -78,7 +79,7 @@ RECEIVE_QUEUE_MESSAGES = 128  # per connection: an edge has at most fleet.max_in
 class BufferOpener(Protocol):
     """Opens the run's buffer once the fleet's spaces are known (the learner's: it owns the buffer)."""
 
-    def __call__(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> PersistentReplay: ...
+    def __call__(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> BufferWriter: ...
 
 
 class Ingest:
@@ -136,7 +137,8 @@ class Ingest:
         self.rejected: Counter[str] = Counter()
         self.duplicates = 0
         self.out_of_order = 0
-        self.buffer: PersistentReplay | None = None
+        self.buffer: BufferWriter | None = None  # the owner's (the learner's), or its own when it has none
+        self._own_buffer: PersistentReplay | None = None  # opened here (an ingest on its own): closed here
         self._last_commit = time.monotonic()
         self.obs_space: gym.spaces.Dict | None = None
         self.action_space: gym.spaces.Box | None = None
@@ -362,8 +364,11 @@ class Ingest:
         self.buffer = self._open_buffer(obs_space, action_space)
         self.obs_space, self.action_space = obs_space, action_space
 
-    def _open_own_buffer(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> PersistentReplay:
-        return PersistentReplay(self.buffer_dir, obs_space, action_space, self.buffer_settings, self.gamma)
+    def _open_own_buffer(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> BufferWriter:
+        if self._own_buffer is not None:
+            self._own_buffer.close()
+        self._own_buffer = PersistentReplay(self.buffer_dir, obs_space, action_space, self.buffer_settings, self.gamma)
+        return self._own_buffer
 
     def _batch(self, session: RobotSession, msg: Message, identity: bytes) -> None:
         body = msg.body
@@ -598,8 +603,9 @@ class Ingest:
             self.buffer.release_stream(session.stream)  # a hello reloads it from the index
 
     def close(self) -> None:
-        """Stop serving; seal and close the buffer (everything acked is on disk already).
-        After a write failure nothing more is written: the next start recovers what was committed."""
+        """Stop serving (everything acked is on disk already); a buffer it opened itself is sealed and
+        closed here, the owner's by its owner. After a write failure nothing more is written: the
+        next start recovers what was committed."""
         self.socket.close(0)
-        if self.buffer is not None:
-            self.buffer.close()  # a failed buffer writes nothing more (store.close)
+        if self._own_buffer is not None:
+            self._own_buffer.close()  # a failed buffer writes nothing more (store.close)

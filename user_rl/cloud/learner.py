@@ -148,7 +148,7 @@ class Learner:
         )
         self.rng = np.random.default_rng(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.trainer: Trainer | None = None  # started once the fleet's spaces are known
+        self._trainer: Latest[Trainer | None] = Latest(None)  # started once the fleet's spaces are known
         self._trainer_state: StateReply | None = None  # the newest whole state it handed back (for `save`)
         self.version = 0  # the newest version published (0: none yet)
         self.resumed_from: dict | None = None
@@ -203,6 +203,11 @@ class Learner:
     def addresses(self) -> dict[str, str]:
         """Where edges and tools reach this learner (bound to every interface: this machine's address)."""
         return {"data": reachable_endpoint(self.ingest.endpoint), "weights": reachable_endpoint(self.weights.endpoint)}
+
+    @property
+    def trainer(self) -> Trainer | None:
+        """The trainer process's handle (None until the fleet's spaces are known); the sampler thread reads it."""
+        return self._trainer.get()
 
     @property
     def buffer(self) -> PersistentReplay | None:
@@ -279,7 +284,7 @@ class Learner:
                 initial_weights=cfg.policy.weights,
                 weight_dtype=cfg.learner.weight_dtype,
             )
-            self.trainer = Trainer(spec, cfg.learner.prefetch_batches)
+            self._trainer.set(Trainer(spec, cfg.learner.prefetch_batches))
         return self.trainer
 
     # -- pacing ----------------------------------------------------------------------------
@@ -608,7 +613,10 @@ class Learner:
         self._stop_trainer()  # run() was never called, or did not end: the trainer still runs
         self.checkpoints.close()
         self.lease.release()  # a clean stop gives back the unused reserved versions
-        self.ingest.close()
+        self.ingest.close()  # the ingest thread has ended: nothing writes to the buffer any more
+        buffer = self.buffer
+        if buffer is not None:
+            buffer.close()  # sealed: the directory holds everything acked (a failed one writes nothing more)
         self.weights.close()
         if self.gate is not None:
             self.gate.close()

@@ -15,7 +15,7 @@ from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import WireError
 
 if TYPE_CHECKING:
-    from user_rl.cloud.buffer.store import PersistentReplay
+    from user_rl.cloud.buffer.writer import BufferWriter
 
 MAX_SPOOLED_EPOCHS = 256  # older epochs one hello may announce (an edge names at most 64)
 
@@ -33,7 +33,7 @@ def spooled_epochs(robot_id: str, hello: pb.Hello) -> list[int]:
     return epochs
 
 
-def resume_acks(buffer: PersistentReplay, robot_id: str, epochs: list[int], policy_version: int) -> list[pb.Ack]:
+def resume_acks(buffer: BufferWriter, robot_id: str, epochs: list[int], policy_version: int) -> list[pb.Ack]:
     """Where each announced epoch this learner holds data of stands (durable seq, where to resume),
     loading none of them. An epoch it never stored (a life that started and died while it was down,
     or a name a hostile peer made up) gets no ack: the edge sends from its first spooled batch, and
