@@ -29,8 +29,8 @@ lock in the learner). Goal: p99 <= 3x the median at every budget.
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,11 +38,14 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from user_rl.cloud.buffer.rows import row_bytes, segment_schema
-from user_rl.cloud.buffer.store import PersistentReplay
-from user_rl.config import BufferConfig
-from user_rl.wire import user_rl_pb2 as pb
-from user_rl.wire.transitions import FINAL_OBS, FINAL_ROW, OBS
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RawColumns, write_result  # noqa: E402
+
+from user_rl.cloud.buffer.rows import row_bytes, segment_schema  # noqa: E402
+from user_rl.cloud.buffer.store import PersistentReplay  # noqa: E402
+from user_rl.config import BufferConfig  # noqa: E402
+from user_rl.wire import user_rl_pb2 as pb  # noqa: E402
+from user_rl.wire.transitions import FINAL_OBS, FINAL_ROW, OBS  # noqa: E402
 
 OBS_SPACE = gym.spaces.Dict({"state": gym.spaces.Box(-10.0, 10.0, (18,), np.float32)})
 ACTION_SPACE = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
@@ -86,31 +89,13 @@ class Robot:
         return cols
 
 
-class RawArrays:
-    """The baseline: one in-RAM array per column, gathered with numpy (the first `n` rows)."""
-
-    def __init__(self, n: int) -> None:
-        rng = np.random.default_rng(0)
-        self.state = rng.standard_normal((n, 18)).astype(np.float32)
-        self.action = rng.standard_normal((n, 4)).astype(np.float32)
-        self.reward = rng.standard_normal(n).astype(np.float32)
-        self.terminated = np.zeros(n, np.bool_)
-        self.policy_version = np.zeros(n, np.int64)
-        self.robot = np.zeros(n, np.int32)
-        self.n = n
-
-    def sample(self, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        idx = rng.integers(0, self.n - 1, batch)
-        nxt = idx + 1
-        return {
-            "obs/state": self.state[idx],
-            "next_obs/state": self.state[nxt],
-            "action": self.action[idx],
-            "reward": self.reward[idx],
-            "terminated": self.terminated[idx],
-            "policy_version": self.policy_version[idx],
-            "robot": self.robot[idx],
-        }
+def raw_arrays(n: int) -> RawColumns:
+    """The baseline's columns for `n` rows of random data (sampled from the first rows only: `first`)."""
+    rng = np.random.default_rng(0)
+    state = rng.standard_normal((n, 18)).astype(np.float32)
+    action = rng.standard_normal((n, 4)).astype(np.float32)
+    reward = rng.standard_normal(n).astype(np.float32)
+    return RawColumns({"state": state}, action, reward, np.zeros(n, np.int64))
 
 
 class Ingest:
@@ -144,7 +129,7 @@ class Ingest:
 
 
 def measure(
-    store: PersistentReplay, ingest: Ingest, raw: RawArrays, samples: int, batch: int, rounds: int, seed: int
+    store: PersistentReplay, ingest: Ingest, raw: RawColumns, samples: int, batch: int, rounds: int, seed: int
 ) -> dict:
     """Ours (with a 32-row add between samples) and raw, alternating in `rounds`."""
     rng_ours, rng_raw = np.random.default_rng(seed), np.random.default_rng(seed + 1)
@@ -285,7 +270,7 @@ def main() -> None:
     growth_rows = 2 * args.samples * 32 * len(sizes)  # ours and raw rounds each add 32 rows per sample
     budget_mb = (1.2 * (sizes[-1] + growth_rows) * per_row + 4 * args.segment_mb * MB) / MB
     settings = BufferConfig(ram_budget_mb=budget_mb, segment_mb=args.segment_mb)
-    raw_all = RawArrays(sizes[-1] + growth_rows)
+    raw_all = raw_arrays(sizes[-1] + growth_rows)
     load_before = os.getloadavg()
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-growth-") as root:
@@ -295,9 +280,7 @@ def main() -> None:
             t0 = time.perf_counter()
             ingest.fill_to(size)
             fill_s = time.perf_counter() - t0
-            raw = RawArrays.__new__(RawArrays)
-            raw.__dict__.update(raw_all.__dict__)
-            raw.n = len(store)  # the same number of rows as the buffer holds now (the baseline grows no further)
+            raw = raw_all.first(len(store))  # the rows the buffer holds now (the baseline grows no further)
             ingest.add_s = ingest.commit_s = 0.0
             ingest.adds = 0
             stored_from = len(store)
@@ -413,9 +396,7 @@ def main() -> None:
         "raw_goal": RAW_GOAL,
         "beyond_budget": {"transitions": args.beyond, "cases": beyond, "tail_goal": TAIL_GOAL},
     }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

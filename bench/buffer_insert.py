@@ -23,10 +23,10 @@ first-touch page faults there; the `add s` column shows it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,11 +34,14 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from user_rl.cloud.buffer.rows import row_bytes
-from user_rl.cloud.buffer.store import PersistentReplay
-from user_rl.config import BufferConfig
-from user_rl.wire import user_rl_pb2 as pb
-from user_rl.wire.transitions import FINAL_OBS, FINAL_ROW, OBS
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_result  # noqa: E402
+
+from user_rl.cloud.buffer.rows import row_bytes  # noqa: E402
+from user_rl.cloud.buffer.store import PersistentReplay  # noqa: E402
+from user_rl.config import BufferConfig  # noqa: E402
+from user_rl.wire import user_rl_pb2 as pb  # noqa: E402
+from user_rl.wire.transitions import FINAL_OBS, FINAL_ROW, OBS  # noqa: E402
 
 OBS_SPACE = gym.spaces.Dict(
     {
@@ -289,9 +292,7 @@ def main() -> None:
         "goal": GOAL,
         "runs": runs,
     }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

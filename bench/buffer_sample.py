@@ -20,7 +20,6 @@ Two cases, each timed for `--seconds` right after its own baseline measurement:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from buffer_insert import ACTION_SPACE, MB, OBS_SPACE, Robot  # noqa: E402
+from common import RawColumns, write_result  # noqa: E402
 
 from user_rl.cloud.buffer.rows import row_bytes, segment_schema  # noqa: E402
 from user_rl.cloud.buffer.segment import drop_from_page_cache  # noqa: E402
@@ -58,32 +58,11 @@ def fill(
     return store, np.asarray(segment_of_batch), robot
 
 
-class RawArrays:
-    """The baseline: one in-RAM array per column, gathered with numpy."""
-
-    def __init__(self, robot: Robot, n: int) -> None:
-        frame = np.arange(n) % len(robot.frames)
-        self.n = n
-        self.pixels, self.state = robot.frames[frame], robot.states[frame]
-        self.action, self.reward = robot.actions[frame], robot.states[frame, 0].copy()
-        self.terminated = np.zeros(n, np.bool_)
-        self.policy_version = np.arange(n, dtype=np.int64)
-        self.robot = np.zeros(n, np.int32)
-
-    def sample(self, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        idx = rng.integers(0, self.n - 1, batch)
-        nxt = idx + 1
-        return {
-            "obs/pixels": self.pixels[idx],
-            "obs/state": self.state[idx],
-            "next_obs/pixels": self.pixels[nxt],
-            "next_obs/state": self.state[nxt],
-            "action": self.action[idx],
-            "reward": self.reward[idx],
-            "terminated": self.terminated[idx],
-            "policy_version": self.policy_version[idx],
-            "robot": self.robot[idx],
-        }
+def raw_arrays(robot: Robot, n: int) -> RawColumns:
+    """The baseline's columns: the robot's `n` rows in RAM."""
+    frame = np.arange(n) % len(robot.frames)
+    obs = {"pixels": robot.frames[frame], "state": robot.states[frame]}
+    return RawColumns(obs, robot.actions[frame], robot.states[frame, 0].copy(), np.arange(n, dtype=np.int64))
 
 
 def timed(sample, batch: int, seconds: float, seed: int, on_batch=None) -> dict:
@@ -140,7 +119,7 @@ def main() -> None:
         )
         fill_s = time.perf_counter() - t0
         assert not store.prefetcher.cold(), "warm case: every segment should be cached"
-        raw = RawArrays(robot, len(store))
+        raw = raw_arrays(robot, len(store))
         cases["warm"] = {
             "raw": timed(raw.sample, args.batch, args.seconds, 1),
             "ours": timed(store.sample, args.batch, args.seconds, 2),
@@ -235,9 +214,7 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "cases": cases,
     }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,9 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_result  # noqa: E402
+
 from user_rl.algos import SAC  # noqa: E402
 from user_rl.cloud.learner import learner_torch_threads  # noqa: E402
 from user_rl.config import load_config  # noqa: E402
@@ -173,21 +176,22 @@ def raw_update_rate_beside_sims(args, sims: int, steps_per_s: float, seconds: fl
             process.wait(timeout=60)
 
 
+def rate_run_overrides(args, wall_s: float) -> list[str]:
+    """An update-rate run's fleet: `--rate-robots` streaming for `wall_s`, never stopped by success or steps."""
+    return [
+        f"fleet.num_robots={args.rate_robots}",
+        "stop.success_rate=null",
+        f"stop.max_wall_s={wall_s}",
+        "stop.max_env_steps=10000000",
+    ]
+
+
 def update_rate_run(args, base) -> dict:
     """The learner's updates/s with `--rate-robots` streaming (no goal: nothing pauses it)."""
     before = raw_update_rate_apart(args)
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as root:
-        summary = run_fleet(
-            args.config,
-            [
-                f"fleet.num_robots={args.rate_robots}",
-                "stop.success_rate=null",
-                f"stop.max_wall_s={args.rate_seconds}",
-                "stop.max_env_steps=10000000",
-            ],
-            root,
-        )
+        summary = run_fleet(args.config, rate_run_overrides(args, args.rate_seconds), root)
         window = windowed_update_rate(Path(summary["run_dir"]) / "metrics.jsonl", args.warmup)
     load_during = os.getloadavg()[0]
     after = raw_update_rate_apart(args)
@@ -231,16 +235,7 @@ def interleaved_rate_run(args) -> dict:
             run_dir.append(line.removeprefix("run directory: "))
 
     with tempfile.TemporaryDirectory() as root:
-        cfg = load_config(
-            args.config,
-            [
-                f"fleet.num_robots={args.rate_robots}",
-                "stop.success_rate=null",
-                f"stop.max_wall_s={wall}",
-                "stop.max_env_steps=10000000",
-                f"run_root={root}",
-            ],
-        )
+        cfg = load_config(args.config, [*rate_run_overrides(args, wall), f"run_root={root}"])
         fleet = threading.Thread(target=lambda: outcome.update(summary=train(cfg, out=note_run_dir)), daemon=True)
         fleet.start()
         learner = None
@@ -398,9 +393,7 @@ def main() -> None:
             f"({r['raw_sac_beside_sims_updates_per_s']} updates/s)"
         )
     result["runs"] = rows
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

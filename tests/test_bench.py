@@ -14,14 +14,20 @@ import pytest
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
-def run_bench(script: str, out: Path, *args: str) -> dict:
-    done = subprocess.run(
-        [sys.executable, str(BENCH / script), *args, "--quick", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def run_script(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """A bench script run with `args`, its output captured."""
+    return subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def run_ok(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """A bench script run with `args` that must succeed (else the test fails with its output)."""
+    done = run_script(script, *args, timeout=timeout)
     assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def run_bench(script: str, out: Path, *args: str) -> dict:
+    done = run_ok(script, *args, "--quick", "--out", str(out))
     assert "ratio" in done.stdout
     return json.loads(out.read_text())
 
@@ -133,22 +139,11 @@ def test_gpu_bench_without_a_gpu_says_so_and_the_table_keeps_its_last_rows(tmp_p
         result = run_bench("gpu_updates.py", tmp_path / "gpu.json", "--only", "sac_mlp_128")
         assert result["cases"]["sac_mlp_128"]["config"]["device"].startswith("cuda")
         return
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "gpu_updates.py"), "--out", str(tmp_path / "gpu.json")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_script("gpu_updates.py", "--out", str(tmp_path / "gpu.json"), timeout=120)
     assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr and not (tmp_path / "gpu.json").exists()
     last = json.loads((BENCH / "results/gpu_updates.json").read_text())
     (tmp_path / "gpu_updates.json").write_text(json.dumps(last))
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "run_all.py"), "--only", "gpu_updates", "--results", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_ok("run_all.py", "--only", "gpu_updates", "--results", str(tmp_path), timeout=120)
     assert "no CUDA GPU here: gpu_updates not run" in done.stdout
     rows = [line for line in (tmp_path / "RESULTS.md").read_text().splitlines() if line.startswith("| gpu_updates")]
     assert len(rows) == len(last["cases"]) + sum("plain_sac" in case for case in last["cases"].values())
@@ -157,26 +152,11 @@ def test_gpu_bench_without_a_gpu_says_so_and_the_table_keeps_its_last_rows(tmp_p
 
 def test_learn_from_demos_reports_success_per_instruction(tmp_path: Path) -> None:
     out = tmp_path / "demos.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH / "learn_from_demos.py"),
-            "--episodes",
-            "3",
-            "--updates",
-            "4",
-            "--eval-every",
-            "2",
-            "--eval-episodes",
-            "2",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    run_ok(
+        "learn_from_demos.py",
+        *("--episodes", "3", "--updates", "4", "--eval-every", "2", "--eval-episodes", "2"),
+        *("--out", str(out)),
     )
-    assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
     assert result["steps"] == 3 * 30  # every step of three 30-step expert episodes
     assert [point["updates"] for point in result["curve"]] == [2, 4]
@@ -193,22 +173,7 @@ def test_weight_sync_bench_times_every_edge_applying_what_was_published(tmp_path
 
 
 def test_one_command_runs_the_benchmarks_and_writes_one_table(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH / "run_all.py"),
-            "--quick",
-            "--only",
-            "transport",
-            "link_encryption",
-            "--results",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_ok("run_all.py", "--quick", "--only", "transport", "link_encryption", "--results", str(tmp_path))
     assert {"transport.json", "link_encryption.json", "RESULTS.md"} <= {p.name for p in tmp_path.iterdir()}
     table = (tmp_path / "RESULTS.md").read_text()
     assert table in done.stdout  # printed as written
@@ -285,29 +250,12 @@ def test_sample_efficiency_evaluates_sb3_where_ours_holds(tmp_path: Path) -> Non
     """SB3 is evaluated at the same env steps with the same updates behind each point as our held fleet
     (steps - learning_starts); a run set against itself has ratio 1 in the JSON and the table."""
     out = tmp_path / "sb3.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH / "sample_efficiency.py"),
-            "--sb3-run",
-            "InvertedPendulum-v5",
-            "0",
-            "--steps",
-            "250",
-            "--eval-every",
-            "100",
-            "--learning-starts",
-            "100",
-            "--eval-episodes",
-            "1",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    run_ok(
+        "sample_efficiency.py",
+        *("--sb3-run", "InvertedPendulum-v5", "0"),
+        *("--steps", "250", "--eval-every", "100", "--learning-starts", "100", "--eval-episodes", "1"),
+        *("--out", str(out)),
     )
-    assert done.returncode == 0, done.stdout + done.stderr
     run = json.loads(out.read_text())
     assert [(p["env_steps"], p["updates"]) for p in run["points"]] == [(100, 0), (200, 100), (250, 150)]
     assert all(p["mean_return"] > 0 for p in run["points"])  # InvertedPendulum pays 1 per step
@@ -357,21 +305,10 @@ def test_sample_efficiency_evaluates_sb3_where_ours_holds(tmp_path: Path) -> Non
         "--runs-dir",
         str(runs),
     ]
-    resumed = subprocess.run(
-        [sys.executable, str(BENCH / "sample_efficiency.py"), *schedule_args, "--out", str(tmp_path / "resumed.json")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    resumed = run_ok("sample_efficiency.py", *schedule_args, "--out", str(tmp_path / "resumed.json"), timeout=120)
     assert not (runs / "ours-InvertedPendulum-v5-s0").exists()  # nothing was trained again
     resumed_result = json.loads((tmp_path / "resumed.json").read_text())
     assert resumed_result["envs"]["InvertedPendulum-v5"]["final"]["ratio"] == 1.0
     assert resumed_result["runs_read_back"] == 2 and "(2 runs read back)" in resumed.stdout
-    other = subprocess.run(
-        [sys.executable, str(BENCH / "sample_efficiency.py"), *schedule_args, "--steps", "300"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    other = run_script("sample_efficiency.py", *schedule_args, "--steps", "300", timeout=120)
     assert other.returncode == 2 and "holds runs of another schedule" in other.stderr  # never mixes two schedules

@@ -151,6 +151,12 @@ def test_the_edge_only_install_streams_to_a_learner_and_takes_its_policy(edge_ve
         assert robot()["latest_version"] >= 1
 
 
+NO_LEARNER = ["--learner", "tcp://127.0.0.1:9", "--weights", "tcp://127.0.0.1:9"]
+EDGE_NEEDS_SIM = (
+    "user-rl edge needs the sim extra (mujoco is not installed here): pip install -e '.[sim]' in the user-rl checkout"
+)
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
@@ -159,34 +165,8 @@ def test_the_edge_only_install_streams_to_a_learner_and_takes_its_policy(edge_ve
             "user-rl train needs the cluster extra (ray is not installed here): "
             "pip install -e '.[cluster,sim]' in the user-rl checkout",
         ),
-        (
-            [
-                "edge",
-                "configs/reach.yaml",
-                "--robot",
-                "arm-0",
-                "--learner",
-                "tcp://127.0.0.1:9",
-                "--weights",
-                "tcp://127.0.0.1:9",
-            ],
-            "user-rl edge needs the sim extra (mujoco is not installed here): "
-            "pip install -e '.[sim]' in the user-rl checkout",
-        ),
-        (
-            [
-                "edge",
-                "configs/inverted_pendulum.yaml",
-                "--robot",
-                "pole-0",
-                "--learner",
-                "tcp://127.0.0.1:9",
-                "--weights",
-                "tcp://127.0.0.1:9",
-            ],
-            "user-rl edge needs the sim extra (mujoco is not installed here): "
-            "pip install -e '.[sim]' in the user-rl checkout",
-        ),
+        (["edge", "configs/reach.yaml", "--robot", "arm-0", *NO_LEARNER], EDGE_NEEDS_SIM),
+        (["edge", "configs/inverted_pendulum.yaml", "--robot", "pole-0", *NO_LEARNER], EDGE_NEEDS_SIM),
     ],
 )
 def test_a_command_whose_extra_is_missing_names_the_extra_to_install(

@@ -15,25 +15,19 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.messages import hello_frames
 from user_rl.cloud.ingest import Ingest
 from user_rl.edge.batching import BatchBuilder
 from user_rl.testing.wait import serving
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import PROTOCOL_VERSION, decode, encode, envelope
-from user_rl.wire.spaces import box_to_proto, dict_space_to_proto
 
 OBS_SPACE = gym.spaces.Dict({"state": gym.spaces.Box(-1.0, 1.0, (3,), np.float32)})
 ACTION_SPACE = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
 
 
 def hello(robot_id: str, epoch: int) -> list[bytes]:
-    body = pb.Hello(
-        descriptor=pb.Descriptor(kind="sim", model="fuzz", id=robot_id),
-        observation_space=dict_space_to_proto(OBS_SPACE),
-        action_space=box_to_proto(ACTION_SPACE),
-        stream_epoch=epoch,
-    )
-    return [bytes(f) for f in encode(envelope(robot_id, hello=body))]
+    return hello_frames(robot_id, epoch, OBS_SPACE, ACTION_SPACE, model="fuzz")
 
 
 def batch(robot_id: str, epoch: int, seq: int, rows: int = 4, start: int = 0) -> list[bytes]:

@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 import zmq
 
+from tests.support import messages
 from user_rl.cloud.ingest import Ingest
 from user_rl.edge.batching import BatchBuilder
 from user_rl.edge.link import DataLink
@@ -18,7 +19,6 @@ from user_rl.hal.descriptor import DeviceDescriptor
 from user_rl.testing.wait import serving
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import PROTOCOL_VERSION, Message, decode, encode, envelope
-from user_rl.wire.spaces import box_to_proto, dict_space_to_proto
 
 OBS_SPACE = gym.spaces.Dict(
     {
@@ -83,13 +83,7 @@ class Episodes:
 
 
 def hello_envelope(robot_id: str, epoch: int, obs_space: gym.spaces.Dict = OBS_SPACE) -> pb.Envelope:
-    hello = pb.Hello(
-        descriptor=pb.Descriptor(kind="sim", model="test", id=robot_id),
-        observation_space=dict_space_to_proto(obs_space),
-        action_space=box_to_proto(ACTION_SPACE),
-        stream_epoch=epoch,
-    )
-    return envelope(robot_id, hello=hello)
+    return messages.hello_envelope(robot_id, epoch, obs_space, ACTION_SPACE)
 
 
 def welcomed_link(context: zmq.Context, ingest: Ingest, robot_id: str, epoch: int) -> DataLink:

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import zmq
 
+from tests.support.messages import hello_frames
 from user_rl.cloud.buffer.store import PersistentReplay
 from user_rl.cloud.ingest import Ingest
 from user_rl.edge.batching import BatchBuilder
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import Message, decode, encode, envelope
-from user_rl.wire.spaces import box_to_proto, dict_space_to_proto
 
 OBS_SPACE = gym.spaces.Dict({"state": gym.spaces.Box(-1.0, 1.0, (3,), np.float32)})
 ACTION_SPACE = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
@@ -28,13 +28,7 @@ ROBOT, EPOCH = "disk-0", 5
 
 
 def hello() -> list[bytes]:
-    body = pb.Hello(
-        descriptor=pb.Descriptor(kind="sim", model="test", id=ROBOT),
-        observation_space=dict_space_to_proto(OBS_SPACE),
-        action_space=box_to_proto(ACTION_SPACE),
-        stream_epoch=EPOCH,
-    )
-    return [bytes(f) for f in encode(envelope(ROBOT, hello=body))]
+    return hello_frames(ROBOT, EPOCH, OBS_SPACE, ACTION_SPACE)
 
 
 def batch(seq: int, rows: int = 8) -> list[bytes]:

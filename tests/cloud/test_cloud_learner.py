@@ -17,6 +17,7 @@ import torch
 import yaml
 import zmq
 
+from tests.support.messages import first_steps, hello_envelope
 from user_rl.cloud.learner import Learner, credit_increment
 from user_rl.cloud.threads import GuardedThread
 from user_rl.cloud.version_lease import LEASE_FILE, VersionLease
@@ -30,7 +31,6 @@ from user_rl.progress import ProgressPrinter
 from user_rl.testing.wait import wait_until
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.codec import decode, encode, envelope
-from user_rl.wire.spaces import box_to_proto, dict_space_to_proto
 
 REACH = {
     "robot": {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 50}},
@@ -114,14 +114,7 @@ def test_the_learner_names_its_device_in_the_status_and_its_first_line(tmp_path:
 
 # -- the fleet's spaces come from the config ---------------------------------------------------
 def hello(robot_id: str, spaces: tuple, epoch: int = 1) -> list[bytes]:
-    obs_space, action_space = spaces
-    body = pb.Hello(
-        descriptor=pb.Descriptor(kind="sim", model="mujoco_reach", id=robot_id),
-        observation_space=dict_space_to_proto(obs_space),
-        action_space=box_to_proto(action_space),
-        stream_epoch=epoch,
-    )
-    return encode(envelope(robot_id, hello=body))
+    return encode(hello_envelope(robot_id, epoch, *spaces, model="mujoco_reach"))
 
 
 def test_a_strangers_first_hello_cannot_take_the_fleets_place(serving_learner) -> None:
@@ -160,8 +153,6 @@ def test_a_full_disk_stops_the_learner_taking_data_and_shows_in_the_status_and_p
     import errno
     import os
 
-    from user_rl.edge.batching import BatchBuilder
-
     learner = serving_learner(REACH)
     spaces = robot_spaces("mujoco_reach", build_config(REACH).robot_options(0))
 
@@ -176,22 +167,9 @@ def test_a_full_disk_stops_the_learner_taking_data_and_shows_in_the_status_and_p
     try:
         peer.send_multipart(hello("mujoco_reach-0", spaces))
         assert peer.poll(10_000) and decode(peer.recv_multipart()).kind == "ack"
-        builder = BatchBuilder(*spaces, capacity=4)
-        for step in range(4):
-            builder.add(
-                spaces[0].sample(),
-                spaces[1].sample(),
-                0.0,
-                False,
-                False,
-                episode=0,
-                step=step,
-                policy_version=-1,
-                actor=pb.ACTOR_SCRIPTED,
-                label=pb.LABEL_NONE,
-                sensor_time=0.0,
-            )
-        count, columns = builder.take()
+        count, columns = first_steps(
+            *spaces, 4, lambda _: spaces[0].sample(), lambda _: spaces[1].sample(), actor=pb.ACTOR_SCRIPTED
+        )
         peer.send_multipart(
             encode(envelope("mujoco_reach-0", batch=pb.TransitionBatch(stream_epoch=1, seq=1, count=count)), columns)
         )

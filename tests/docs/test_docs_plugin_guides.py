@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from tests.docs.guide_blocks import REPO, commands, drift, file_blocks, outputs
+from tests.support.install import pip_install_copy
 from user_rl.config import ConfigError, build_config, load_config
 
 GUIDES = [
@@ -50,27 +51,7 @@ def test_the_guide_shows_the_example_files_as_they_are(guide: Path) -> None:
 @pytest.fixture(scope="module")
 def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example package, pip-installed from a copy (pip builds in the source tree) into its own directory."""
-    root = tmp_path_factory.mktemp("point-plugin")
-    source, site = root / "src", root / "site"
-    shutil.copytree(REPO / PACKAGE, source, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(site),
-            str(source),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return site
+    return pip_install_copy(REPO / PACKAGE, tmp_path_factory.mktemp("point-plugin"))
 
 
 @pytest.fixture

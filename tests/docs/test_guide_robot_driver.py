@@ -55,6 +55,15 @@ def test_the_guides_steps_discover_the_arm_and_stream_its_steps(tmp_path: Path) 
     assert guide_command("python -m user_rl_example_arm.simulated_controller")[3:] == ["--listen", "127.0.0.1:7700"]
     (tmp_path / "examples").symlink_to(REPO / "examples")  # the guide's paths are relative to the checkout
     run_dir = tmp_path / "runs" / "example_arm"
+
+    def start(words: list[str]) -> subprocess.Popen:  # in the checkout's stand-in, output in one text pipe
+        return subprocess.Popen(
+            words, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+
+    def run(words: list[str], timeout: float) -> subprocess.CompletedProcess:
+        return subprocess.run(words, cwd=tmp_path, env=env, text=True, capture_output=True, timeout=timeout)
+
     with arm_controller() as controller:
         overrides = [
             f"robot.options.controller={controller}",
@@ -63,24 +72,10 @@ def test_the_guides_steps_discover_the_arm_and_stream_its_steps(tmp_path: Path) 
         ]
         learner_cmd = guide_command("user-rl learner")
         assert learner_cmd[2] == CONFIG and learner_cmd[3:] == ["--run-dir", "runs/example_arm"]
-        learner = subprocess.Popen(
-            with_overrides(learner_cmd, 3, overrides),
-            cwd=tmp_path,
-            env=env,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
+        learner = start(with_overrides(learner_cmd, 3, overrides))
         try:
             discover = guide_command("user-rl hal discover")  # while the learner starts
-            found = subprocess.run(
-                with_overrides(discover, 4, overrides[:1]),
-                cwd=tmp_path,
-                env=env,
-                text=True,
-                capture_output=True,
-                timeout=120,
-            )
+            found = run(with_overrides(discover, 4, overrides[:1]), timeout=120)
             assert found.returncode == 0, found.stdout + found.stderr
             shown_row = next(line for line in GUIDE.read_text().splitlines() if line.startswith("robot  example_arm-0"))
             assert shown_row in found.stdout.splitlines(), found.stdout
@@ -89,14 +84,7 @@ def test_the_guides_steps_discover_the_arm_and_stream_its_steps(tmp_path: Path) 
             wait_until(lambda: status_file.exists(), 120, "the learner to write its status")
             attach_cmd = guide_command("user-rl attach")
             assert attach_cmd[2:] == [CONFIG, "example_arm-0", "--run-dir", "runs/example_arm"]
-            edge = subprocess.Popen(
-                with_overrides(attach_cmd, 4, overrides[:1]),
-                cwd=tmp_path,
-                env=env,
-                text=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-            )
+            edge = start(with_overrides(attach_cmd, 4, overrides[:1]))
             try:
 
                 def stored() -> int:
@@ -104,14 +92,7 @@ def test_the_guides_steps_discover_the_arm_and_stream_its_steps(tmp_path: Path) 
                     return (robots.get("example_arm-0") or {}).get("transitions", 0)
 
                 wait_until(lambda: stored() >= 48, 90, "the arm's steps to reach the learner")
-                table = subprocess.run(
-                    USER_RL + guide_command("user-rl status runs/")[1:],
-                    cwd=tmp_path,
-                    env=env,
-                    text=True,
-                    capture_output=True,
-                    timeout=60,
-                )
+                table = run(USER_RL + guide_command("user-rl status runs/")[1:], timeout=60)
                 assert table.returncode == 0, table.stderr
                 row = next(line for line in table.stdout.splitlines() if line.startswith("example_arm-0 "))
                 assert row.split()[1] == "ok"  # the driver's health probe, through the edge's heartbeat

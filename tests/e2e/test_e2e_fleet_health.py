@@ -7,14 +7,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
+from tests.support.cli import start_user_rl
 from user_rl.testing.wait import wait_for_run_dir, wait_until
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def read_status(run_dir: Path) -> dict:
@@ -25,34 +21,21 @@ def read_status(run_dir: Path) -> dict:
 
 
 def test_killed_edge_restarts_rejoins_then_fails_alone_when_its_budget_is_spent(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "user_rl.cli",
-            "train",
-            "configs/reach.yaml",
-            f"run_root={tmp_path}",
-            "fleet.num_robots=2",
-            "fleet.max_restarts=1",
-            "algo.learning_starts=300",
-            "algo.batch_size=64",
-            "policy.hidden=[32]",
-            "algo.utd_ratio=2",
-            "stop.max_env_steps=7000",
-            "stop.max_wall_s=300",
-            "stop.eval_every_s=1000",
-            "stop.eval_episodes=2",
-        ],
-        cwd=REPO,
-        env={**os.environ, "MUJOCO_GL": "egl"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    proc, lines, reader = start_user_rl(
+        "train",
+        "configs/reach.yaml",
+        f"run_root={tmp_path}",
+        "fleet.num_robots=2",
+        "fleet.max_restarts=1",
+        "algo.learning_starts=300",
+        "algo.batch_size=64",
+        "policy.hidden=[32]",
+        "algo.utd_ratio=2",
+        "stop.max_env_steps=7000",
+        "stop.max_wall_s=300",
+        "stop.eval_every_s=1000",
+        "stop.eval_episodes=2",
     )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
     try:
         run_dir = wait_for_run_dir(lines, 120)
         first, other = "mujoco_reach-0", "mujoco_reach-1"

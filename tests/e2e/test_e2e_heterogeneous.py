@@ -5,20 +5,17 @@ stopped together. A robot attached to the wrong embodiment is refused with the r
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.harness import run_cli
+from tests.support.cli import start_user_rl
 from user_rl.cloud.checkpoint import load_checkpoint
 from user_rl.testing.wait import wait_for_run_dir, wait_until
 from user_rl.wire.spaces import spaces_from_text
 
-REPO = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "MUJOCO_GL": "egl"}
 # A learning test's budget is env steps, not wall time: a busy machine only makes it slower. Paced
 # edges keep the update ratio, so the budget holds at any speed; the wall limit only catches a hang.
 # Reaching 0.8 success takes 12-20k env steps for the 3-joint arm and ~45k for the 4-joint one (more
@@ -30,38 +27,23 @@ LEARNED_RETURN = {"arm3": 0.0, "arm4": -5.0}
 HANG_S = 1800
 
 
-def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "user_rl.cli", *args], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout
-    )
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return run_cli(*args, timeout=180)
 
 
 @pytest.mark.timeout(HANG_S + 300)
 def test_a_3dof_and_a_4dof_arm_train_one_run(tmp_path: Path) -> None:
-    train = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "user_rl.cli",
-            "train",
-            "configs/reach_mixed.yaml",
-            f"run_root={tmp_path}",
-            "stop.success_rate=0.8",
-            "stop.confirm_evals=1",
-            f"stop.max_env_steps={ENV_STEP_BUDGET}",
-            f"stop.max_wall_s={HANG_S}",
-            "stop.eval_every_s=60",
-            "learner.forget_idle_s=7200",
-        ],  # the attached robot leaves early: keep it listed
-        cwd=REPO,
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    train, lines, reader = start_user_rl(
+        "train",
+        "configs/reach_mixed.yaml",
+        f"run_root={tmp_path}",
+        "stop.success_rate=0.8",
+        "stop.confirm_evals=1",
+        f"stop.max_env_steps={ENV_STEP_BUDGET}",
+        f"stop.max_wall_s={HANG_S}",
+        "stop.eval_every_s=60",
+        "learner.forget_idle_s=7200",  # the attached robot leaves early: keep it listed
     )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(train.stdout.readline, "")), daemon=True)
-    reader.start()
     try:
         run_dir = wait_for_run_dir(lines, 120)
         wait_until(

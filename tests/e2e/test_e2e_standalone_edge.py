@@ -4,23 +4,19 @@ address and detaches cleanly on Ctrl-C; `user-rl attach` adds a robot to a runni
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import yaml
 
+from tests.e2e.harness import run_cli
+from tests.support.cli import popen_user_rl, start_user_rl
 from user_rl.cloud.buffer.index import BufferIndex
 from user_rl.config import build_config
 from user_rl.testing.learner import serving_learner
 from user_rl.testing.wait import free_port, wait_for_run_dir, wait_until
-
-REPO = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "MUJOCO_GL": "egl"}
 
 
 def test_standalone_edge_streams_and_detaches_cleanly_mid_episode(tmp_path: Path) -> None:
@@ -34,25 +30,15 @@ def test_standalone_edge_streams_and_detaches_cleanly_mid_episode(tmp_path: Path
     config = tmp_path / "edge.yaml"
     config.write_text(yaml.safe_dump(cfg_dict))
     with serving_learner(build_config(cfg_dict), tmp_path / "run") as learner:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "user_rl.cli",
-                "edge",
-                str(config),
-                "--robot",
-                "arm-x",
-                "--learner",
-                learner.addresses["data"],
-                "--spool",
-                str(tmp_path / "spool"),
-            ],
-            cwd=REPO,
-            env=ENV,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+        proc = popen_user_rl(
+            "edge",
+            str(config),
+            "--robot",
+            "arm-x",
+            "--learner",
+            learner.addresses["data"],
+            "--spool",
+            str(tmp_path / "spool"),
         )
 
         def robot() -> dict:
@@ -82,78 +68,32 @@ def test_standalone_edge_streams_and_detaches_cleanly_mid_episode(tmp_path: Path
 
 
 def test_edge_without_a_weights_address_says_what_to_pass(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "user_rl.cli",
-            "edge",
-            "configs/reach.yaml",
-            "--robot",
-            "arm-x",
-            "--learner",
-            "tcp://127.0.0.1:5555",
-        ],
-        cwd=REPO,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_cli("edge", "configs/reach.yaml", "--robot", "arm-x", "--learner", "tcp://127.0.0.1:5555", timeout=120)
     assert done.returncode == 2 and "--weights tcp://HOST:PORT or set learner.weights_port" in done.stderr
 
 
 def test_attach_adds_a_robot_to_a_running_training(tmp_path: Path) -> None:
-    train = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "user_rl.cli",
-            "train",
-            "configs/reach.yaml",
-            f"run_root={tmp_path / 'runs'}",
-            "fleet.num_robots=1",
-            "algo.learning_starts=200",
-            "algo.batch_size=32",
-            "policy.hidden=[32]",
-            "stop.max_env_steps=100000",
-            "stop.max_wall_s=90",
-            "stop.eval_every_s=1000",
-            "stop.eval_episodes=2",
-        ],
-        cwd=REPO,
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    train, lines, _ = start_user_rl(
+        "train",
+        "configs/reach.yaml",
+        f"run_root={tmp_path / 'runs'}",
+        "fleet.num_robots=1",
+        "algo.learning_starts=200",
+        "algo.batch_size=32",
+        "policy.hidden=[32]",
+        "stop.max_env_steps=100000",
+        "stop.max_wall_s=90",
+        "stop.eval_every_s=1000",
+        "stop.eval_episodes=2",
     )
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(iter(train.stdout.readline, "")), daemon=True).start()
     try:
         run_dir = wait_for_run_dir(lines, 120)
         wait_until(lambda: (run_dir / "addresses.json").exists(), 60, "the learner's addresses")
 
         def attach(*overrides: str) -> subprocess.CompletedProcess:
-            return subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "user_rl.cli",
-                    "attach",
-                    "configs/reach.yaml",
-                    "arm-extra",
-                    *overrides,
-                    "--run-dir",
-                    str(run_dir),
-                    "--spool",
-                    str(tmp_path / "spool"),
-                    "--max-steps",
-                    "300",
-                ],
-                cwd=REPO,
-                env=ENV,
-                capture_output=True,
-                text=True,
+            return run_cli(
+                *("attach", "configs/reach.yaml", "arm-extra", *overrides),
+                *("--run-dir", str(run_dir), "--spool", str(tmp_path / "spool"), "--max-steps", "300"),
                 timeout=180,
             )
 

@@ -9,18 +9,16 @@ import json
 import os
 import shutil
 import stat
-import subprocess
-import sys
 import tempfile
-import threading
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.harness import run_cli
+from tests.support.cli import start_user_rl
 from user_rl.testing.wait import wait_for_run_dir, wait_until
 
-REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "MUJOCO_GL": "egl"}
 TOKEN = "operator-only-Tk7Qz9xWc2Lm4Rb8"  # given in the config: the worst case (it used to reach config.yaml)
 
@@ -35,33 +33,21 @@ def test_a_launched_fleet_records_each_robots_teleop_page(tmp_path: Path) -> Non
     ray_tmp = Path(
         tempfile.mkdtemp(prefix="ray", dir="/tmp")
     )  # this launch's own Ray session logs (short: socket paths)
-    train = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "user_rl.cli",
-            "train",
-            "configs/reach.yaml",
-            f"run_root={tmp_path}",
-            "fleet.num_robots=2",
-            "teleop.enabled=true",
-            f"teleop.token={TOKEN}",
-            "stop.max_wall_s=300",
-            "stop.max_env_steps=1200",
-            "algo.learning_starts=200",
-            "algo.batch_size=32",
-            "stop.eval_episodes=2",
-            "policy.hidden=[32]",
-        ],
-        cwd=REPO,
+    train, lines, reader = start_user_rl(
+        "train",
+        "configs/reach.yaml",
+        f"run_root={tmp_path}",
+        "fleet.num_robots=2",
+        "teleop.enabled=true",
+        f"teleop.token={TOKEN}",
+        "stop.max_wall_s=300",
+        "stop.max_env_steps=1200",
+        "algo.learning_starts=200",
+        "algo.batch_size=32",
+        "stop.eval_episodes=2",
+        "policy.hidden=[32]",
         env={**ENV, "RAY_TMPDIR": str(ray_tmp)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
     )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(train.stdout.readline, "")), daemon=True)
-    reader.start()
     try:
         run_dir = wait_for_run_dir(lines, 180)
         pages = run_dir / "teleop.json"
@@ -72,14 +58,7 @@ def test_a_launched_fleet_records_each_robots_teleop_page(tmp_path: Path) -> Non
         )
         assert json.loads(pages.read_text())["token"] == TOKEN
         assert stat.S_IMODE(pages.stat().st_mode) == 0o600
-        listed = subprocess.run(
-            [sys.executable, "-m", "user_rl.cli", "teleop", str(run_dir), "--list"],
-            cwd=REPO,
-            env=ENV,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        listed = run_cli("teleop", str(run_dir), "--list", timeout=60)
         assert listed.returncode == 0, listed.stderr
         robots = dict(line.split() for line in listed.stdout.splitlines())
         assert set(robots) == {"mujoco_reach-0", "mujoco_reach-1"}, robots

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import zmq
 
+from tests.support.edges import edge_without_learner, small_actor
 from user_rl.edge.daemon import EdgeDaemon, EdgeSettings
 from user_rl.hal.registry import make_robot
-from user_rl.policies import make_actor
 from user_rl.testing.wait import wait_until
 
 
@@ -60,15 +60,7 @@ def test_unpaced_edge_keeps_acting_while_no_learner_answers(tmp_path: Path) -> N
     """A real robot never waits for the cloud: with no learner up it acts and keeps its batches."""
     context = zmq.Context()
     robot = make_robot("gym", env_id="InvertedPendulum-v5", robot_id="lonely", seed=0)
-    actor = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
-    edge = EdgeDaemon(
-        robot,
-        actor,
-        "tcp://127.0.0.1:1",
-        "tcp://127.0.0.1:1",
-        EdgeSettings(pace_to_learner=False, batch_transitions=10),
-        context,
-    )
+    edge = edge_without_learner(robot, EdgeSettings(pace_to_learner=False, batch_transitions=10), context)
     status = edge.run(max_steps=200)
     assert status["steps"] == 200
     assert status["unacked_batches"] == 20  # kept in the disk spool until a learner acknowledges them
@@ -90,7 +82,7 @@ def test_a_failing_weight_receiver_shows_in_the_status_and_starts_over(tmp_path:
     server.setsockopt(zmq.LINGER, 0)
     port = server.bind_to_random_port("tcp://127.0.0.1")
     robot = make_robot("gym", env_id="InvertedPendulum-v5", robot_id="w", seed=0)
-    actor = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
+    actor = small_actor(robot)
     edge = EdgeDaemon(robot, actor, "tcp://127.0.0.1:1", f"tcp://127.0.0.1:{port}", EdgeSettings(), context)
 
     def send_version(version: int, state: dict, shape: list[int] | None = None) -> None:
@@ -136,7 +128,7 @@ def test_a_real_robot_is_never_paced() -> None:
         device_kind = "robot"
 
     robot = Arm(env_id="InvertedPendulum-v5", robot_id="real")
-    actor = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
+    actor = small_actor(robot)
     with pytest.raises(ValueError, match="real: pace_to_learner is for simulators; a real robot never waits"):
         EdgeDaemon(robot, actor, "tcp://127.0.0.1:1", "tcp://127.0.0.1:1", EdgeSettings(pace_to_learner=True))
     robot.close()

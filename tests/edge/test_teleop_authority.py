@@ -14,6 +14,7 @@ import pytest
 from selenium.webdriver.common.by import By
 
 from tests.edge.test_teleop_browser import browser, text  # noqa: F401  (a fixture)
+from tests.support.teleop import teleop_fleet
 from user_rl.edge.teleop.authority import NotAllowed, check_rearm, read_operators
 from user_rl.testing.wait import wait_until
 
@@ -59,16 +60,9 @@ def test_viewers_stop_operators_rearm_with_confirmation_and_cli_stops_need_their
 ) -> None:
     caplog.set_level(logging.WARNING)
     _, (edge,) = running(
-        [
-            "fleet.num_robots=1",
-            "fleet.control_hz=20",
-            "fleet.pace_to_learner=false",
-            "algo.learning_starts=100000",
-            "teleop.enabled=true",
-            "teleop.frame_hz=2",
-            "teleop.view_size=32",
-            f"teleop.operators_file={operators_file(tmp_path)}",
-        ],
+        teleop_fleet(
+            1, 20, "teleop.frame_hz=2", "teleop.view_size=32", f"teleop.operators_file={operators_file(tmp_path)}"
+        ),
         {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 100, "control_hz": 20}},
     )
     server = edge.teleop

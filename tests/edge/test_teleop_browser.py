@@ -13,15 +13,15 @@ import cv2
 import numpy as np
 import pytest
 from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 
+from tests.edge.test_teleop_takeover import chromium_driver
+from tests.support.teleop import teleop_fleet
 from user_rl.cloud.buffer.rows import KIND_RECORD
 from user_rl.testing.wait import wait_until
 from user_rl.wire import user_rl_pb2 as pb
 
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"  # apt-get install chromium chromium-driver
 HZ = 20.0
 PERIOD = 1.0 / HZ
 PRESSES = 60  # key presses (each gives two commands: press and release) for the latency numbers
@@ -33,18 +33,7 @@ def browser():
     started: list[webdriver.Chrome] = []
 
     def start() -> webdriver.Chrome:
-        options = webdriver.ChromeOptions()
-        options.binary_location = CHROMIUM
-        for flag in (
-            "--headless=new",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--window-size=1000,900",
-            "--disable-background-timer-throttling",
-        ):
-            options.add_argument(flag)
-        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        driver = chromium_driver("--window-size=1000,900")
         started.append(driver)
         return driver
 
@@ -88,17 +77,9 @@ def hold_key(driver: webdriver.Chrome, key: str, seconds: float) -> None:
 
 def test_a_person_drives_labels_and_stops_the_robot_from_the_page(running, browser) -> None:
     learner, (edge,) = running(
-        [
-            "fleet.num_robots=1",
-            f"fleet.control_hz={HZ}",
-            "fleet.pace_to_learner=false",
-            "fleet.batch_transitions=8",
-            "algo.learning_starts=100000",
-            "teleop.enabled=true",
-            "teleop.frame_hz=5",
-            "teleop.view_size=64",
-            "teleop.speed=1.0",
-        ],
+        teleop_fleet(
+            1, HZ, "fleet.batch_transitions=8", "teleop.frame_hz=5", "teleop.view_size=64", "teleop.speed=1.0"
+        ),
         {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 100, "control_hz": HZ}},
     )
     server, robot = edge.teleop, edge.robot

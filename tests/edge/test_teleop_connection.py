@@ -15,6 +15,7 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 
 from tests.edge.test_teleop_browser import browser, text  # noqa: F401  (a fixture)
+from tests.support.teleop import teleop_fleet
 from user_rl.edge.teleop.server import TeleopServer
 from user_rl.testing.wait import wait_until
 from user_rl.wire import user_rl_pb2 as pb
@@ -29,17 +30,14 @@ def shown(driver, element_id: str) -> bool:
 
 def test_a_page_that_loses_its_connection_fails_safe(running, browser) -> None:  # noqa: F811
     _, (edge,) = running(
-        [
-            "fleet.num_robots=1",
-            f"fleet.control_hz={HZ}",
-            "fleet.pace_to_learner=false",
-            "algo.learning_starts=100000",
-            "teleop.enabled=true",
+        teleop_fleet(
+            1,
+            HZ,
             "teleop.frame_hz=2",
             "teleop.view_size=32",
             "teleop.speed=1.0",
             f"teleop.hand_back_after_s={HAND_BACK_S}",
-        ],
+        ),
         {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 100, "control_hz": HZ}},
     )
     server = edge.teleop

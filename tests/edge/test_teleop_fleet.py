@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.teleop import teleop_fleet
 from user_rl.cli import main
 from user_rl.edge.teleop.fleet import read_pages, serve_fleet_page, write_pages
 from user_rl.testing.wait import wait_until
@@ -29,14 +30,7 @@ def get(url: str) -> tuple[int, str]:
 
 def test_the_fleet_page_links_every_robots_page(running, tmp_path: Path, capsys) -> None:
     learner, edges = running(
-        [
-            "fleet.num_robots=2",
-            "fleet.control_hz=20",
-            "fleet.pace_to_learner=false",
-            "algo.learning_starts=100000",
-            "teleop.enabled=true",
-            f"teleop.token={TOKEN}",
-        ],
+        teleop_fleet(2, 20, f"teleop.token={TOKEN}"),
         REACH,
     )
     run_dir = tmp_path / "run"
@@ -94,13 +88,7 @@ def test_a_robot_with_cameras_shows_its_camera_observations(running) -> None:
     import numpy as np
 
     _, (edge,) = running(
-        [
-            "fleet.num_robots=1",
-            "fleet.control_hz=20",
-            "fleet.pace_to_learner=false",
-            "algo.learning_starts=100000",
-            "teleop.enabled=true",
-        ],
+        teleop_fleet(1, 20),
         {"type": "mujoco_reach", "options": {"obs_mode": "image", "image_size": 32, "control_hz": 20}},
     )
     server = edge.teleop

@@ -11,6 +11,7 @@ import threading
 from selenium.webdriver.common.by import By
 
 from tests.edge.test_teleop_browser import browser, text  # noqa: F401  (a fixture)
+from tests.support.teleop import teleop_fleet
 from user_rl.edge.operator import OperatorRequests
 from user_rl.testing.wait import wait_until
 from user_rl.wire import user_rl_pb2 as pb
@@ -21,15 +22,7 @@ LIMIT = 40
 
 def test_a_mark_labels_the_episode_it_was_made_in_or_is_refused_never_the_next(running, browser) -> None:  # noqa: F811
     _, (edge,) = running(
-        [
-            "fleet.num_robots=1",
-            f"fleet.control_hz={HZ}",
-            "fleet.pace_to_learner=false",
-            "algo.learning_starts=100000",
-            "teleop.enabled=true",
-            "teleop.frame_hz=2",
-            "teleop.view_size=32",
-        ],
+        teleop_fleet(1, HZ, "teleop.frame_hz=2", "teleop.view_size=32"),
         {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": LIMIT, "control_hz": HZ}},
     )
     records: list = []

@@ -33,7 +33,7 @@ from user_rl.robots.safety import FULL_RANGE_S, SafetySettings
 from user_rl.testing.wait import wait_until
 from user_rl.wire import user_rl_pb2 as pb
 
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"  # apt-get install chromium chromium-driver
 HZ = 30.0
 START = {"j1.pos": 30.0, "j2.pos": -45.0, "j3.pos": 60.0}  # degrees: far from zero
 RANGE = (1024, 3072)  # raw servo steps of the calibrated range: +-90 degrees about the middle
@@ -71,7 +71,10 @@ class ServoArm:
         self.is_connected = False
 
 
-def chromium_driver() -> webdriver.Chrome:
+def chromium_driver(*flags: str) -> webdriver.Chrome:
+    """Headless Chromium (with its own new profile), with `flags` besides the usual ones. This file
+    imports nothing from `tests` (test_lerobot_takeover runs it in LeRobot's environment), so the
+    teleop page's other tests take their browsers from here."""
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in (
@@ -80,6 +83,7 @@ def chromium_driver() -> webdriver.Chrome:
         "--disable-gpu",
         "--disable-dev-shm-usage",
         "--disable-background-timer-throttling",
+        *flags,
     ):
         options.add_argument(flag)
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)

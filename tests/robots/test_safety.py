@@ -14,10 +14,10 @@ import numpy as np
 import torch
 import zmq
 
+from tests.support.edges import edge_without_learner, small_actor
 from user_rl.config import build_config
 from user_rl.edge.daemon import EdgeDaemon, EdgeSettings
 from user_rl.edge.link import LinkSettings
-from user_rl.policies import make_actor
 from user_rl.robots.safety import ActionFilter, SafetySettings
 from user_rl.sim.reach import ReachRobot
 from user_rl.testing.learner import serving_learner
@@ -58,15 +58,8 @@ class HostileActor(torch.nn.Module):
 
 def offline_edge(robot: ReachRobot, script, safety: SafetySettings, context: zmq.Context) -> EdgeDaemon:
     """An unpaced edge with no learner (it keeps its batches), acting with `script` from the first step."""
-    inner = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
-    edge = EdgeDaemon(
-        robot,
-        HostileActor(inner, script),
-        "tcp://127.0.0.1:1",
-        "tcp://127.0.0.1:1",
-        EdgeSettings(pace_to_learner=False, batch_transitions=50, safety=safety),
-        context,
-    )
+    settings = EdgeSettings(pace_to_learner=False, batch_transitions=50, safety=safety)
+    edge = edge_without_learner(robot, settings, context, HostileActor(small_actor(robot), script))
     edge.policy_version = 0  # act with the (hostile) policy at once, not random warm-up actions
     return edge
 
@@ -159,10 +152,9 @@ def test_violations_and_holds_reach_the_learner_in_the_heartbeat(tmp_path: Path)
     with serving_learner(cfg, tmp_path / "run") as learner:
         context = zmq.Context()
         robot = RecordingArm(robot_id="reported", seed=0)
-        inner = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
         edge = EdgeDaemon(
             robot,
-            HostileActor(inner, lambda n: np.full(3, np.nan if n % 2 else 5.0)),
+            HostileActor(small_actor(robot), lambda n: np.full(3, np.nan if n % 2 else 5.0)),
             learner.addresses["data"],
             learner.addresses["weights"],
             EdgeSettings(pace_to_learner=False, control_hz=100, heartbeat_s=0.2),
@@ -208,15 +200,10 @@ def test_estop_holds_until_rearmed_even_across_an_edge_restart(tmp_path: Path) -
 
     def start() -> tuple[EdgeDaemon, RecordingArm, threading.Thread]:
         robot = RecordingArm(robot_id="arm-e", seed=0)
-        inner = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
-        edge = EdgeDaemon(
-            robot,
-            inner,
-            "tcp://127.0.0.1:1",
-            "tcp://127.0.0.1:1",
-            EdgeSettings(pace_to_learner=False, control_hz=100, link=LinkSettings(spool_dir=str(spool_root / "arm-e"))),
-            context,
+        settings = EdgeSettings(
+            pace_to_learner=False, control_hz=100, link=LinkSettings(spool_dir=str(spool_root / "arm-e"))
         )
+        edge = edge_without_learner(robot, settings, context)
         runner = threading.Thread(target=edge.run, daemon=True)
         runner.start()
         return edge, robot, runner
@@ -365,20 +352,13 @@ def test_an_estop_ends_the_episode_and_rearming_starts_a_new_one(tmp_path: Path)
     episode (next number, step 0) begins. (tests/e2e/test_e2e_estop.py checks what the learner stores.)"""
     context = zmq.Context()
     robot = CallLog(robot_id="arm-s", seed=0, episode_steps=100)
-    inner = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
-    edge = EdgeDaemon(
-        robot,
-        inner,
-        "tcp://127.0.0.1:1",
-        "tcp://127.0.0.1:1",
-        EdgeSettings(
-            control_hz=100,
-            batch_transitions=16,
-            safety=SafetySettings(deadline_s=0.5),
-            link=LinkSettings(spool_dir=str(tmp_path / "arm-s")),
-        ),
-        context,
+    settings = EdgeSettings(
+        control_hz=100,
+        batch_transitions=16,
+        safety=SafetySettings(deadline_s=0.5),
+        link=LinkSettings(spool_dir=str(tmp_path / "arm-s")),
     )
+    edge = edge_without_learner(robot, settings, context)
     runner = threading.Thread(target=edge.run, daemon=True)
     runner.start()
     wait_until(lambda: edge.steps >= 37, 30, "the arm to move")

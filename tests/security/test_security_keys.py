@@ -18,6 +18,7 @@ import zmq
 import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
+from tests.support.messages import first_steps
 from user_rl.config import ConfigError, build_config
 from user_rl.security.curve import ClientKeys, Gatekeeper, curve_enabled, secure_server
 from user_rl.security.keys import KeyPair, enroll, generate, revoke, robot_keys
@@ -170,14 +171,20 @@ def test_a_launch_that_would_encrypt_checks_its_keys_before_starting_anything(tm
     assert not (tmp_path / "runs").exists()  # nothing was started or written
 
 
+def steps_after_reset(robot, rows: int) -> tuple[int, dict[str, np.ndarray]]:
+    """A batch of `rows` steps of episode 0, each with `robot`'s observation after a reset and a zero action."""
+    obs, space = robot.reset(), robot.action_space
+    return first_steps(
+        robot.observation_space, space, rows, lambda _: obs, lambda _: np.zeros(space.shape, space.dtype)
+    )
+
+
 def test_a_revoked_key_stays_out_after_its_robot_is_enrolled_with_a_new_key(tmp_path: Path) -> None:
     """Revocation is of the key, not the name: arm-0's old key, revoked, is refused on its open
     connection and at every new handshake, while arm-0's new key streams."""
     from user_rl.cloud.ingest import Ingest
-    from user_rl.edge.batching import BatchBuilder
     from user_rl.edge.link import DataLink, LinkSettings
     from user_rl.hal.registry import make_robot
-    from user_rl.wire import user_rl_pb2 as pb
 
     keys = tmp_path / "keys"
     generate(keys, ["arm-0"])
@@ -200,23 +207,7 @@ def test_a_revoked_key_stays_out_after_its_robot_is_enrolled_with_a_new_key(tmp_
         )
 
     def send_steps(data_link: DataLink, rows: int = 8) -> None:
-        builder = BatchBuilder(obs_space, action_space, capacity=rows)
-        obs = robot.reset()
-        for step in range(rows):
-            builder.add(
-                obs,
-                np.zeros(action_space.shape, action_space.dtype),
-                0.0,
-                False,
-                False,
-                episode=0,
-                step=step,
-                policy_version=-1,
-                actor=pb.ACTOR_POLICY,
-                label=pb.LABEL_NONE,
-                sensor_time=0.0,
-            )
-        data_link.send_batch(*builder.take())
+        data_link.send_batch(*steps_after_reset(robot, rows))
 
     def serve_until(condition, what: str, *links: DataLink, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
@@ -279,11 +270,9 @@ def test_re_enrolling_a_robot_takes_effect_in_a_running_learner(tmp_path: Path) 
     import yaml
 
     from tests.e2e.harness import learner_status, run_cli, start_learner
-    from user_rl.edge.batching import BatchBuilder
     from user_rl.edge.link import DataLink, LinkSettings
     from user_rl.hal.registry import make_robot
     from user_rl.testing.wait import free_port, wait_until
-    from user_rl.wire import user_rl_pb2 as pb
 
     keys, data_port = tmp_path / "keys", free_port()
     generate(keys, ["arm-0"])
@@ -318,23 +307,7 @@ def test_re_enrolling_a_robot_takes_effect_in_a_running_learner(tmp_path: Path) 
         return links[-1]
 
     def send_steps(data_link: DataLink) -> None:
-        builder = BatchBuilder(obs_space, action_space, capacity=4)
-        obs = robot.reset()
-        for step in range(4):
-            builder.add(
-                obs,
-                np.zeros(action_space.shape, action_space.dtype),
-                0.0,
-                False,
-                False,
-                episode=0,
-                step=step,
-                policy_version=-1,
-                actor=pb.ACTOR_POLICY,
-                label=pb.LABEL_NONE,
-                sensor_time=0.0,
-            )
-        data_link.send_batch(*builder.take())
+        data_link.send_batch(*steps_after_reset(robot, 4))
 
     def streamed(data_link: DataLink, what: str, timeout: float = 30.0) -> None:
         """Until every batch of the link is acked, or the learner refused it (which fails)."""

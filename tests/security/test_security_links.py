@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 import yaml
 import zmq
 
+from tests.support.cli import popen_user_rl
 from user_rl.cloud.learner import Learner
 from user_rl.config import build_config
 from user_rl.edge.link import DataLink, LinkSettings
@@ -24,9 +24,6 @@ from user_rl.security.keys import generate, revoke
 from user_rl.testing.fault_proxy import FaultProxy
 from user_rl.testing.learner import serving_learner
 from user_rl.testing.wait import free_port, wait_until
-
-REPO = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "MUJOCO_GL": "egl"}
 
 
 @pytest.fixture
@@ -53,28 +50,18 @@ def secure_learner(tmp_path: Path):
 
 
 def edge(config: Path, robot: str, learner: str, weights: str, spool: Path, *overrides: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "user_rl.cli",
-            "edge",
-            str(config),
-            *overrides,
-            "--robot",
-            robot,
-            "--learner",
-            learner,
-            "--weights",
-            weights,
-            "--spool",
-            str(spool),
-        ],
-        cwd=REPO,
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    return popen_user_rl(
+        "edge",
+        str(config),
+        *overrides,
+        "--robot",
+        robot,
+        "--learner",
+        learner,
+        "--weights",
+        weights,
+        "--spool",
+        str(spool),
     )
 
 

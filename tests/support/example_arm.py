@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
+from tests.support.install import pip_install_copy
+
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "examples" / "user_rl_example_arm"
 LISTENING = "example arm controller listening on "
@@ -27,28 +29,7 @@ def example_arm_site() -> Path:
     """Install the package once per process (a copy: pip builds in the source tree); return its directory."""
     root = Path(tempfile.mkdtemp(prefix="user-rl-example-arm-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
-    src, site = root / "src", root / "site"
-    shutil.copytree(PACKAGE, src, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(site),
-            str(src),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if done.returncode:
-        raise RuntimeError(f"pip could not install {PACKAGE}:\n{done.stdout}{done.stderr}")
-    return site
+    return pip_install_copy(PACKAGE, root)
 
 
 def example_arm_env() -> dict[str, str]:
