@@ -15,7 +15,6 @@ import zmq  # noqa: E402
 NOT_FAST = (
     "tests/e2e/",  # whole fleets learning through Ray (the launch is in tests/security/test_security_launch.py)
     "tests/lerobot/",  # LeRobot in an environment of its own (interop stays fast: tests/hal, tests/edge)
-    "tests/rewards/test_rewards_classifier_run.py",
     "tests/docs/test_docs_plugin_guides.py",
     "tests/test_readme.py::test_readme_train_command_works_from_a_fresh_clone",
     "tests/test_packaging.py::test_an_edge_only_install_has_neither_ray_nor_mujoco",
