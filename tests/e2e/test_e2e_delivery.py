@@ -130,7 +130,7 @@ def test_twenty_second_link_drop_spools_and_catches_up(tmp_path: Path, learner_f
         fleet.stop_and_drain()
     learner.stop()
     time.sleep(0.5)
-    learner.ingest.close()
+    learner.buffer.close()  # sealed: the index holds everything (the learner owns its buffer)
     keys, records = stored(tmp_path / "run")
     assert set(keys) == fleet.produced() and len(keys) == len(set(keys))
     assert records == sum(e.steps for e in fleet.edges)
@@ -183,7 +183,7 @@ def test_capped_uplink_carries_four_two_camera_robots_without_backlog(tmp_path: 
     time.sleep(0.5)
     status = learner.status()
     assert status["rejected"] == {}
-    learner.ingest.close()
+    learner.buffer.close()  # sealed: the index holds everything (the learner owns its buffer)
     keys, records = stored(tmp_path / "run")
     assert set(keys) == fleet.produced() and len(keys) == len(set(keys))
     assert records == sum(e.steps for e in fleet.edges)
@@ -217,7 +217,7 @@ def test_edge_killed_mid_episode_leaves_a_truncated_episode_and_clean_data(tmp_p
     wait_until(lambda: not list((tmp_path / "spool").rglob("*.batch")), 30, "every spooled batch to arrive")
     learner.stop()
     time.sleep(0.5)
-    learner.ingest.close()
+    learner.buffer.close()  # sealed: the index holds everything (the learner owns its buffer)
     index = BufferIndex(tmp_path / "run" / "buffer" / "index.sqlite", read_only=True)
     episodes = index.episodes()
     streams = {s.id: s for s in index.streams()}
