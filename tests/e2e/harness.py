@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
+from tests.support.cli import REPO, user_rl
 from user_rl.cloud.buffer.index import BufferIndex
 from user_rl.edge.factory import make_edge
 from user_rl.testing.wait import wait_until
@@ -60,7 +60,7 @@ def stored(run_dir: Path) -> tuple[list[tuple[str, int, int]], int]:
 
 def start_learner(config: Path, run_dir: Path, log) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "user_rl.cli", "learner", str(config), "--run-dir", str(run_dir)],
+        user_rl("learner", str(config), "--run-dir", str(run_dir)),
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -89,15 +89,11 @@ print("done", edge.steps, edge.link.seq, flush=True)
 """
 
 
-REPO = Path(__file__).resolve().parents[2]
-
-
 def run_cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MUJOCO_GL": "egl"}
     return subprocess.run(
-        [sys.executable, "-m", "user_rl.cli", *args],
+        user_rl(*args),
         cwd=REPO,
-        env=env,
+        env={**os.environ, "MUJOCO_GL": "egl"},
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -554,7 +554,7 @@ class Ingest:
             return
         code = getattr(exc, "errno", None)
         name = errno.errorcode.get(code, type(exc).__name__) if isinstance(code, int) else type(exc).__name__
-        detail = getattr(self.buffer, "failure", None) or str(exc)
+        detail = (self.buffer.failure if self.buffer is not None else None) or str(exc)
         self.failure = (
             f"buffer write failed in {self.buffer_dir}: {name} ({detail})"[:400] + "; the learner takes "
             "no more data and acks nothing after it (edges keep their spools): fix the disk and restart "
