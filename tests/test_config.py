@@ -204,7 +204,11 @@ def test_chunk_policies_and_their_algorithms_are_checked_together() -> None:
     assert cfg.policy.options() == {"hidden": [256, 256], "chunk": 5, "flow_steps": 10, "best_of": 8}
     assert build_config({}, ["policy.type=flow", "policy.chunk=5", "algo.type=bc"]).n_step == 1
     for overrides, message in (
-        (["policy.type=flow", "algo.type=sac"], "policy.type flow trains with algo.type bc or qc, not sac"),
+        (
+            ["policy.type=flow", "algo.type=sac"],
+            "policy.type flow trains with algo.type bc or qc or dsrl or residual, not sac",
+        ),
+        (["algo.type=dsrl"], "policy.type mlp trains with algo.type sac or drq or bc, not dsrl"),
         (["policy.type=flow", "algo.type=qc"], "it needs policy.type flow or vla with policy.best_of of 2 or more"),
         (
             ["policy.chunk=4"],
@@ -223,7 +227,7 @@ def test_chunk_policies_and_their_algorithms_are_checked_together() -> None:
     ("section", "kind", "builtins", "group"),
     [
         ("policy", "policy", "mlp, flow, vla, lerobot", "user_rl.policies"),
-        ("algo", "algorithm", "sac, drq, bc, qc", "user_rl.algos"),
+        ("algo", "algorithm", "sac, drq, bc, qc, dsrl, residual", "user_rl.algos"),
         ("reward", "reward", "env, labels, classifier", "user_rl.rewards"),
     ],
 )
@@ -251,7 +255,11 @@ def test_each_section_is_the_settings_class_its_type_registers() -> None:
     ):
         for name in registry:
             cfg = build_config(
-                {**bc, **(chunks if name == "qc" else {}), section: {"type": name, **extra.get(name, {})}}
+                {
+                    **bc,
+                    **(chunks if name in ("qc", "dsrl", "residual") else {}),
+                    section: {"type": name, **extra.get(name, {})},
+                }
             )
             assert type(getattr(cfg, section)) is lookup[section](name), (section, name)
 

@@ -40,6 +40,7 @@ class PolicySettings(ComponentSettings):
 
     chunked: ClassVar[bool] = False  # acts in chunks of actions (trained by algorithms that see chunks)
     samples_chunks: ClassVar[bool] = False  # can sample several chunks per inference (`chunks_sampled`)
+    steerable_by_noise: ClassVar[bool] = False  # its chunk is a deterministic function of a noise input (dsrl)
 
     type: str = "mlp"
     freeze: list[str] = Field(
@@ -78,6 +79,7 @@ class AlgoSettings(ComponentSettings):
     picks_among_chunks: ClassVar[bool] = False  # needs several sampled chunks per inference to pick from
     returns_over_chunks: ClassVar[bool] = False  # sums rewards over a chunk (buffer.n_step = the chunk)
     needs_cameras: ClassVar[bool] = False  # learns from camera images
+    steers: ClassVar[bool] = False  # trains a small actor that steers the policy, whose weights stay as loaded
 
     type: str = "sac"
     gamma: float = Field(0.99, gt=0.0, le=1.0)
@@ -91,6 +93,11 @@ class AlgoSettings(ComponentSettings):
         if cls.picks_among_chunks and not policy.samples_chunks:
             return False
         return cls.trains_chunk_policies if policy.chunked else cls.trains_step_policies
+
+    def acting_actor(self, policy_actor: Any, obs_space: Any) -> Any:
+        """What runs on the robot under this algorithm, given the policy's actor: the actor itself,
+        or (an algorithm that `steers`) that actor wrapped with the small one it trains."""
+        return policy_actor
 
 
 class RewardSettings(ComponentSettings):

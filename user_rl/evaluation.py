@@ -88,10 +88,11 @@ def evaluate_checkpoint(
 
 
 def checkpoint_actor(ckpt: dict, robot: Robot) -> nn.Module:
-    """The checkpoint's actor, built for `robot`'s spaces, with its weights loaded."""
-    from user_rl.policies import make_actor
+    """The checkpoint's actor (as its run's algorithm ran it), built for `robot`'s spaces, with its weights loaded."""
+    from user_rl.algos import make_run_actor
+    from user_rl.config import build_config
 
-    policy = ckpt["policy"]
-    actor = make_actor(policy["type"], robot.observation_space, robot.action_space, **policy["options"])
+    cfg = build_config(ckpt["config"])
+    actor = make_run_actor(cfg.policy, cfg.algo, robot.observation_space, robot.action_space)
     actor.load_state_dict(ckpt["actor"])
     return actor

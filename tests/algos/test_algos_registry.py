@@ -12,11 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from tests.support.batches import algorithm_batch, buffer_batch
 from user_rl.algos import ALGOS, AlgoSettings, BCSettings, SACSettings, algo_settings, make_algo, metrics_to_floats
-from user_rl.cloud.batches import training_columns
-from user_rl.cloud.trainer import training_batch
 from user_rl.config import ConfigError, build_config
-from user_rl.wire import user_rl_pb2 as pb
 
 OBS_SPACE = gym.spaces.Dict(
     {"image": gym.spaces.Box(0, 255, (24, 24, 3), np.uint8), "state": gym.spaces.Box(-1, 1, (4,), np.float32)}
@@ -27,11 +25,22 @@ METRICS = {
     "drq": {"critic_loss", "actor_loss", "alpha", "q"},
     "bc": {"bc_loss", "action_nll", "action_mse", "imitated_rows"},
     "qc": {"critic_loss", "flow_loss", "q"},
+    "dsrl": {"critic_loss", "actor_loss", "noise_critic_loss", "alpha", "q"},
+    "residual": {"critic_loss", "actor_loss", "alpha", "q"},
 }
 CHUNK = 2
-# the policy each algorithm is tested with (qc needs a flow chunk policy with a critic to choose)
-POLICIES = {"qc": ("flow", {"chunk": CHUNK, "flow_steps": 2, "best_of": 3})}
-POLICY_CONFIG = {"qc": {"type": "flow", "chunk": CHUNK, "best_of": 3}}
+# the policy each algorithm is tested with (qc needs a flow chunk policy with a critic to choose;
+# dsrl and residual steer a chunk policy)
+POLICIES = {
+    "qc": ("flow", {"chunk": CHUNK, "flow_steps": 2, "best_of": 3}),
+    "dsrl": ("flow", {"chunk": CHUNK, "flow_steps": 2}),
+    "residual": ("flow", {"chunk": CHUNK, "flow_steps": 2}),
+}
+POLICY_CONFIG = {
+    "qc": {"type": "flow", "chunk": CHUNK, "best_of": 3},
+    "dsrl": {"type": "flow", "chunk": CHUNK},
+    "residual": {"type": "flow", "chunk": CHUNK},
+}
 
 
 def algo_config(name: str, **settings) -> dict:
@@ -44,48 +53,20 @@ def build(name: str, seed: int):
     return make_algo(name, OBS_SPACE, ACTION_SPACE, policy, {"hidden": [32], **options})
 
 
-def buffer_batch(rng: np.random.Generator, size: int = 16) -> dict[str, np.ndarray]:
-    """A batch as the buffer's `sample` gives it, actor column included (every actor kind)."""
-
-    def obs() -> dict[str, np.ndarray]:
-        return {
-            "image": rng.integers(0, 256, (size, 24, 24, 3), dtype=np.uint8),
-            "state": rng.uniform(-1, 1, (size, 4)).astype(np.float32),
-        }
-
-    return {
-        **{f"obs/{k}": v for k, v in obs().items()},
-        **{f"next_obs/{k}": v for k, v in obs().items()},
-        "action": rng.uniform(-1, 1, (size, 3)).astype(np.float32),
-        "reward": rng.normal(size=size).astype(np.float32),
-        "terminated": rng.random(size) < 0.1,
-        "policy_version": np.ones(size, np.int64),
-        "robot": np.zeros(size, np.int64),
-        "actor": np.resize(np.array([pb.ACTOR_POLICY, pb.ACTOR_HUMAN, pb.ACTOR_SCRIPTED], np.uint8), size),
-        "discount": np.full(size, 0.99**CHUNK, np.float32),
-        "action_chunk": rng.uniform(-1, 1, (size, CHUNK, 3)).astype(np.float32),
-        "chunk_mask": np.arange(CHUNK)[None] < rng.integers(1, CHUNK + 1, (size, 1)),
-        "chunk_actor": np.resize(
-            np.array([pb.ACTOR_POLICY, pb.ACTOR_SCRIPTED, pb.ACTOR_WARMUP], np.uint8), (size, CHUNK)
-        ),
-    }
-
-
 def learner_batch(name: str, rng: np.random.Generator) -> dict:
-    """What the trainer process hands the algorithm: its own columns, as tensors."""
-    columns = training_columns(buffer_batch(rng), ALGOS[name].batch_columns)
-    return training_batch({k: torch.from_numpy(v) for k, v in columns.items()}, torch.device("cpu"))
+    """What the trainer process hands the algorithm: its own columns of a sampled batch, as tensors."""
+    return algorithm_batch(buffer_batch(OBS_SPACE, ACTION_SPACE, rng, chunk=CHUNK), ALGOS[name].batch_columns)
 
 
 def test_an_unknown_algo_type_is_a_config_error_that_names_the_choices() -> None:
     with pytest.raises(
         ConfigError,
-        match=re.escape("config error: algo.type: unknown algorithm; known: sac, drq, bc, qc")
+        match=re.escape("config error: algo.type: unknown algorithm; known: sac, drq, bc, qc, dsrl, residual")
         + ".*"
         + re.escape("the entry-point group 'user_rl.algos' (got 'ppo')"),
-    ):  # plugins, if any, after qc
+    ):  # plugins, if any, after the built-ins
         build_config({"algo": {"type": "ppo"}})
-    with pytest.raises(ValueError, match="unknown algorithm 'ppo'; known: sac, drq, bc, qc"):
+    with pytest.raises(ValueError, match="unknown algorithm 'ppo'; known: sac, drq, bc, qc, dsrl, residual"):
         make_algo("ppo", OBS_SPACE, ACTION_SPACE)
 
 

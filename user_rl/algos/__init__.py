@@ -9,6 +9,8 @@
 | `drq` | `DrQ` | rewards, from pixels: SAC with one camera encoder (the critic's) and random-shift augmentation |
 | `bc` | `BehaviourCloning` | the actions of people (and the scripted intervener): HG-DAgger; MLP or flow chunks |
 | `qc` | `QChunking` | rewards, for a flow chunk policy: a chunk critic picks the best of N sampled chunks (QC) |
+| `dsrl` | `DSRL` | rewards, for a frozen flow chunk policy: a small actor picks the noise it starts from (DSRL) |
+| `residual` | `Residual` | rewards, for a frozen chunk policy: a small actor adds a bounded correction to its chunks |
 
 To add one here: a class with the interface of `base.Algorithm`, whose `Settings` (an
 `AlgoSettings` subclass next to it) holds its keys of the config's `algo` section and declares the
@@ -23,18 +25,28 @@ from typing import Any
 
 import gymnasium as gym
 import torch
+from torch import nn
 
 from user_rl.algos.base import Algorithm, check_state_is_for, metrics_to_floats
 from user_rl.algos.bc import BCSettings, BehaviourCloning
 from user_rl.algos.drq import DrQ, DrQSettings
 from user_rl.algos.qc import QChunking, QCSettings
 from user_rl.algos.sac import SAC, SACSettings
+from user_rl.algos.steering import DSRL, DSRLSettings, Residual, ResidualSettings
 from user_rl.config_plugins import AlgoSettings
 from user_rl.plugins import ALGOS as ALGO_GROUP
 from user_rl.plugins import builtin_or_plugin, known_names
+from user_rl.policies import make_actor
 from user_rl.policies.encoders import is_image
 
-ALGOS: dict[str, type] = {"sac": SAC, "drq": DrQ, "bc": BehaviourCloning, "qc": QChunking}
+ALGOS: dict[str, type] = {
+    "sac": SAC,
+    "drq": DrQ,
+    "bc": BehaviourCloning,
+    "qc": QChunking,
+    "dsrl": DSRL,
+    "residual": Residual,
+}
 
 
 def algo_names() -> list[str]:
@@ -73,6 +85,14 @@ def make_algo(
     return cls(obs_space, action_space, policy, policy_options, settings, device)
 
 
+def make_run_actor(
+    policy: Any, algo: AlgoSettings, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box
+) -> nn.Module:
+    """What acts on the robot in a run (edges, the evaluator, a checkpoint's evaluation): the `policy`
+    section's actor, as the `algo` section's algorithm runs it (a steering algorithm wraps it)."""
+    return algo.acting_actor(make_actor(policy.type, obs_space, action_space, **policy.options()), obs_space)
+
+
 __all__ = [
     "ALGOS",
     "Algorithm",
@@ -80,8 +100,12 @@ __all__ = [
     "BehaviourCloning",
     "DrQ",
     "DrQSettings",
+    "DSRL",
+    "DSRLSettings",
     "QCSettings",
     "QChunking",
+    "Residual",
+    "ResidualSettings",
     "SAC",
     "SACSettings",
     "algo_class",
@@ -90,5 +114,6 @@ __all__ = [
     "AlgoSettings",
     "check_state_is_for",
     "make_algo",
+    "make_run_actor",
     "metrics_to_floats",
 ]

@@ -353,7 +353,7 @@ def serve(spec: TrainerSpec, ring: Ring, slots_channel, outbox, updates, idle_us
         if spec.state is not None:
             algo.load_state_dict(spec.state)
         elif spec.initial_weights is not None:
-            fresh = load_weights(algo.actor, spec.initial_weights)
+            fresh = load_weights(getattr(algo, "pretrained", algo.actor), spec.initial_weights)
             log.warning(
                 "the actor starts from %s%s",
                 spec.initial_weights,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from user_rl.algos import make_run_actor
 from user_rl.config import Config
 from user_rl.edge.daemon import EdgeDaemon, EdgeSettings
 from user_rl.edge.intervention import InterventionMux
@@ -17,7 +18,6 @@ from user_rl.edge.operator import OperatorRequests
 from user_rl.edge.scripted import ScriptedIntervener
 from user_rl.hal.registry import make_robot
 from user_rl.hal.robot import Robot
-from user_rl.policies import make_actor
 from user_rl.rewards import make_reward
 from user_rl.robots.safety import SafetySettings
 from user_rl.security.curve import ClientKeys, robot_client_keys
@@ -55,7 +55,7 @@ def make_edge(
     real_robot = robot.device_kind == "robot"
     if real_robot and cfg.fleet.pace_to_learner:  # the default (for sims): not a mistake, so not a warning
         log.info("%s: a real robot never waits for the learner: fleet.pace_to_learner is ignored", options["robot_id"])
-    actor = make_actor(cfg.policy.type, robot.observation_space, robot.action_space, **cfg.policy.options())
+    actor = make_run_actor(cfg.policy, cfg.algo, robot.observation_space, robot.action_space)
     settings = EdgeSettings(
         control_hz=cfg.fleet.control_hz,
         pace_to_learner=cfg.fleet.pace_to_learner and not real_robot,

@@ -67,16 +67,14 @@ class Evaluator:
     """Fetches the learner's newest actor over the weights socket and evaluates it locally."""
 
     def __init__(self, cfg: Config, weights_address: str) -> None:
+        from user_rl.algos import make_run_actor
         from user_rl.edge.weights import WeightReceiver
         from user_rl.hal.registry import make_robot
-        from user_rl.policies import make_actor
         from user_rl.security.curve import launch_client_keys
 
         self.cfg = cfg
         self.robot = make_robot(cfg.robot.type, **{**cfg.robot_options(0), "robot_id": "eval"})
-        self.actor = make_actor(
-            cfg.policy.type, self.robot.observation_space, self.robot.action_space, **cfg.policy.options()
-        )
+        self.actor = make_run_actor(cfg.policy, cfg.algo, self.robot.observation_space, self.robot.action_space)
         self.context = zmq.Context()
         self.receiver = WeightReceiver(
             self.context, weights_address, curve=launch_client_keys(cfg.security, weights_address)

@@ -34,6 +34,7 @@ class FlowSettings(PolicySettings):
 
     chunked = True
     samples_chunks = True
+    steerable_by_noise = True
 
     type: str = "flow"
     hidden: list[int] = Field(default_factory=lambda: [256, 256], description="widths of the hidden layers")

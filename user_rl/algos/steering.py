@@ -1,0 +1,263 @@
+"""Post-training a pretrained chunk policy with RL while its weights stay as they are: DSRL steers
+its input noise, residual RL corrects its actions (policies/steering.py has the actors edges run).
+
+Both are SAC over a small actor's latent, with one critic in common: Q_A(s, chunk) values the
+chunk the robot executed, normalised and flattened, and backs up over the chunk as Q-chunking does
+(the H-step discounted reward, then gamma^H x the value at s_{t+H}; only a termination stops the
+bootstrap). Because it values executed chunks, it learns from every row: a person's take-over and
+demonstrations included, not only the steps the small actor chose. The next chunk in its target
+is the one the small actor would run there, with SAC's entropy bonus on the latent.
+
+- **residual**: the executed chunk is a differentiable function of the latent (base chunk plus the
+  scaled latent), so the actor maximises Q_A directly.
+- **dsrl** (the noise-aliasing variant of Wagenmaker et al., 2025): the base is a deep flow, and
+  differentiating through its integration is what DSRL avoids. A second critic Q_W(s, w) over the
+  noise is regressed onto Q_A(s, base(s, w)) at noise drawn from N(0, I) and from the actor, and
+  the actor maximises Q_W. Noise the base maps to the same chunk gets the same value (the
+  aliasing), and no row needs to record which noise produced it.
+
+Start either from a behaviour-cloned policy (`policy.weights`): the base's weights never change.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import ClassVar
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import nn
+
+from user_rl.algos.base import check_state_is_for
+from user_rl.algos.optim import adam
+from user_rl.config_plugins import AlgoSettings, PolicySettings
+from user_rl.policies import make_actor
+from user_rl.policies.mlp import TwinQCritic
+from user_rl.policies.steering import NoiseSteeredActor, ResidualChunkActor, SteeredChunk
+
+
+class SteeringSettings(AlgoSettings):
+    """What `dsrl` and `residual` share: SAC settings for the small actor and the chunk critic."""
+
+    trains_step_policies: ClassVar[bool] = False
+    trains_chunk_policies: ClassVar[bool] = True
+    returns_over_chunks: ClassVar[bool] = True
+    steers: ClassVar[bool] = True
+
+    tau: float = Field(0.005, gt=0.0, le=1.0)
+    actor_lr: float = Field(3e-4, gt=0.0)
+    critic_lr: float = Field(3e-4, gt=0.0)
+    init_alpha: float = Field(0.1, gt=0.0)
+    target_entropy_scale: float = Field(
+        0.5, description="target entropy = -scale x the latent's size (H x A values per chunk)"
+    )
+    steer_hidden: list[int] = Field(default_factory=lambda: [128, 128], description="the small actor's hidden layers")
+    critic_hidden: list[int] = Field(default_factory=lambda: [256, 256], description="the critics' hidden layers")
+
+    def acting_actor(self, base: nn.Module, obs_space: gym.spaces.Dict) -> nn.Module:
+        raise NotImplementedError
+
+
+class DSRLSettings(SteeringSettings):
+    """`algo.type: dsrl`: a small SAC actor picks the noise a frozen flow policy starts from (DSRL-NA)."""
+
+    type: str = "dsrl"
+    noise_bound: float = Field(1.5, gt=0.0, le=5.0, description="the noise the actor picks lies in [-bound, bound]")
+
+    @classmethod
+    def suits(cls, policy: type[PolicySettings]) -> bool:
+        return policy.chunked and policy.steerable_by_noise
+
+    def acting_actor(self, base: nn.Module, obs_space: gym.spaces.Dict) -> nn.Module:
+        return NoiseSteeredActor(base, obs_space, self.steer_hidden, self.noise_bound)
+
+
+class ResidualSettings(SteeringSettings):
+    """`algo.type: residual`: a small SAC actor adds a bounded correction to a frozen chunk policy's actions."""
+
+    type: str = "residual"
+    scale: float = Field(
+        0.2, gt=0.0, le=2.0, description="the largest correction, in normalised action units ([-1, 1] spans the range)"
+    )
+
+    def acting_actor(self, base: nn.Module, obs_space: gym.spaces.Dict) -> nn.Module:
+        return ResidualChunkActor(base, obs_space, self.steer_hidden, self.scale)
+
+
+class ChunkSteering:
+    """SAC on a steered chunk policy's small actor, with a critic over executed chunks."""
+
+    name: ClassVar[str]
+    Settings: ClassVar[type[SteeringSettings]]
+    batch_columns = ("obs", "next_obs", "reward", "terminated", "discount", "action_chunk")
+
+    def __init__(
+        self,
+        obs_space: gym.spaces.Dict,
+        action_space: gym.spaces.Box,
+        policy: str = "flow",
+        policy_options: dict | None = None,
+        settings: SteeringSettings | None = None,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.settings = s = settings or self.Settings()
+        self.device = torch.device(device)
+        self.obs_space = obs_space
+        base = make_actor(policy, obs_space, action_space, **(policy_options or {}))
+        self.actor: SteeredChunk = s.acting_actor(base, obs_space).to(self.device)
+        self.pretrained = self.actor.base  # what `policy.weights` loads into
+        chunk_space = gym.spaces.Box(-1.0, 1.0, (self.actor.latent_dim,), np.float32)
+        self.critic = TwinQCritic(obs_space, chunk_space, s.critic_hidden, layer_norm=True).to(self.device)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.log_alpha = torch.tensor(np.log(s.init_alpha), device=self.device, requires_grad=True)
+        self.target_entropy = -s.target_entropy_scale * self.actor.latent_dim
+        self.actor_optim = adam(self.actor.steer.parameters(), s.actor_lr)
+        self.critic_optim = adam(self.critic.parameters(), s.critic_lr)
+        self.alpha_optim = adam([self.log_alpha], s.actor_lr)
+        self.updates = 0
+
+    @property
+    def alpha(self) -> torch.Tensor:
+        return self.log_alpha.exp()
+
+    def td_target(self, batch: dict) -> torch.Tensor:
+        """H-step reward + discount x (1 - terminated) x soft V(s_{t+H}) under the small actor."""
+        with torch.no_grad():
+            next_obs = batch["next_obs"]
+            latent, log_prob = self.actor.steer.sample(next_obs)
+            next_chunk = self.actor.chunk_from(next_obs, latent).flatten(1)
+            soft_value = torch.min(*self.critic_target(next_obs, next_chunk)) - self.alpha * log_prob
+            discount = batch["discount"].unsqueeze(-1) if "discount" in batch else self.settings.gamma
+            not_done = 1.0 - batch["terminated"].float().unsqueeze(-1)
+            return batch["reward"].unsqueeze(-1) + discount * not_done * soft_value
+
+    def update(self, batch: dict) -> dict[str, torch.Tensor]:
+        """One step for the chunk critic, the algorithm's own (`improve_actor`), the temperature, the targets."""
+        obs = batch["obs"]
+        executed = self.actor.normalize(batch["action_chunk"]).flatten(1)
+        target = self.td_target(batch)
+        features = self.critic.encoder(obs)
+        q1, q2 = self.critic.q_of(features, executed)
+        critic_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
+        self.critic_optim.zero_grad(set_to_none=True)
+        critic_loss.backward()
+        self.critic_optim.step()
+
+        latent, log_prob = self.actor.steer.sample(obs)
+        metrics = self.improve_actor(obs, features.detach(), latent, log_prob)
+
+        alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
+        self.alpha_optim.zero_grad(set_to_none=True)
+        alpha_loss.backward()
+        self.alpha_optim.step()
+
+        with torch.no_grad():
+            for target_param, param in zip(self.critic_target.parameters(), self.critic.parameters()):
+                target_param.lerp_(param, self.settings.tau)
+        self.updates += 1
+        return {"critic_loss": critic_loss.detach(), "alpha": self.alpha.detach(), "q": q1.detach().mean(), **metrics}
+
+    def improve_actor(
+        self, obs: dict, features: torch.Tensor, latent: torch.Tensor, log_prob: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def step_actor(self, actor_loss: torch.Tensor) -> None:
+        self.actor_optim.zero_grad(set_to_none=True)
+        actor_loss.backward()
+        self.actor_optim.step()
+
+    def state_dict(self) -> dict:
+        return {
+            "algo": self.name,
+            "actor": self.actor.state_dict(),
+            "critic": self.critic.state_dict(),
+            "critic_target": self.critic_target.state_dict(),
+            "log_alpha": self.log_alpha.detach().cpu(),
+            "actor_optim": self.actor_optim.state_dict(),
+            "critic_optim": self.critic_optim.state_dict(),
+            "alpha_optim": self.alpha_optim.state_dict(),
+            "updates": self.updates,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        check_state_is_for(state, self.name)
+        self.actor.load_state_dict(state["actor"])
+        self.critic.load_state_dict(state["critic"])
+        self.critic_target.load_state_dict(state["critic_target"])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+        self.actor_optim.load_state_dict(state["actor_optim"])
+        self.critic_optim.load_state_dict(state["critic_optim"])
+        self.alpha_optim.load_state_dict(state["alpha_optim"])
+        self.updates = int(state["updates"])
+
+
+class Residual(ChunkSteering):
+    name = "residual"
+    Settings = ResidualSettings
+    actor: ResidualChunkActor
+
+    def improve_actor(
+        self, obs: dict, features: torch.Tensor, latent: torch.Tensor, log_prob: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """The executed chunk is base + scale x latent: Q_A's gradient reaches the actor directly."""
+        chunk = self.actor.chunk_from(obs, latent).flatten(1)
+        self.critic.requires_grad_(False)  # the actor's loss moves the actor only
+        actor_loss = (self.alpha.detach() * log_prob - torch.min(*self.critic.q_of(features, chunk))).mean()
+        self.step_actor(actor_loss)
+        self.critic.requires_grad_(True)
+        return {"actor_loss": actor_loss.detach()}
+
+
+class DSRL(ChunkSteering):
+    name = "dsrl"
+    Settings = DSRLSettings
+    actor: NoiseSteeredActor
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        noise_space = gym.spaces.Box(-np.inf, np.inf, (self.actor.latent_dim,), np.float32)
+        self.noise_critic = TwinQCritic(self.obs_space, noise_space, self.settings.critic_hidden, layer_norm=True).to(
+            self.device
+        )
+        self.noise_critic_optim = adam(self.noise_critic.parameters(), self.settings.critic_lr)
+
+    def improve_actor(
+        self, obs: dict, features: torch.Tensor, latent: torch.Tensor, log_prob: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """Fit Q_W(s, w) to Q_A(s, base(s, w)), then move the actor up Q_W (never through the base)."""
+        bound = self.actor.noise_bound
+        with torch.no_grad():  # half the noise from the prior the base was trained on, half where the actor looks
+            prior = torch.randn_like(latent[: len(latent) // 2])
+            noise = torch.cat([prior, latent[len(prior) :].detach() * bound])
+            chunks = self.actor.chunk_from_noise(obs, noise).flatten(1)
+            aliased = torch.min(*self.critic.q_of(features, chunks))
+        noise_features = self.noise_critic.encoder(obs)
+        w1, w2 = self.noise_critic.q_of(noise_features, noise)
+        noise_loss = F.mse_loss(w1, aliased) + F.mse_loss(w2, aliased)
+        self.noise_critic_optim.zero_grad(set_to_none=True)
+        noise_loss.backward()
+        self.noise_critic_optim.step()
+
+        self.noise_critic.requires_grad_(False)
+        q_noise = torch.min(*self.noise_critic.q_of(noise_features.detach(), latent * bound))
+        actor_loss = (self.alpha.detach() * log_prob - q_noise).mean()
+        self.step_actor(actor_loss)
+        self.noise_critic.requires_grad_(True)
+        return {"actor_loss": actor_loss.detach(), "noise_critic_loss": noise_loss.detach()}
+
+    def state_dict(self) -> dict:
+        return {
+            **super().state_dict(),
+            "noise_critic": self.noise_critic.state_dict(),
+            "noise_critic_optim": self.noise_critic_optim.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.noise_critic.load_state_dict(state["noise_critic"])
+        self.noise_critic_optim.load_state_dict(state["noise_critic_optim"])
