@@ -94,7 +94,7 @@ class AlgoSettings(ComponentSettings):
             return False
         return cls.trains_chunk_policies if policy.chunked else cls.trains_step_policies
 
-    def acting_actor(self, policy_actor: Any, obs_space: Any) -> Any:
+    def acting_actor(self, policy_actor: Any, obs_space: Any, action_space: Any) -> Any:
         """What runs on the robot under this algorithm, given the policy's actor: the actor itself,
         or (an algorithm that `steers`) that actor wrapped with the small one it trains."""
         return policy_actor

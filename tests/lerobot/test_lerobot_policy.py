@@ -38,6 +38,14 @@ def test_a_diffusion_policy_built_from_its_config_plans_chunks_and_learns_by_beh
     assert checks["diffusion_same_on_the_edge"]  # an edge that loads the published weights plans the same chunk
 
 
+def test_a_frozen_diffusion_policy_is_steered_by_dsrl_and_corrected_by_residual_rl(checks: dict) -> None:
+    for name in ("dsrl", "residual"):
+        assert checks[f"{name}_chunk_shape"] == [2, 4, 3]  # the executed n_action_steps, 3 joints
+        assert checks[f"{name}_base_unchanged"] and checks[f"{name}_chunk_follows_the_small_actor"], name
+    assert checks["ddim_noise_names_the_chunk"]
+    assert "noise_scheduler_type DDIM (this one is diffusion with DDPM)" in checks["error_dsrl_ddpm"]
+
+
 def test_mistakes_in_a_lerobot_policy_are_named(checks: dict) -> None:
     assert checks["error_chunk"].startswith("policy.chunk: the act policy at ")
     assert checks["error_chunk"].endswith("plans 10 actions a chunk; set policy.chunk: 10")
@@ -54,7 +62,11 @@ def test_a_lerobot_policy_config_is_checked_and_without_lerobot_says_how_to_get_
     assert cfg.action_horizon == 10  # each row is sampled with the chunk it imitates
     assert Path(cfg.policy.options()["lerobot"]["path"]).is_absolute()  # the learner may run elsewhere
     for policy, algo, message in [
-        ({"type": "lerobot", "lerobot": {"type": "act"}}, "sac", "policy.type lerobot trains with algo.type bc"),
+        (
+            {"type": "lerobot", "lerobot": {"type": "act"}},
+            "sac",
+            "policy.type lerobot trains with algo.type bc or dsrl or residual",
+        ),
         ({"type": "lerobot"}, "bc", "policy.lerobot: give its type (act or diffusion"),
         ({"type": "lerobot", "lerobot": {"type": "act", "path": "x"}}, "bc", "policy.lerobot: give its type"),
         (

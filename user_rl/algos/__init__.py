@@ -90,7 +90,8 @@ def make_run_actor(
 ) -> nn.Module:
     """What acts on the robot in a run (edges, the evaluator, a checkpoint's evaluation): the `policy`
     section's actor, as the `algo` section's algorithm runs it (a steering algorithm wraps it)."""
-    return algo.acting_actor(make_actor(policy.type, obs_space, action_space, **policy.options()), obs_space)
+    actor = make_actor(policy.type, obs_space, action_space, **policy.options())
+    return algo.acting_actor(actor, obs_space, action_space)
 
 
 __all__ = [

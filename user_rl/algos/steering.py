@@ -57,7 +57,7 @@ class SteeringSettings(AlgoSettings):
     steer_hidden: list[int] = Field(default_factory=lambda: [128, 128], description="the small actor's hidden layers")
     critic_hidden: list[int] = Field(default_factory=lambda: [256, 256], description="the critics' hidden layers")
 
-    def acting_actor(self, base: nn.Module, obs_space: gym.spaces.Dict) -> nn.Module:
+    def acting_actor(self, base: nn.Module, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> nn.Module:
         raise NotImplementedError
 
 
@@ -71,8 +71,8 @@ class DSRLSettings(SteeringSettings):
     def suits(cls, policy: type[PolicySettings]) -> bool:
         return policy.chunked and policy.steerable_by_noise
 
-    def acting_actor(self, base: nn.Module, obs_space: gym.spaces.Dict) -> nn.Module:
-        return NoiseSteeredActor(base, obs_space, self.steer_hidden, self.noise_bound)
+    def acting_actor(self, base: nn.Module, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> nn.Module:
+        return NoiseSteeredActor(base, obs_space, action_space, self.steer_hidden, self.noise_bound)
 
 
 class ResidualSettings(SteeringSettings):
@@ -83,8 +83,8 @@ class ResidualSettings(SteeringSettings):
         0.2, gt=0.0, le=2.0, description="the largest correction, in normalised action units ([-1, 1] spans the range)"
     )
 
-    def acting_actor(self, base: nn.Module, obs_space: gym.spaces.Dict) -> nn.Module:
-        return ResidualChunkActor(base, obs_space, self.steer_hidden, self.scale)
+    def acting_actor(self, base: nn.Module, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> nn.Module:
+        return ResidualChunkActor(base, obs_space, action_space, self.steer_hidden, self.scale)
 
 
 class ChunkSteering:
@@ -107,9 +107,10 @@ class ChunkSteering:
         self.device = torch.device(device)
         self.obs_space = obs_space
         base = make_actor(policy, obs_space, action_space, **(policy_options or {}))
-        self.actor: SteeredChunk = s.acting_actor(base, obs_space).to(self.device)
+        self.actor: SteeredChunk = s.acting_actor(base, obs_space, action_space).to(self.device)
         self.pretrained = self.actor.base  # what `policy.weights` loads into
-        chunk_space = gym.spaces.Box(-1.0, 1.0, (self.actor.latent_dim,), np.float32)
+        executed = self.actor.chunk_length * self.actor.action_dim
+        chunk_space = gym.spaces.Box(-1.0, 1.0, (executed,), np.float32)
         self.critic = TwinQCritic(obs_space, chunk_space, s.critic_hidden, layer_norm=True).to(self.device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = torch.tensor(np.log(s.init_alpha), device=self.device, requires_grad=True)
@@ -137,7 +138,8 @@ class ChunkSteering:
     def update(self, batch: dict) -> dict[str, torch.Tensor]:
         """One step for the chunk critic, the algorithm's own (`improve_actor`), the temperature, the targets."""
         obs = batch["obs"]
-        executed = self.actor.normalize(batch["action_chunk"]).flatten(1)
+        # the chunk one inference executes (a LeRobot diffusion policy plans a longer horizon than it runs)
+        executed = self.actor.normalize(batch["action_chunk"][:, : self.actor.chunk_length]).flatten(1)
         target = self.td_target(batch)
         features = self.critic.encoder(obs)
         q1, q2 = self.critic.q_of(features, executed)

@@ -136,6 +136,15 @@ class FlowChunkActor(ActionScaling):
             x = x + dt * self.velocity(features, x, t)
         return x.clamp(-1.0, 1.0).view(len(x), self.chunk_length, self.action_dim)
 
+    @property
+    def noise_size(self) -> int:
+        """How many values the flow integrates a chunk from (what DSRL steers)."""
+        return self.chunk_length * self.action_dim
+
+    def chunk_from_noise(self, obs: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
+        """The normalised chunk (B, H, A) integrated from `noise` (B, H*A): deterministic, so the noise names it."""
+        return self.sample_from(self.encoder(obs), noise)
+
     def best_chunks(self, obs: dict[str, torch.Tensor], n: int, critic: nn.Module) -> torch.Tensor:
         """Of `n` sampled chunks per observation, the one `critic` values most (normalised, (B, H, A))."""
         candidates = self.sample_from(self.encoder(obs).repeat_interleave(n, dim=0))

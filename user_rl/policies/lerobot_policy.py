@@ -211,6 +211,7 @@ class LeRobotSettings(PolicySettings):
     fields of `lerobot`, so it has no `hidden`."""
 
     chunked = True
+    steerable_by_noise = True  # diffusion with a DDIM sampler (the actor says so when it is not)
 
     type: str = "lerobot"
     chunk: int = Field(1, ge=1, le=128, description="ACT's chunk_size, diffusion's horizon")
@@ -322,18 +323,49 @@ class LeRobotChunkActor(nn.Module):
             batch = {name: value.unsqueeze(1) for name, value in batch.items()}
         return batch
 
+    # -- what DSRL steers ---------------------------------------------------------------------------
+    @property
+    def noise_size(self) -> int:
+        """How many values a diffusion policy denoises a chunk from: its whole horizon of actions (the
+        U-Net sees every position, so later positions shape the executed ones too)."""
+        self._check_steerable()
+        return int(self.config.horizon) * self.inputs.action_dim
+
+    def chunk_from_noise(self, obs: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
+        """The executed chunk (B, H, A), in the policy's normalised units, denoised from `noise`
+        (B, horizon * A) by DDIM, which adds no noise of its own: the noise names the chunk."""
+        self._check_steerable()
+        batch = self._diffusion_batch(obs)
+        dtype = next(self.policy.diffusion.parameters()).dtype
+        shaped = noise.reshape(len(noise), int(self.config.horizon), self.inputs.action_dim).to(dtype)
+        return self.policy.diffusion.generate_actions(batch, noise=shaped).float()
+
+    def _check_steerable(self) -> None:
+        if self.kind != "diffusion" or self.config.noise_scheduler_type != "DDIM":
+            raise ValueError(
+                f"algo.type dsrl steers a policy through the noise it denoises from, which must decide its chunk: "
+                f"LeRobot's diffusion policy with noise_scheduler_type DDIM (this one is {self.kind}"
+                + (f" with {self.config.noise_scheduler_type}" if self.kind == "diffusion" else "")
+                + "); use algo.type residual for any chunk policy"
+            )
+
+    def _diffusion_batch(self, obs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        batch = self.lerobot_batch(obs)
+        self.policy.eval()
+        if self.inputs.cameras:
+            batch[IMAGES] = torch.stack([batch[f"{IMAGES}.{k}"] for k in self.inputs.cameras], dim=-4)
+        return batch
+
     # -- what edges run --------------------------------------------------------------------------------
     @torch.no_grad()
     def act_chunk(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> torch.Tensor:
         """The next `n_action_steps` actions in the robot's units, (B, H, A). ACT is deterministic at
         inference; diffusion samples, from a fixed seed when `deterministic`."""
-        batch = self.lerobot_batch(obs)
-        self.policy.eval()
         if self.kind == "act":
-            normalised = self.policy.predict_action_chunk(batch)[:, : self.chunk_length]
+            self.policy.eval()
+            normalised = self.policy.predict_action_chunk(self.lerobot_batch(obs))[:, : self.chunk_length]
         else:
-            if self.inputs.cameras:
-                batch[IMAGES] = torch.stack([batch[f"{IMAGES}.{k}"] for k in self.inputs.cameras], dim=-4)
+            batch = self._diffusion_batch(obs)
             if deterministic:  # the same chunk for the same observation: its sampler's noise from a fixed seed
                 device = batch[STATE].device
                 with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):

@@ -24,16 +24,23 @@ from user_rl.policies.mlp import GaussianActor
 
 class SteeredChunk(nn.Module):
     """What both steered actors share: a frozen chunk policy `base`, a Gaussian `steer` actor over a
-    latent of one value per action of a chunk (H x A, tanh-squashed into [-1, 1]), and how a latent
-    becomes the chunk the robot executes (`chunk_from`, in the base's normalised units)."""
+    latent (`latent_dim` values, tanh-squashed into [-1, 1]), and how a latent becomes the chunk the
+    robot executes (`chunk_from`, (B, H, A) in the base's normalised units)."""
 
-    def __init__(self, base: nn.Module, obs_space: gym.spaces.Dict, hidden: list[int]) -> None:
+    def __init__(
+        self,
+        base: nn.Module,
+        obs_space: gym.spaces.Dict,
+        action_space: gym.spaces.Box,
+        hidden: list[int],
+        latent_dim: int,
+    ) -> None:
         super().__init__()
-        if not hasattr(base, "chunk_length") or not hasattr(base, "action_dim"):
+        if not hasattr(base, "chunk_length"):
             raise ValueError(f"{type(base).__name__} is not a chunk policy: only chunk policies can be steered")
         self.base = base.requires_grad_(False).eval()
-        self.chunk_length, self.action_dim = int(base.chunk_length), int(base.action_dim)
-        self.latent_dim = self.chunk_length * self.action_dim
+        self.chunk_length, self.action_dim = int(base.chunk_length), int(np.prod(action_space.shape))
+        self.latent_dim = int(latent_dim)
         unit = gym.spaces.Box(-1.0, 1.0, (self.latent_dim,), np.float32)
         self.steer = GaussianActor(obs_space, unit, hidden)
 
@@ -65,39 +72,59 @@ class SteeredChunk(nn.Module):
 
 
 class NoiseSteeredActor(SteeredChunk):
-    """DSRL: the latent, scaled to [-noise_bound, noise_bound], is the noise the base's flow starts from."""
+    """DSRL: the latent, scaled to [-noise_bound, noise_bound], is the noise the base denoises from.
 
-    def __init__(self, base: nn.Module, obs_space: gym.spaces.Dict, hidden: list[int], noise_bound: float) -> None:
-        if not hasattr(base, "sample_from"):
+    The base names how much noise it starts from (`noise_size`) and turns noise into the executed
+    chunk deterministically (`chunk_from_noise(obs, noise)`): a flow, or LeRobot's SmolVLA, or its
+    diffusion policy with a DDIM sampler."""
+
+    def __init__(
+        self,
+        base: nn.Module,
+        obs_space: gym.spaces.Dict,
+        action_space: gym.spaces.Box,
+        hidden: list[int],
+        noise_bound: float,
+    ) -> None:
+        if not hasattr(base, "chunk_from_noise"):
             raise ValueError(
-                f"{type(base).__name__} cannot be steered through its noise: it has no sample_from(features, noise)"
+                f"{type(base).__name__} cannot be steered through its noise: it has no chunk_from_noise(obs, noise)"
             )
-        super().__init__(base, obs_space, hidden)
+        super().__init__(base, obs_space, action_space, hidden, base.noise_size)
         self.noise_bound = float(noise_bound)
 
     def chunk_from(self, obs: dict[str, torch.Tensor], latent: torch.Tensor) -> torch.Tensor:
         return self.chunk_from_noise(obs, latent * self.noise_bound)
 
     def chunk_from_noise(self, obs: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
-        """The base's chunk integrated from `noise` (B, H*A): deterministic, so the noise names the chunk."""
-        return self.base.sample_from(self.base.encoder(obs), noise)
+        """The base's chunk (B, H, A) from `noise` (B, noise_size)."""
+        return self.base.chunk_from_noise(obs, noise)
 
 
 class ResidualChunkActor(SteeredChunk):
-    """Residual RL: the base's deterministic chunk plus `scale` x the latent, clipped to [-1, 1]."""
+    """Residual RL: the base's deterministic chunk plus `scale` x the latent (in the base's normalised
+    action units), clipped to the robot's action bounds."""
 
-    def __init__(self, base: nn.Module, obs_space: gym.spaces.Dict, hidden: list[int], scale: float) -> None:
-        super().__init__(base, obs_space, hidden)
+    def __init__(
+        self, base: nn.Module, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, hidden: list[int], scale: float
+    ) -> None:
+        super().__init__(
+            base, obs_space, action_space, hidden, int(base.chunk_length) * int(np.prod(action_space.shape))
+        )
         self.scale = float(scale)
+        bounds = torch.as_tensor(np.stack([action_space.low, action_space.high]), dtype=torch.float32)
+        low, high = base.normalize(bounds)  # the robot's bounds in the base's normalised units
+        self.register_buffer("normalised_low", low.clone())
+        self.register_buffer("normalised_high", high.clone())
 
     def base_chunk(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The base's own chunk for `obs`, normalised (B, H, A): a fixed function of the observation
-        (a flow integrates it from zero noise, whatever its best_of)."""
+        (one that denoises integrates it from zero noise, a flow whatever its best_of)."""
         with torch.no_grad():
-            if hasattr(self.base, "sample_from"):
-                features = self.base.encoder(obs)
-                return self.base.sample_from(
-                    features, torch.zeros(len(features), self.latent_dim, device=features.device)
+            if hasattr(self.base, "chunk_from_noise"):
+                first = next(iter(obs.values()))
+                return self.base.chunk_from_noise(
+                    obs, torch.zeros(len(first), self.base.noise_size, device=first.device)
                 )
             return self.base.normalize(self.base.act_chunk(obs, deterministic=True))
 
@@ -106,4 +133,4 @@ class ResidualChunkActor(SteeredChunk):
 
     def with_correction(self, base_chunk: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
         correction = self.scale * latent.view(len(latent), self.chunk_length, self.action_dim)
-        return (base_chunk + correction).clamp(-1.0, 1.0)
+        return torch.maximum(torch.minimum(base_chunk + correction, self.normalised_high), self.normalised_low)
