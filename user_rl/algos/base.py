@@ -50,6 +50,36 @@ def check_state_is_for(state: dict, name: str) -> None:
         )
 
 
+def parts_state(algo: Any, parts: tuple[str, ...]) -> dict:
+    """`state_dict()` of an algorithm made of the named `parts`: networks and optimisers (their own
+    state dicts) and tensors (a CPU copy), with its name and update count."""
+    state: dict = {"algo": algo.name}
+    for name in parts:
+        part = getattr(algo, name)
+        state[name] = part.detach().cpu() if isinstance(part, torch.Tensor) else part.state_dict()
+    return {**state, "updates": algo.updates}
+
+
+def load_parts_state(algo: Any, state: dict, parts: tuple[str, ...]) -> None:
+    """Restore what `parts_state` saved (refusing a state another algorithm wrote)."""
+    check_state_is_for(state, algo.name)
+    for name in parts:
+        part = getattr(algo, name)
+        if isinstance(part, torch.Tensor):
+            with torch.no_grad():
+                part.copy_(state[name])
+        else:
+            part.load_state_dict(state[name])
+    algo.updates = int(state["updates"])
+
+
+@torch.no_grad()
+def soft_update(target: torch.nn.Module, source: torch.nn.Module, tau: float) -> None:
+    """Polyak-average the target network towards its source: target <- target + tau (source - target)."""
+    for target_param, param in zip(target.parameters(), source.parameters()):
+        target_param.lerp_(param, tau)
+
+
 def metrics_to_floats(metrics: dict[str, Any]) -> dict[str, float]:
     """Plain floats for a status or a log line (this is where the host waits for the device)."""
     return {name: float(value) for name, value in metrics.items()}

@@ -34,7 +34,7 @@ import torch
 from pydantic import Field
 from torch.distributions import Normal
 
-from user_rl.algos.base import check_state_is_for, trainable
+from user_rl.algos.base import load_parts_state, parts_state, trainable
 from user_rl.algos.optim import adam
 from user_rl.config_plugins import AlgoSettings
 from user_rl.policies import make_actor
@@ -146,15 +146,7 @@ class BehaviourCloning:
         return {**self._last, "imitated_rows": torch.tensor(float(len(chunks)), device=self.device)}
 
     def state_dict(self) -> dict:
-        return {
-            "algo": self.name,
-            "actor": self.actor.state_dict(),
-            "actor_optim": self.actor_optim.state_dict(),
-            "updates": self.updates,
-        }
+        return parts_state(self, ("actor", "actor_optim"))
 
     def load_state_dict(self, state: dict) -> None:
-        check_state_is_for(state, self.name)
-        self.actor.load_state_dict(state["actor"])
-        self.actor_optim.load_state_dict(state["actor_optim"])
-        self.updates = int(state["updates"])
+        load_parts_state(self, state, ("actor", "actor_optim"))

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from user_rl.algos.base import check_state_is_for
+from user_rl.algos.base import load_parts_state, parts_state, soft_update
 from user_rl.algos.optim import adam
 from user_rl.config_plugins import AlgoSettings
 from user_rl.policies import make_actor
@@ -51,6 +51,7 @@ class QCSettings(AlgoSettings):
 class QChunking:
     name = "qc"
     Settings = QCSettings
+    state_parts = ("actor", "critic_target", "actor_optim", "critic_optim")  # the critic is part of the actor
     batch_columns = (
         "obs",
         "next_obs",
@@ -112,26 +113,12 @@ class QChunking:
         flow_loss.backward()
         self.actor_optim.step()
 
-        with torch.no_grad():
-            for target_param, param in zip(self.critic_target.parameters(), self.critic.parameters()):
-                target_param.lerp_(param, self.settings.tau)
+        soft_update(self.critic_target, self.critic, self.settings.tau)
         self.updates += 1
         return {"critic_loss": critic_loss.detach(), "flow_loss": flow_loss.detach(), "q": q1.detach().mean()}
 
     def state_dict(self) -> dict:
-        return {
-            "algo": self.name,
-            "actor": self.actor.state_dict(),
-            "critic_target": self.critic_target.state_dict(),
-            "actor_optim": self.actor_optim.state_dict(),
-            "critic_optim": self.critic_optim.state_dict(),
-            "updates": self.updates,
-        }
+        return parts_state(self, self.state_parts)
 
     def load_state_dict(self, state: dict) -> None:
-        check_state_is_for(state, self.name)
-        self.actor.load_state_dict(state["actor"])
-        self.critic_target.load_state_dict(state["critic_target"])
-        self.actor_optim.load_state_dict(state["actor_optim"])
-        self.critic_optim.load_state_dict(state["critic_optim"])
-        self.updates = int(state["updates"])
+        load_parts_state(self, state, self.state_parts)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from user_rl.algos.base import check_state_is_for
+from user_rl.algos.base import load_parts_state, parts_state, soft_update
 from user_rl.algos.optim import adam
 from user_rl.config_plugins import AlgoSettings
 from user_rl.policies import make_actor, make_critic
@@ -47,6 +47,7 @@ class SAC:
     name = "sac"
     Settings = SACSettings
     batch_columns = ("obs", "next_obs", "action", "reward", "terminated", "discount")
+    state_parts = ("actor", "critic", "critic_target", "log_alpha", "actor_optim", "critic_optim", "alpha_optim")
 
     def __init__(
         self,
@@ -135,9 +136,7 @@ class SAC:
         alpha_loss.backward()
         self.alpha_optim.step()
 
-        with torch.no_grad():
-            for target, source in zip(self.critic_target.parameters(), self.critic.parameters()):
-                target.lerp_(source, s.tau)
+        soft_update(self.critic_target, self.critic, s.tau)
         self.updates += 1
         return {
             "critic_loss": critic_loss.detach(),
@@ -155,26 +154,7 @@ class SAC:
         return self.actor.encoder(obs)
 
     def state_dict(self) -> dict:
-        return {
-            "algo": self.name,
-            "actor": self.actor.state_dict(),
-            "critic": self.critic.state_dict(),
-            "critic_target": self.critic_target.state_dict(),
-            "log_alpha": self.log_alpha.detach().cpu(),
-            "actor_optim": self.actor_optim.state_dict(),
-            "critic_optim": self.critic_optim.state_dict(),
-            "alpha_optim": self.alpha_optim.state_dict(),
-            "updates": self.updates,
-        }
+        return parts_state(self, self.state_parts)
 
     def load_state_dict(self, state: dict) -> None:
-        check_state_is_for(state, self.name)
-        self.actor.load_state_dict(state["actor"])
-        self.critic.load_state_dict(state["critic"])
-        self.critic_target.load_state_dict(state["critic_target"])
-        with torch.no_grad():
-            self.log_alpha.copy_(state["log_alpha"])
-        self.actor_optim.load_state_dict(state["actor_optim"])
-        self.critic_optim.load_state_dict(state["critic_optim"])
-        self.alpha_optim.load_state_dict(state["alpha_optim"])
-        self.updates = int(state["updates"])
+        load_parts_state(self, state, self.state_parts)

@@ -31,8 +31,9 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from user_rl.algos.base import check_state_is_for
+from user_rl.algos.base import load_parts_state, parts_state, soft_update
 from user_rl.algos.optim import adam
+from user_rl.algos.sac import SAC
 from user_rl.config_plugins import AlgoSettings, PolicySettings
 from user_rl.policies import make_actor
 from user_rl.policies.mlp import TwinQCritic
@@ -87,12 +88,20 @@ class ResidualSettings(SteeringSettings):
         return ResidualChunkActor(base, obs_space, action_space, self.steer_hidden, self.scale)
 
 
+def step(optimiser: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    """One gradient step of `optimiser` down `loss`."""
+    optimiser.zero_grad(set_to_none=True)
+    loss.backward()
+    optimiser.step()
+
+
 class ChunkSteering:
     """SAC on a steered chunk policy's small actor, with a critic over executed chunks."""
 
     name: ClassVar[str]
     Settings: ClassVar[type[SteeringSettings]]
     batch_columns = ("obs", "next_obs", "reward", "terminated", "discount", "action_chunk")
+    state_parts = SAC.state_parts
 
     def __init__(
         self,
@@ -144,21 +153,14 @@ class ChunkSteering:
         features = self.critic.encoder(obs)
         q1, q2 = self.critic.q_of(features, executed)
         critic_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
-        self.critic_optim.zero_grad(set_to_none=True)
-        critic_loss.backward()
-        self.critic_optim.step()
+        step(self.critic_optim, critic_loss)
 
         latent, log_prob = self.actor.steer.sample(obs)
         metrics = self.improve_actor(obs, features.detach(), latent, log_prob)
 
-        alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
-        self.alpha_optim.zero_grad(set_to_none=True)
-        alpha_loss.backward()
-        self.alpha_optim.step()
+        step(self.alpha_optim, -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean())
 
-        with torch.no_grad():
-            for target_param, param in zip(self.critic_target.parameters(), self.critic.parameters()):
-                target_param.lerp_(param, self.settings.tau)
+        soft_update(self.critic_target, self.critic, self.settings.tau)
         self.updates += 1
         return {"critic_loss": critic_loss.detach(), "alpha": self.alpha.detach(), "q": q1.detach().mean(), **metrics}
 
@@ -167,35 +169,11 @@ class ChunkSteering:
     ) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
-    def step_actor(self, actor_loss: torch.Tensor) -> None:
-        self.actor_optim.zero_grad(set_to_none=True)
-        actor_loss.backward()
-        self.actor_optim.step()
-
     def state_dict(self) -> dict:
-        return {
-            "algo": self.name,
-            "actor": self.actor.state_dict(),
-            "critic": self.critic.state_dict(),
-            "critic_target": self.critic_target.state_dict(),
-            "log_alpha": self.log_alpha.detach().cpu(),
-            "actor_optim": self.actor_optim.state_dict(),
-            "critic_optim": self.critic_optim.state_dict(),
-            "alpha_optim": self.alpha_optim.state_dict(),
-            "updates": self.updates,
-        }
+        return parts_state(self, self.state_parts)
 
     def load_state_dict(self, state: dict) -> None:
-        check_state_is_for(state, self.name)
-        self.actor.load_state_dict(state["actor"])
-        self.critic.load_state_dict(state["critic"])
-        self.critic_target.load_state_dict(state["critic_target"])
-        with torch.no_grad():
-            self.log_alpha.copy_(state["log_alpha"])
-        self.actor_optim.load_state_dict(state["actor_optim"])
-        self.critic_optim.load_state_dict(state["critic_optim"])
-        self.alpha_optim.load_state_dict(state["alpha_optim"])
-        self.updates = int(state["updates"])
+        load_parts_state(self, state, self.state_parts)
 
 
 class Residual(ChunkSteering):
@@ -210,7 +188,7 @@ class Residual(ChunkSteering):
         chunk = self.actor.chunk_from(obs, latent).flatten(1)
         self.critic.requires_grad_(False)  # the actor's loss moves the actor only
         actor_loss = (self.alpha.detach() * log_prob - torch.min(*self.critic.q_of(features, chunk))).mean()
-        self.step_actor(actor_loss)
+        step(self.actor_optim, actor_loss)
         self.critic.requires_grad_(True)
         return {"actor_loss": actor_loss.detach()}
 
@@ -218,6 +196,7 @@ class Residual(ChunkSteering):
 class DSRL(ChunkSteering):
     name = "dsrl"
     Settings = DSRLSettings
+    state_parts = (*SAC.state_parts, "noise_critic", "noise_critic_optim")
     actor: NoiseSteeredActor
 
     def __init__(self, *args, **kwargs) -> None:
@@ -241,25 +220,11 @@ class DSRL(ChunkSteering):
         noise_features = self.noise_critic.encoder(obs)
         w1, w2 = self.noise_critic.q_of(noise_features, noise)
         noise_loss = F.mse_loss(w1, aliased) + F.mse_loss(w2, aliased)
-        self.noise_critic_optim.zero_grad(set_to_none=True)
-        noise_loss.backward()
-        self.noise_critic_optim.step()
+        step(self.noise_critic_optim, noise_loss)
 
         self.noise_critic.requires_grad_(False)
         q_noise = torch.min(*self.noise_critic.q_of(noise_features.detach(), latent * bound))
         actor_loss = (self.alpha.detach() * log_prob - q_noise).mean()
-        self.step_actor(actor_loss)
+        step(self.actor_optim, actor_loss)
         self.noise_critic.requires_grad_(True)
         return {"actor_loss": actor_loss.detach(), "noise_critic_loss": noise_loss.detach()}
-
-    def state_dict(self) -> dict:
-        return {
-            **super().state_dict(),
-            "noise_critic": self.noise_critic.state_dict(),
-            "noise_critic_optim": self.noise_critic_optim.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.noise_critic.load_state_dict(state["noise_critic"])
-        self.noise_critic_optim.load_state_dict(state["noise_critic_optim"])
