@@ -122,3 +122,17 @@ def test_steering_learns_a_chunk_bandit_the_frozen_base_does_badly_on(name: str)
     steered = bandit_return(algo.actor)
     print(f"{name}: base {base_return:.3f}, steered {steered:.3f}")
     assert steered > base_return + 0.1
+
+
+def test_dsrl_through_the_base_learns_the_bandit_without_a_noise_critic() -> None:
+    """`through_base`: the actor climbs the chunk critic through the base's denoising (a small base)."""
+    torch.manual_seed(0)
+    settings = SETTINGS["dsrl"].model_copy(update={"through_base": True})
+    algo = make_algo("dsrl", OBS_SPACE, ACTION_SPACE, "flow", FLOW, settings)
+    assert not hasattr(algo, "noise_critic") and "noise_critic" not in algo.state_dict()
+    base_before, base_return = digest(algo.pretrained), bandit_return(algo.pretrained)
+    for _ in range(400):
+        algo.update(bandit_batch(algo))
+    steered = bandit_return(algo.actor)
+    print(f"dsrl through the base: base {base_return:.3f}, steered {steered:.3f}")
+    assert steered > base_return + 0.1 and digest(algo.pretrained) == base_before

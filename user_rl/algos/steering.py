@@ -67,6 +67,11 @@ class DSRLSettings(SteeringSettings):
 
     type: str = "dsrl"
     noise_bound: float = Field(1.5, gt=0.0, le=5.0, description="the noise the actor picks lies in [-bound, bound]")
+    through_base: bool = Field(
+        False,
+        description="move the actor up the chunk critic through the base's denoising (exact, for a small "
+        "base) instead of up a noise critic fitted to it (DSRL's noise aliasing, for any base)",
+    )
 
     @classmethod
     def suits(cls, policy: type[PolicySettings]) -> bool:
@@ -169,6 +174,17 @@ class ChunkSteering:
     ) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
+    def ascend_action_critic(
+        self, obs: dict, features: torch.Tensor, latent: torch.Tensor, log_prob: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """Move the small actor up Q_A of the chunk its latent makes (which must be differentiable in it)."""
+        chunk = self.actor.chunk_from(obs, latent).flatten(1)
+        self.critic.requires_grad_(False)  # the actor's loss moves the actor only
+        actor_loss = (self.alpha.detach() * log_prob - torch.min(*self.critic.q_of(features, chunk))).mean()
+        step(self.actor_optim, actor_loss)
+        self.critic.requires_grad_(True)
+        return {"actor_loss": actor_loss.detach()}
+
     def state_dict(self) -> dict:
         return parts_state(self, self.state_parts)
 
@@ -185,12 +201,7 @@ class Residual(ChunkSteering):
         self, obs: dict, features: torch.Tensor, latent: torch.Tensor, log_prob: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         """The executed chunk is base + scale x latent: Q_A's gradient reaches the actor directly."""
-        chunk = self.actor.chunk_from(obs, latent).flatten(1)
-        self.critic.requires_grad_(False)  # the actor's loss moves the actor only
-        actor_loss = (self.alpha.detach() * log_prob - torch.min(*self.critic.q_of(features, chunk))).mean()
-        step(self.actor_optim, actor_loss)
-        self.critic.requires_grad_(True)
-        return {"actor_loss": actor_loss.detach()}
+        return self.ascend_action_critic(obs, features, latent, log_prob)
 
 
 class DSRL(ChunkSteering):
@@ -201,6 +212,9 @@ class DSRL(ChunkSteering):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if self.settings.through_base:
+            self.state_parts = SAC.state_parts
+            return
         noise_space = gym.spaces.Box(-np.inf, np.inf, (self.actor.latent_dim,), np.float32)
         self.noise_critic = TwinQCritic(self.obs_space, noise_space, self.settings.critic_hidden, layer_norm=True).to(
             self.device
@@ -210,7 +224,10 @@ class DSRL(ChunkSteering):
     def improve_actor(
         self, obs: dict, features: torch.Tensor, latent: torch.Tensor, log_prob: torch.Tensor
     ) -> dict[str, torch.Tensor]:
-        """Fit Q_W(s, w) to Q_A(s, base(s, w)), then move the actor up Q_W (never through the base)."""
+        """Fit Q_W(s, w) to Q_A(s, base(s, w)), then move the actor up Q_W (never through the base);
+        with `through_base`, up Q_A through the base's denoising instead."""
+        if self.settings.through_base:
+            return self.ascend_action_critic(obs, features, latent, log_prob)
         bound = self.actor.noise_bound
         with torch.no_grad():  # half the noise from the prior the base was trained on, half where the actor looks
             prior = torch.randn_like(latent[: len(latent) // 2])
