@@ -7,13 +7,14 @@ transition and every weight travels over the components' own ZeroMQ sockets.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -109,7 +110,8 @@ def _start_ray(cfg: Config, address: str | None, out: Printer) -> None:
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     if address is not None:
         os.environ.setdefault("RAY_AUTH_MODE", "token")  # as `user-rl node start` runs every node
-    with warnings.catch_warnings():
+    worker_env = {"MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"), "OMP_NUM_THREADS": "1"}
+    with warnings.catch_warnings(), _environment(worker_env if address is None else {}):
         warnings.simplefilter("ignore")
         ray.init(
             address=address or "local",  # "local": a fresh instance, never a cluster left running on this machine
@@ -117,8 +119,25 @@ def _start_ray(cfg: Config, address: str | None, out: Printer) -> None:
             include_dashboard=False if address is None else None,
             logging_level=logging.WARNING,
             log_to_driver=True,
-            runtime_env={"env_vars": {"MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"), "OMP_NUM_THREADS": "1"}},
+            # A local instance's processes inherit the environment it starts with (above); a cluster's
+            # nodes get it as a runtime environment, which costs every worker's start a few seconds.
+            runtime_env={"env_vars": worker_env} if address is not None else None,
         )
+
+
+@contextlib.contextmanager
+def _environment(variables: dict[str, str]) -> Iterator[None]:
+    """These environment variables set while the block runs, the old values back afterwards."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @dataclass
