@@ -2,7 +2,7 @@
 `algo.type: dsrl` and `algo.type: residual` (algos/steering.py trains the small actor).
 
 - `NoiseSteeredActor` (DSRL: Wagenmaker et al., 2025, "Steering Your Diffusion Policy with Latent
-  Space RL"): the small actor picks the noise the base's flow starts from, and the base, which is
+  Space RL"): the small actor picks the noise the base denoises from, and the base, which is
   deterministic given its noise, turns it into the chunk. Every chunk the robot executes is one the
   base can produce, so what it learned from demonstrations stays.
 - `ResidualChunkActor` (residual RL, as Policy Decorator / ResiP): the small actor adds a bounded
@@ -75,8 +75,8 @@ class NoiseSteeredActor(SteeredChunk):
     """DSRL: the latent, scaled to [-noise_bound, noise_bound], is the noise the base denoises from.
 
     The base names how much noise it starts from (`noise_size`) and turns noise into the executed
-    chunk deterministically (`chunk_from_noise(obs, noise)`): a flow, or LeRobot's SmolVLA, or its
-    diffusion policy with a DDIM sampler."""
+    chunk deterministically (`chunk_from_noise(obs, noise)`): a flow (the VLA's head is one), or
+    LeRobot's diffusion policy with a DDIM sampler."""
 
     def __init__(
         self,
