@@ -58,9 +58,6 @@ class SteeringSettings(AlgoSettings):
     steer_hidden: list[int] = Field(default_factory=lambda: [128, 128], description="the small actor's hidden layers")
     critic_hidden: list[int] = Field(default_factory=lambda: [256, 256], description="the critics' hidden layers")
 
-    def acting_actor(self, base: nn.Module, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> nn.Module:
-        raise NotImplementedError
-
 
 class DSRLSettings(SteeringSettings):
     """`algo.type: dsrl`: a small SAC actor picks the noise a frozen flow policy starts from (DSRL-NA)."""
@@ -172,12 +169,8 @@ class ChunkSteering:
     def improve_actor(
         self, obs: dict, features: torch.Tensor, latent: torch.Tensor, log_prob: torch.Tensor
     ) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
-
-    def ascend_action_critic(
-        self, obs: dict, features: torch.Tensor, latent: torch.Tensor, log_prob: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        """Move the small actor up Q_A of the chunk its latent makes (which must be differentiable in it)."""
+        """Move the small actor up Q_A of the chunk its latent makes (which must be differentiable in it:
+        residual's base + scale x latent, or DSRL's denoising with `through_base`)."""
         chunk = self.actor.chunk_from(obs, latent).flatten(1)
         self.critic.requires_grad_(False)  # the actor's loss moves the actor only
         actor_loss = (self.alpha.detach() * log_prob - torch.min(*self.critic.q_of(features, chunk))).mean()
@@ -193,15 +186,11 @@ class ChunkSteering:
 
 
 class Residual(ChunkSteering):
+    """The executed chunk is base + scale x latent: Q_A's gradient reaches the actor directly."""
+
     name = "residual"
     Settings = ResidualSettings
     actor: ResidualChunkActor
-
-    def improve_actor(
-        self, obs: dict, features: torch.Tensor, latent: torch.Tensor, log_prob: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        """The executed chunk is base + scale x latent: Q_A's gradient reaches the actor directly."""
-        return self.ascend_action_critic(obs, features, latent, log_prob)
 
 
 class DSRL(ChunkSteering):
@@ -227,7 +216,7 @@ class DSRL(ChunkSteering):
         """Fit Q_W(s, w) to Q_A(s, base(s, w)), then move the actor up Q_W (never through the base);
         with `through_base`, up Q_A through the base's denoising instead."""
         if self.settings.through_base:
-            return self.ascend_action_critic(obs, features, latent, log_prob)
+            return super().improve_actor(obs, features, latent, log_prob)
         bound = self.actor.noise_bound
         with torch.no_grad():  # half the noise from the prior the base was trained on, half where the actor looks
             prior = torch.randn_like(latent[: len(latent) // 2])
