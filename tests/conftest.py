@@ -65,8 +65,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test fast but those NOT_FAST names (and the learning demonstrations)."""
+    """Mark every test fast but those NOT_FAST names (and the learning demonstrations).
+
+    Under pytest-xdist (`-n 2 --dist loadgroup`, as the README's test command runs the suite), the
+    learning demonstrations run one after another on one worker and the other whole fleets one
+    after another on the other, each group from the start (xdist hands out the largest group
+    first); the rest, most of it waiting on sockets and timeouts, fills in on both. So at most two
+    fleets share the cores, and the longest work never starts last."""
     for item in items:
+        if item.get_closest_marker("long") is not None:
+            item.add_marker(pytest.mark.xdist_group("learning"))
+        elif item.nodeid.startswith("tests/e2e/"):
+            item.add_marker(pytest.mark.xdist_group("fleets"))
         if item.get_closest_marker("long") is None and not item.nodeid.startswith(NOT_FAST):
             item.add_marker(pytest.mark.fast)
 
