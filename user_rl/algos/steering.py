@@ -64,6 +64,11 @@ class DSRLSettings(SteeringSettings):
 
     type: str = "dsrl"
     noise_bound: float = Field(1.5, gt=0.0, le=5.0, description="the noise the actor picks lies in [-bound, bound]")
+    shared_noise: bool = Field(
+        False,
+        description="steer one row of noise (an action's size) repeated for every step of the chunk, as DSRL "
+        "steers π0, instead of the whole chunk's noise: a smaller space, learned in fewer steps",
+    )
     through_base: bool = Field(
         False,
         description="move the actor up the chunk critic through the base's denoising (exact, for a small "
@@ -75,7 +80,7 @@ class DSRLSettings(SteeringSettings):
         return policy.chunked and policy.steerable_by_noise
 
     def acting_actor(self, base: nn.Module, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> nn.Module:
-        return NoiseSteeredActor(base, obs_space, action_space, self.steer_hidden, self.noise_bound)
+        return NoiseSteeredActor(base, obs_space, action_space, self.steer_hidden, self.noise_bound, self.shared_noise)
 
 
 class ResidualSettings(SteeringSettings):

@@ -74,9 +74,12 @@ class SteeredChunk(nn.Module):
 class NoiseSteeredActor(SteeredChunk):
     """DSRL: the latent, scaled to [-noise_bound, noise_bound], is the noise the base denoises from.
 
-    The base names how much noise it starts from (`noise_size`) and turns noise into the executed
-    chunk deterministically (`chunk_from_noise(obs, noise)`): a flow (the VLA's head is one), or
-    LeRobot's diffusion policy with a DDIM sampler."""
+    The base names how much noise it starts from (`noise_size`: a row of `action_dim` values per
+    step it denoises) and turns noise into the executed chunk deterministically
+    (`chunk_from_noise(obs, noise)`): a flow (the VLA's head is one), or LeRobot's diffusion policy
+    with a DDIM sampler. With `shared_noise` the latent is one row, repeated for every step (as DSRL
+    steers π0): a space as small as one action to search, which on reach still holds the chunks that
+    succeed (a greedy choice among 16 such noises per chunk turns a 0.3 base into 1.0)."""
 
     def __init__(
         self,
@@ -85,20 +88,25 @@ class NoiseSteeredActor(SteeredChunk):
         action_space: gym.spaces.Box,
         hidden: list[int],
         noise_bound: float,
+        shared_noise: bool = False,
     ) -> None:
         if not hasattr(base, "chunk_from_noise"):
             raise ValueError(
                 f"{type(base).__name__} cannot be steered through its noise: it has no chunk_from_noise(obs, noise)"
             )
-        super().__init__(base, obs_space, action_space, hidden, base.noise_size)
+        action_dim = int(np.prod(action_space.shape))
+        if base.noise_size % action_dim:
+            raise ValueError(f"{type(base).__name__}'s noise ({base.noise_size}) is not rows of {action_dim} actions")
+        self.noise_rows = base.noise_size // action_dim if shared_noise else 1
+        super().__init__(base, obs_space, action_space, hidden, base.noise_size // self.noise_rows)
         self.noise_bound = float(noise_bound)
 
     def chunk_from(self, obs: dict[str, torch.Tensor], latent: torch.Tensor) -> torch.Tensor:
         return self.chunk_from_noise(obs, latent * self.noise_bound)
 
     def chunk_from_noise(self, obs: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
-        """The base's chunk (B, H, A) from `noise` (B, noise_size)."""
-        return self.base.chunk_from_noise(obs, noise)
+        """The base's chunk (B, H, A) from `noise` (B, latent_dim): with shared noise, one row repeated."""
+        return self.base.chunk_from_noise(obs, noise.repeat(1, self.noise_rows))
 
 
 class ResidualChunkActor(SteeredChunk):
