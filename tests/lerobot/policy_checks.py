@@ -6,6 +6,7 @@ LeRobot's own pipeline and prints what it found as JSON (the test asserts on it)
 
 import hashlib
 import json
+import math
 import sys
 
 import gymnasium as gym
@@ -122,7 +123,7 @@ for name, settings in (("dsrl", DSRLSettings(**small)), ("residual", ResidualSet
     found[f"{name}_chunk_follows_the_small_actor"] = not torch.allclose(before, after)
 # The same chunk from the same noise: what DSRL needs of its base.
 base = steering.pretrained
-noise = torch.randn(2, base.noise_size)
+noise = torch.randn(2, math.prod(base.noise_shape))
 found["ddim_noise_names_the_chunk"] = bool(
     torch.equal(base.chunk_from_noise(arm_obs, noise), base.chunk_from_noise(arm_obs, noise))
 )

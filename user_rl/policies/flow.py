@@ -137,9 +137,9 @@ class FlowChunkActor(ActionScaling):
         return x.clamp(-1.0, 1.0).view(len(x), self.chunk_length, self.action_dim)
 
     @property
-    def noise_size(self) -> int:
-        """How many values the flow integrates a chunk from (what DSRL steers)."""
-        return self.chunk_length * self.action_dim
+    def noise_shape(self) -> tuple[int, int]:
+        """The noise the flow integrates a chunk from (what DSRL steers): a row per action of the chunk."""
+        return self.chunk_length, self.action_dim
 
     def chunk_from_noise(self, obs: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
         """The normalised chunk (B, H, A) integrated from `noise` (B, H*A): deterministic, so the noise names it."""

@@ -325,11 +325,11 @@ class LeRobotChunkActor(nn.Module):
 
     # -- what DSRL steers ---------------------------------------------------------------------------
     @property
-    def noise_size(self) -> int:
-        """How many values a diffusion policy denoises a chunk from: its whole horizon of actions (the
+    def noise_shape(self) -> tuple[int, int]:
+        """The noise a diffusion policy denoises a chunk from: a row per action of its whole horizon (the
         U-Net sees every position, so later positions shape the executed ones too)."""
         self._check_steerable()
-        return int(self.config.horizon) * self.inputs.action_dim
+        return int(self.config.horizon), self.inputs.action_dim
 
     def chunk_from_noise(self, obs: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
         """The executed chunk (B, H, A), in the policy's normalised units, denoised from `noise`

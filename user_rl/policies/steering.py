@@ -14,6 +14,8 @@ once, as the frozen base part, and each new version carries only the small actor
 
 from __future__ import annotations
 
+import math
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -74,8 +76,8 @@ class SteeredChunk(nn.Module):
 class NoiseSteeredActor(SteeredChunk):
     """DSRL: the latent, scaled to [-noise_bound, noise_bound], is the noise the base denoises from.
 
-    The base names how much noise it starts from (`noise_size`: a row of `action_dim` values per
-    step it denoises) and turns noise into the executed chunk deterministically
+    The base names the noise it starts from (`noise_shape`: rows, one per step it denoises, of that
+    step's width) and turns noise (B, rows x width) into the executed chunk deterministically
     (`chunk_from_noise(obs, noise)`): a flow (the VLA's head is one), or LeRobot's diffusion policy
     with a DDIM sampler. With `shared_noise` the latent is one row, repeated for every step (as DSRL
     steers π0): a space as small as one action to search, which on reach still holds the chunks that
@@ -94,11 +96,9 @@ class NoiseSteeredActor(SteeredChunk):
             raise ValueError(
                 f"{type(base).__name__} cannot be steered through its noise: it has no chunk_from_noise(obs, noise)"
             )
-        action_dim = int(np.prod(action_space.shape))
-        if base.noise_size % action_dim:
-            raise ValueError(f"{type(base).__name__}'s noise ({base.noise_size}) is not rows of {action_dim} actions")
-        self.noise_rows = base.noise_size // action_dim if shared_noise else 1
-        super().__init__(base, obs_space, action_space, hidden, base.noise_size // self.noise_rows)
+        rows, width = base.noise_shape
+        self.noise_rows = rows if shared_noise else 1
+        super().__init__(base, obs_space, action_space, hidden, width if shared_noise else rows * width)
         self.noise_bound = float(noise_bound)
 
     def chunk_from(self, obs: dict[str, torch.Tensor], latent: torch.Tensor) -> torch.Tensor:
@@ -132,7 +132,7 @@ class ResidualChunkActor(SteeredChunk):
             if hasattr(self.base, "chunk_from_noise"):
                 first = next(iter(obs.values()))
                 return self.base.chunk_from_noise(
-                    obs, torch.zeros(len(first), self.base.noise_size, device=first.device)
+                    obs, torch.zeros(len(first), math.prod(self.base.noise_shape), device=first.device)
                 )
             return self.base.normalize(self.base.act_chunk(obs, deterministic=True))
 
