@@ -136,3 +136,49 @@ def test_dsrl_through_the_base_learns_the_bandit_without_a_noise_critic() -> Non
     steered = bandit_return(algo.actor)
     print(f"dsrl through the base: base {base_return:.3f}, steered {steered:.3f}")
     assert steered > base_return + 0.1 and digest(algo.pretrained) == base_before
+
+
+@pytest.mark.parametrize("name", ["dsrl", "residual"])
+def test_the_chunk_critic_learns_from_a_persons_chunks_the_small_actor_never_chose(name: str) -> None:
+    """Rows where a person took over carry the chunk the person executed: the critic over executed
+    chunks values them (above the base's own chunk), and the small actor moves towards them."""
+    algo = build(name, seed=1)
+    base_return = bandit_return(algo.pretrained)
+    for _ in range(300):
+        batch = bandit_batch(algo)
+        person = slice(0, len(batch["reward"]) // 2)  # half the rows: the person's chunk, near the best one
+        state = batch["obs"]["state"][person]
+        taken_over = (bandit_target(state) + 0.05 * torch.randn_like(bandit_target(state))).clamp(-1, 1)
+        batch["action_chunk"][person] = algo.actor.to_robot_units(taken_over)
+        batch["reward"][person] = -(taken_over - bandit_target(state)).abs().mean(dim=(1, 2))
+        algo.update(batch)
+    state = torch.rand(256, 2) * 2 - 1
+    with torch.no_grad():
+        person_q = torch.min(*algo.critic({"state": state}, bandit_target(state).flatten(1)))
+        base_q = torch.min(
+            *algo.critic(
+                {"state": state},
+                algo.pretrained.normalize(algo.pretrained.act_chunk({"state": state}, deterministic=True)).flatten(1),
+            )
+        )
+    assert (person_q > base_q).float().mean() >= 0.9
+    steered = bandit_return(algo.actor)
+    print(f"{name} with a person's chunks: base {base_return:.3f}, steered {steered:.3f}")
+    assert steered > base_return + 0.1
+
+
+def test_shared_noise_steers_one_row_repeated_over_the_chunk() -> None:
+    torch.manual_seed(0)
+    settings = SETTINGS["dsrl"].model_copy(update={"shared_noise": True})
+    algo = make_algo("dsrl", OBS_SPACE, ACTION_SPACE, "flow", FLOW, settings)
+    actor = algo.actor
+    assert actor.latent_dim == 2 and algo.actor.steer.trunk[-1].out_features == 2 * 2  # mean and log-std of one row
+    obs = {"state": torch.rand(4, 2) * 2 - 1}
+    row = torch.randn(4, 2)
+    assert torch.equal(actor.chunk_from_noise(obs, row), actor.base.chunk_from_noise(obs, row.repeat(1, CHUNK)))
+    base_return = bandit_return(algo.pretrained)
+    for _ in range(400):
+        algo.update(bandit_batch(algo))
+    steered = bandit_return(algo.actor)
+    print(f"dsrl, shared noise: base {base_return:.3f}, steered {steered:.3f}")
+    assert steered > base_return + 0.1
