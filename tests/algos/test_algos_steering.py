@@ -26,9 +26,10 @@ SETTINGS = {
 }
 
 
-def build(name: str, seed: int = 0):
+def build(name: str, seed: int = 0, **settings):
+    """`name` on the flow base with the test's settings, changed by `settings`."""
     torch.manual_seed(seed)
-    return make_algo(name, OBS_SPACE, ACTION_SPACE, "flow", FLOW, SETTINGS[name])
+    return make_algo(name, OBS_SPACE, ACTION_SPACE, "flow", FLOW, SETTINGS[name].model_copy(update=settings))
 
 
 def digest(module: torch.nn.Module) -> str:
@@ -55,6 +56,16 @@ def bandit_batch(algo, size: int = 128) -> dict:
         "terminated": torch.ones(size, dtype=torch.bool),
         "discount": torch.full((size,), 0.99**CHUNK),
     }
+
+
+def assert_it_learns_the_bandit(algo, label: str, updates: int = 400) -> None:
+    """`updates` on the algorithm's own chunks lift the steered return well above the base's, which stays as it was."""
+    base_before, base_return = digest(algo.pretrained), bandit_return(algo.pretrained)
+    for _ in range(updates):
+        algo.update(bandit_batch(algo))
+    steered = bandit_return(algo.actor)
+    print(f"{label}: base {base_return:.3f}, steered {steered:.3f}")
+    assert steered > base_return + 0.1 and digest(algo.pretrained) == base_before
 
 
 def bandit_return(actor, episodes: int = 512) -> float:
@@ -115,27 +126,14 @@ def test_residual_corrects_the_base_chunk_by_at_most_its_scale() -> None:
 
 @pytest.mark.parametrize("name", ["dsrl", "residual"])
 def test_steering_learns_a_chunk_bandit_the_frozen_base_does_badly_on(name: str) -> None:
-    algo = build(name)
-    base_return = bandit_return(algo.pretrained)
-    for _ in range(400):
-        algo.update(bandit_batch(algo))
-    steered = bandit_return(algo.actor)
-    print(f"{name}: base {base_return:.3f}, steered {steered:.3f}")
-    assert steered > base_return + 0.1
+    assert_it_learns_the_bandit(build(name), name)
 
 
 def test_dsrl_through_the_base_learns_the_bandit_without_a_noise_critic() -> None:
     """`through_base`: the actor climbs the chunk critic through the base's denoising (a small base)."""
-    torch.manual_seed(0)
-    settings = SETTINGS["dsrl"].model_copy(update={"through_base": True})
-    algo = make_algo("dsrl", OBS_SPACE, ACTION_SPACE, "flow", FLOW, settings)
+    algo = build("dsrl", through_base=True)
     assert not hasattr(algo, "noise_critic") and "noise_critic" not in algo.state_dict()
-    base_before, base_return = digest(algo.pretrained), bandit_return(algo.pretrained)
-    for _ in range(400):
-        algo.update(bandit_batch(algo))
-    steered = bandit_return(algo.actor)
-    print(f"dsrl through the base: base {base_return:.3f}, steered {steered:.3f}")
-    assert steered > base_return + 0.1 and digest(algo.pretrained) == base_before
+    assert_it_learns_the_bandit(algo, "dsrl through the base")
 
 
 @pytest.mark.parametrize("name", ["dsrl", "residual"])
@@ -168,17 +166,10 @@ def test_the_chunk_critic_learns_from_a_persons_chunks_the_small_actor_never_cho
 
 
 def test_shared_noise_steers_one_row_repeated_over_the_chunk() -> None:
-    torch.manual_seed(0)
-    settings = SETTINGS["dsrl"].model_copy(update={"shared_noise": True})
-    algo = make_algo("dsrl", OBS_SPACE, ACTION_SPACE, "flow", FLOW, settings)
+    algo = build("dsrl", shared_noise=True)
     actor = algo.actor
     assert actor.latent_dim == 2 and algo.actor.steer.trunk[-1].out_features == 2 * 2  # mean and log-std of one row
     obs = {"state": torch.rand(4, 2) * 2 - 1}
     row = torch.randn(4, 2)
     assert torch.equal(actor.chunk_from_noise(obs, row), actor.base.chunk_from_noise(obs, row.repeat(1, CHUNK)))
-    base_return = bandit_return(algo.pretrained)
-    for _ in range(400):
-        algo.update(bandit_batch(algo))
-    steered = bandit_return(algo.actor)
-    print(f"dsrl, shared noise: base {base_return:.3f}, steered {steered:.3f}")
-    assert steered > base_return + 0.1
+    assert_it_learns_the_bandit(algo, "dsrl, shared noise")
