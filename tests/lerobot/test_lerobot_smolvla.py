@@ -47,7 +47,7 @@ def test_mistakes_in_a_smolvla_config_are_named(checks: dict) -> None:
 
 def test_a_smolvla_built_from_its_config_learns_by_behaviour_cloning(checks: dict) -> None:
     first, last = checks["bc_loss_first_last"]
-    assert last < 0.7 * first, (first, last)
+    assert last < 0.7 * first, (first, last)  # 1.08 -> 0.30 when written
     assert checks["bc_same_on_the_edge"]
 
 

@@ -50,7 +50,13 @@ def write_tiny_smolvlm(
     patches, 4 to a token after the connector's pixel shuffle. The text model has `hidden` features
     and `layers` layers (SmolVLA uses its first `num_vlm_layers`)."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast, SmolVLMConfig, SmolVLMImageProcessor, SmolVLMProcessor
+    from transformers import (
+        PreTrainedTokenizerFast,
+        SmolVLMConfig,
+        SmolVLMImageProcessor,
+        SmolVLMProcessor,
+        SmolVLMVideoProcessor,
+    )
 
     if image_size % (2 * patch_size):
         raise ValueError(f"image_size {image_size} must be a multiple of 2 x patch_size ({2 * patch_size})")
@@ -74,13 +80,13 @@ def write_tiny_smolvlm(
         model_max_length=1024,
     )
     tokens_per_image = (image_size // patch_size // 2) ** 2
-    images = SmolVLMImageProcessor(
-        do_resize=True,
-        size={"longest_edge": image_size},
-        do_image_splitting=False,
-        max_image_size={"longest_edge": image_size},
+    sizes = {"size": {"longest_edge": image_size}, "max_image_size": {"longest_edge": image_size}}
+    processor = SmolVLMProcessor(
+        image_processor=SmolVLMImageProcessor(do_image_splitting=False, **sizes),
+        tokenizer=tokenizer,
+        video_processor=SmolVLMVideoProcessor(**sizes),
+        image_seq_len=tokens_per_image,
     )
-    processor = SmolVLMProcessor(image_processor=images, tokenizer=tokenizer, image_seq_len=tokens_per_image)
     heads = max(1, hidden // 16)
     config = SmolVLMConfig(
         vision_config={
