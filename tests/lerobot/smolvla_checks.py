@@ -83,6 +83,15 @@ with torch.no_grad():
     found["task_is_the_fixed_one"] = torch.allclose(
         fixed.chunk_from_noise(plain, noise)[2], ours.chunk_from_noise(obs, noise)[2], atol=1e-5
     )
+# a robot with other features (as smolvla_base's, trained on other robots): it takes this one's,
+# normalised by its bounds
+other = gym.spaces.Dict({"wrist": camera, "state": gym.spaces.Box(-np.inf, np.inf, (5,), np.float32)})
+wide = gym.spaces.Box(-2.0, 2.0, (3,), np.float32)
+adopted = make_actor("lerobot", other, wide, chunk=CHUNK, task="pick up the cube", lerobot={"path": str(saved_dir)})
+other_obs = {"wrist": obs["image"], "state": obs["state"][:, :5]}
+found["other_robot_chunk_shape"] = list(adopted.act_chunk(other_obs, deterministic=True).shape)
+found["other_robot_action_scale"] = adopted.action_scale.tolist()  # the robot's bounds, not the saved stats
+found["other_robot_state_scale"] = float(adopted.observation_state_scale)  # unbounded: unchanged
 
 # 2. Mistakes are named.
 for name, (space, options) in {
