@@ -141,8 +141,12 @@ steer_batch = {
     "terminated": torch.zeros(rows, dtype=torch.bool),
 }
 path_options = {"chunk": CHUNK, "lerobot": {"path": str(saved_dir)}}
-for name, settings in (("dsrl", DSRLSettings(**small)), ("residual", ResidualSettings(**small))):
-    steering = make_algo(name, told, bounds, "lerobot", path_options, settings)
+for name, settings in (
+    ("dsrl", DSRLSettings(**small)),
+    ("dsrl_shared", DSRLSettings(shared_noise=True, **small)),  # one row of noise, repeated over the chunk
+    ("residual", ResidualSettings(**small)),
+):
+    steering = make_algo(settings.type, told, bounds, "lerobot", path_options, settings)
     base_hash = digest(steering.pretrained)
     before = steering.actor.act_chunk(two, deterministic=True)
     for _ in range(3):

@@ -59,8 +59,9 @@ def test_a_smolvla_built_from_its_config_learns_by_behaviour_cloning(checks: dic
 
 def test_a_frozen_smolvla_is_steered_by_dsrl_and_corrected_by_residual_rl(checks: dict) -> None:
     assert checks["dsrl_latent"] == 8 * 8  # the whole padded noise
+    assert checks["dsrl_shared_latent"] == 8  # one padded row
     assert checks["residual_latent"] == 4 * 4  # a correction per executed action
-    for name in ("dsrl", "residual"):
+    for name in ("dsrl", "dsrl_shared", "residual"):
         assert checks[f"{name}_chunk_shape"] == [2, 4, 4]
         assert checks[f"{name}_base_unchanged"] and checks[f"{name}_chunk_follows_the_small_actor"], name
     assert checks["noise_names_the_chunk"]
