@@ -312,10 +312,10 @@ class LeRobotChunkActor(nn.Module):
     # -- normalisation ---------------------------------------------------------------------------------
     def _from_bounds(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         ins, outs = self.inputs.features()
-        modes = self.config.normalization_mapping
+        kinds = {name: kind for name, (kind, _) in {**ins, **outs}.items()}
         found = {}
         for name, (low, high) in self.inputs.bounds().items():
-            mode = modes.get({**ins, **outs}[name][0])
+            mode = self.config.normalization_mapping.get(kinds[name])
             if getattr(mode, "value", mode) == "IDENTITY":  # LeRobot leaves it as it is (SmolVLA's images)
                 continue
             low, high = torch.as_tensor(low, dtype=torch.float32), torch.as_tensor(high, dtype=torch.float32)
