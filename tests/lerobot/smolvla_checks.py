@@ -85,13 +85,13 @@ with torch.no_grad():
     )
 # a robot with other features (as smolvla_base's, trained on other robots): it takes this one's,
 # normalised by its bounds
-other = gym.spaces.Dict({"wrist": camera, "state": gym.spaces.Box(-np.inf, np.inf, (5,), np.float32)})
+other = gym.spaces.Dict({"wrist": camera, "state": gym.spaces.Box(-3.0, 3.0, (5,), np.float32)})
 wide = gym.spaces.Box(-2.0, 2.0, (3,), np.float32)
 adopted = make_actor("lerobot", other, wide, chunk=CHUNK, task="pick up the cube", lerobot={"path": str(saved_dir)})
 other_obs = {"wrist": obs["image"], "state": obs["state"][:, :5]}
 found["other_robot_chunk_shape"] = list(adopted.act_chunk(other_obs, deterministic=True).shape)
 found["other_robot_action_scale"] = adopted.action_scale.tolist()  # the robot's bounds, not the saved stats
-found["other_robot_state_scale"] = float(adopted.observation_state_scale)  # unbounded: unchanged
+found["other_robot_state_scale"] = adopted.observation_state_scale.tolist()
 
 # 2. Mistakes are named.
 for name, (space, options) in {

@@ -41,7 +41,7 @@ def test_a_smolvla_saved_by_lerobot_acts_as_lerobots_own_pipeline_runs_it(checks
 def test_a_smolvla_saved_for_other_features_takes_the_robots(checks: dict) -> None:
     assert checks["other_robot_chunk_shape"] == [3, 4, 3]  # another camera, 5 state values, 3 actions
     assert checks["other_robot_action_scale"] == [2.0] * 3  # the robot's bounds, not the other robot's stats
-    assert checks["other_robot_state_scale"] == 1.0
+    assert checks["other_robot_state_scale"] == [3.0] * 5
 
 
 def test_mistakes_in_a_smolvla_config_are_named(checks: dict) -> None:

@@ -315,7 +315,7 @@ class LeRobotChunkActor(nn.Module):
         kinds = {name: kind for name, (kind, _) in {**ins, **outs}.items()}
         found = {}
         for name, (low, high) in self.inputs.bounds().items():
-            mode = self.config.normalization_mapping.get(kinds[name])
+            mode = self.config.normalization_mapping.get(kinds.get(name))  # None: not a feature of this policy
             if getattr(mode, "value", mode) == "IDENTITY":  # LeRobot leaves it as it is (SmolVLA's images)
                 continue
             low, high = torch.as_tensor(low, dtype=torch.float32), torch.as_tensor(high, dtype=torch.float32)
