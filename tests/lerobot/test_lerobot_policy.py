@@ -67,7 +67,7 @@ def test_a_lerobot_policy_config_is_checked_and_without_lerobot_says_how_to_get_
             "sac",
             "policy.type lerobot trains with algo.type bc or dsrl or residual",
         ),
-        ({"type": "lerobot"}, "bc", "policy.lerobot: give its type (act or diffusion"),
+        ({"type": "lerobot"}, "bc", "policy.lerobot: give its type (act, diffusion or smolvla"),
         ({"type": "lerobot", "lerobot": {"type": "act", "path": "x"}}, "bc", "policy.lerobot: give its type"),
         (
             {"type": "lerobot", "hidden": [64], "lerobot": {"type": "act"}},

@@ -1,9 +1,11 @@
 """The Python environment the LeRobot tests run in: LeRobot 0.4.x pins torch below 2.11, the rest
-of the suite runs on torch 2.13, so `user-rl[lerobot]` goes into a venv of its own.
+of the suite runs on torch 2.13, so `user-rl[lerobot,smolvla]` goes into a venv of its own.
 
 The venv sees the main environment's packages (`--system-site-packages`: user-rl itself, Ray,
-MuJoCo, ZeroMQ) and adds LeRobot with its own torch, torchvision and numpy in front of them. It is
-built once per checkout and reused while the requirement it was built for is unchanged. The test
+MuJoCo, ZeroMQ) and adds LeRobot with its own torch, torchvision and numpy in front of them (and
+transformers, for SmolVLA). It is built once per checkout and reused while the requirement it was
+built for (the extras and what pyproject.toml lists in them) is unchanged; when that changes, pip
+installs the new requirement into the venv there is (mostly nothing to download). The test
 session starts the build in the background as soon as it knows LeRobot tests will run (it is mostly
 a download), so the suite does not wait for it (tests/conftest.py).
 
@@ -19,11 +21,26 @@ import sys
 import time
 from pathlib import Path
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = None
+
 REPO = Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv-lerobot"
 BUILT = VENV / "built-for"  # the requirement the venv was built for
 LOG = VENV.with_name(".venv-lerobot.log")
-REQUIREMENT = f"-e {REPO}[lerobot]"
+EXTRAS = ("lerobot", "smolvla")
+INSTALL = f"{REPO}[{','.join(EXTRAS)}]"
+
+
+def requirement() -> str:
+    """What the venv is built for: `pip install -e INSTALL`, with the extras' requirements as listed now."""
+    text = (REPO / "pyproject.toml").read_text()
+    if tomllib is None:
+        return f"-e {INSTALL}\n{text}"
+    listed = tomllib.loads(text)["project"]["optional-dependencies"]
+    return "\n".join([f"-e {INSTALL}", *(r for extra in EXTRAS for r in listed[extra])])
 
 
 def python() -> Path:
@@ -31,7 +48,7 @@ def python() -> Path:
 
 
 def ready() -> bool:
-    return BUILT.is_file() and BUILT.read_text() == REQUIREMENT and python().is_file()
+    return BUILT.is_file() and BUILT.read_text() == requirement() and python().is_file()
 
 
 def build() -> Path:
@@ -42,18 +59,18 @@ def build() -> Path:
         if ready():
             return python()
         started = time.monotonic()
+        steps = [[str(python()), "-m", "pip", "install", "-q", "-e", INSTALL]]
+        if not python().is_file():  # else the requirement changed: pip brings the venv there is up to it
+            steps.insert(0, [sys.executable, "-m", "venv", "--clear", "--system-site-packages", str(VENV)])
         with LOG.open("w") as log:
-            for step in (
-                [sys.executable, "-m", "venv", "--clear", "--system-site-packages", str(VENV)],
-                [str(python()), "-m", "pip", "install", "-q", "-e", f"{REPO}[lerobot]"],
-            ):
+            for step in steps:
                 log.write(f"$ {' '.join(step)}\n")
                 log.flush()
                 done = subprocess.run(step, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
                 if done.returncode:
                     raise RuntimeError(f"building the LeRobot environment failed at `{' '.join(step)}`: see {LOG}")
             log.write(f"built in {time.monotonic() - started:.0f} s\n")
-        BUILT.write_text(REQUIREMENT)
+        BUILT.write_text(requirement())
     return python()
 
 

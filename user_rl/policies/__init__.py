@@ -5,7 +5,7 @@
 | `mlp` | `GaussianActor` (`mlp.py`) | one action per step; its critic is `TwinQCritic` |
 | `flow` | `FlowChunkActor` (`flow.py`) | chunks of H actions (flow matching), with a chunk critic for best-of-N |
 | `vla` | `VLAChunkActor` (`vla.py`) | the same chunks from images + an instruction + state, through a transformer |
-| `lerobot` | `LeRobotChunkActor` (`lerobot_policy.py`) | a LeRobot ACT or diffusion policy's chunks (lerobot extra) |
+| `lerobot` | `LeRobotChunkActor` (`lerobot_policy.py`) | a LeRobot ACT, diffusion or SmolVLA policy's chunks |
 
 Every actor has `act(obs, deterministic)`; a chunk actor also `act_chunk`, `chunk_length` (actions
 executed per inference) and `imitation_loss` (what `algo.type: bc` minimises).

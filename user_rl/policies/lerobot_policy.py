@@ -1,8 +1,8 @@
-"""A LeRobot policy (ACT or diffusion) as a chunk actor: the edge runs it, the learner fine-tunes it.
+"""A LeRobot policy (ACT, diffusion or SmolVLA) as a chunk actor: the edge runs it, the learner fine-tunes it.
 
     policy:
       type: lerobot
-      chunk: 20                  # actions each training row imitates: ACT's chunk_size, diffusion's horizon
+      chunk: 20                  # the actions a training row imitates: chunk_size (diffusion: horizon)
       lerobot: {type: act, n_action_steps: 10, dim_model: 256}    # LeRobot's own config fields
       # or, local weights: lerobot: {path: /models/act_pick}   # a directory LeRobot's save_pretrained wrote
 
@@ -15,13 +15,14 @@ Features. Camera keys (uint8 HxWxC) become `observation.images.<key>`; every oth
 instruction's bytes aside: neither ACT nor diffusion reads text) is concatenated, in key order, into
 `observation.state`, the name LeRobot's robots and our dataset export use for a robot's state.
 ACT and diffusion need an image or an environment state: a robot without a camera feeds its state
-as `observation.environment_state` too.
+as `observation.environment_state` too. SmolVLA also reads the task (the `instruction`, else
+`policy.task`) through its VLM's tokenizer (lerobot_smolvla.py).
 
 Normalisation. LeRobot 0.4 normalises in processor pipelines beside the model; here it is one affine
 map per feature, kept as buffers, so it travels with the weights to every edge and into checkpoints.
 With `path`, the map is the directory's own (its preprocessor's stats and modes); otherwise every
 bounded feature's bounds map to [-1, 1] (actions, pixels in [0, 1], a bounded state) and an unbounded
-state passes unchanged.
+state passes unchanged. A feature LeRobot leaves unnormalised (mode IDENTITY: SmolVLA's images) stays so.
 
 A LeRobot loss takes a padding mask, not weights: an action of the chunk with any imitation weight
 counts fully, one with none (not executed in its episode, or the policy's own) not at all.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +43,15 @@ from pydantic import Field, field_validator, model_validator
 from torch import nn
 
 from user_rl.config_plugins import PolicySettings
+from user_rl.policies import lerobot_smolvla as smolvla
 from user_rl.policies.encoders import is_image, unit_pixels
 
 log = logging.getLogger(__name__)
 
-KINDS = ("act", "diffusion")
+KINDS = ("act", "diffusion", "smolvla")
 STATE, ENV_STATE, ACTION, IMAGES = "observation.state", "observation.environment_state", "action", "observation.images"
 INSTALL = "pip install 'user-rl[lerobot]'"
+SMOLVLA_INSTALL = "pip install 'user-rl[smolvla]'"
 
 
 def _lerobot() -> Any:
@@ -72,8 +76,7 @@ class PolicyInputs:
         self.state_keys = [k for k in keys if k not in self.cameras and obs_space[k].dtype != np.uint8]
         if not self.state_keys:
             raise ValueError(
-                "a LeRobot ACT or diffusion policy needs a state vector among the observations; "
-                f"this robot has only {', '.join(keys)}"
+                f"a LeRobot policy needs a state vector among the observations; this robot has only {', '.join(keys)}"
             )
         self.state_dim = sum(int(np.prod(obs_space[k].shape)) for k in self.state_keys)
         self.env_state = not self.cameras  # the state doubles as the environment state
@@ -104,7 +107,7 @@ class PolicyInputs:
 
 
 def build_config(kind: str, chunk: int, inputs: PolicyInputs, fields: dict[str, Any]) -> Any:
-    """A fresh ACT / diffusion config for these spaces, `fields` as LeRobot's CLI would set them."""
+    """A fresh ACT / diffusion / SmolVLA config for these spaces, `fields` as LeRobot's CLI would set them."""
     from lerobot.configs.types import FeatureType, PolicyFeature
 
     if kind not in KINDS:
@@ -127,18 +130,25 @@ def build_config(kind: str, chunk: int, inputs: PolicyInputs, fields: dict[str, 
     }
     if kind == "act":
         defaults.update(chunk_size=chunk, pretrained_backbone_weights=None)  # never download ImageNet weights
+    elif kind == "smolvla":
+        defaults.update(chunk_size=chunk)
     else:
         if fields.get("n_obs_steps", 1) != 1:
             raise ValueError("policy.lerobot.n_obs_steps: the edge gives the policy one observation a step (1)")
         defaults.update(horizon=chunk, n_obs_steps=1)
     try:
-        return _lerobot().get_choice_class(kind)(**{**defaults, **fields})
+        config = _lerobot().get_choice_class(kind)(**{**defaults, **fields})
     except (TypeError, ValueError) as exc:
         raise ValueError(f"policy.lerobot ({kind}): {exc}") from None
+    if kind == "smolvla":
+        smolvla.check(config, inputs.cameras, inputs.state_dim, inputs.action_dim)
+    return config
 
 
-def load_config(path: Path, chunk: int, inputs: PolicyInputs, overrides: dict[str, Any]) -> Any:
-    """A saved policy's config, checked against these spaces and `policy.chunk`."""
+def load_config(path: Path, chunk: int, inputs: PolicyInputs, overrides: dict[str, Any]) -> tuple[Any, bool]:
+    """A saved policy's config, checked against these spaces and `policy.chunk`, and whether its
+    features are the robot's (a SmolVLA's need not be: it pads the state and actions, and its VLM
+    reads any camera, so a base trained on other robots takes this robot's features)."""
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"policy.lerobot.path: {path} holds no config.json (a directory LeRobot's "
@@ -147,7 +157,7 @@ def load_config(path: Path, chunk: int, inputs: PolicyInputs, overrides: dict[st
     config = _lerobot().from_pretrained(str(path))
     if config.type not in KINDS:
         raise ValueError(f"policy.lerobot.path: {path} holds a {config.type!r} policy; supported: {', '.join(KINDS)}")
-    planned = config.chunk_size if config.type == "act" else config.horizon
+    planned = config.horizon if config.type == "diffusion" else config.chunk_size
     if planned != chunk:
         raise ValueError(
             f"policy.chunk: the {config.type} policy at {path} plans {planned} actions a chunk; "
@@ -161,7 +171,15 @@ def load_config(path: Path, chunk: int, inputs: PolicyInputs, overrides: dict[st
     ins, outs = inputs.features()
     saved = {n: (f.type.name, tuple(f.shape)) for n, f in {**config.input_features, **config.output_features}.items()}
     ours = {**ins, **outs}
-    if saved != ours:
+    if saved != ours and config.type == "smolvla":
+        log.warning(
+            "the SmolVLA at %s reads %s; it takes this robot's %s, normalised by the robot's bounds", path, saved, ours
+        )
+        from lerobot.configs.types import FeatureType, PolicyFeature
+
+        config.input_features = {n: PolicyFeature(FeatureType[t], s) for n, (t, s) in ins.items()}
+        config.output_features = {n: PolicyFeature(FeatureType[t], s) for n, (t, s) in outs.items()}
+    elif saved != ours:
         differ = sorted(set(saved) ^ set(ours)) or sorted(n for n in saved if saved[n] != ours[n])
         raise ValueError(
             f"policy.lerobot.path: the policy at {path} reads {saved}, this robot gives {ours} "
@@ -173,7 +191,9 @@ def load_config(path: Path, chunk: int, inputs: PolicyInputs, overrides: dict[st
         setattr(config, key, value)
     if not 1 <= config.n_action_steps <= chunk:
         raise ValueError(f"policy.lerobot.n_action_steps: {config.n_action_steps} actions of a {chunk}-action chunk")
-    return config
+    if config.type == "smolvla":
+        smolvla.check(config, inputs.cameras, inputs.state_dim, inputs.action_dim)
+    return config, saved == ours
 
 
 def saved_normalisation(path: Path, config: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
@@ -186,7 +206,9 @@ def saved_normalisation(path: Path, config: Any) -> dict[str, tuple[torch.Tensor
     from lerobot.policies.factory import make_pre_post_processors
     from lerobot.processor import NormalizerProcessorStep
 
-    pre, _ = make_pre_post_processors(config, pretrained_path=str(path))
+    # SmolVLA's tokenizer step names the Hub VLM it was saved with: load it from vlm_model_name instead
+    overrides = {"tokenizer_processor": {"tokenizer_name": config.vlm_model_name}} if config.type == "smolvla" else {}
+    pre, _ = make_pre_post_processors(config, pretrained_path=str(path), preprocessor_overrides=overrides)
     step = next((s for s in pre.steps if isinstance(s, NormalizerProcessorStep)), None)
     if step is None:
         return {}
@@ -207,19 +229,20 @@ def saved_normalisation(path: Path, config: Any) -> dict[str, tuple[torch.Tensor
 
 
 class LeRobotSettings(PolicySettings):
-    """`policy.type: lerobot`: a LeRobot ACT or diffusion policy (trained by bc); its sizes are
-    fields of `lerobot`, so it has no `hidden`."""
+    """`policy.type: lerobot`: a LeRobot ACT, diffusion or SmolVLA policy (trained by bc); its sizes
+    are fields of `lerobot`, so it has no `hidden`."""
 
     chunked = True
-    steerable_by_noise = True  # diffusion with a DDIM sampler (the actor says so when it is not)
+    steerable_by_noise = True  # SmolVLA, and diffusion with a DDIM sampler (the actor says so when it is neither)
 
     type: str = "lerobot"
-    chunk: int = Field(1, ge=1, le=128, description="ACT's chunk_size, diffusion's horizon")
+    chunk: int = Field(1, ge=1, le=128, description="ACT's and SmolVLA's chunk_size, diffusion's horizon")
     lerobot: dict[str, Any] | None = Field(
         None,
-        description="{type: act|diffusion, <its config fields>} or "
+        description="{type: act|diffusion|smolvla, <its config fields>} or "
         "{path: <a directory LeRobot's save_pretrained wrote>}",
     )
+    task: str = Field("", description="SmolVLA: the task it is told when the robot gives no `instruction` observation")
 
     @field_validator("lerobot")
     @classmethod
@@ -233,7 +256,7 @@ class LeRobotSettings(PolicySettings):
     def _type_or_path(self) -> LeRobotSettings:
         if not self.lerobot or ("type" in self.lerobot) == ("path" in self.lerobot):
             raise ValueError(
-                "policy.lerobot: give its type (act or diffusion, with LeRobot's config fields) or "
+                "policy.lerobot: give its type (act, diffusion or smolvla, with LeRobot's config fields) or "
                 "path (a directory LeRobot's save_pretrained wrote)"
             )
         return self
@@ -244,12 +267,17 @@ class LeRobotSettings(PolicySettings):
 
 
 class LeRobotChunkActor(nn.Module):
-    """A LeRobot ACT or diffusion policy behind the chunk actor interface (`act_chunk`, `imitation_loss`)."""
+    """A LeRobot ACT, diffusion or SmolVLA policy behind the chunk actor interface (`act_chunk`, `imitation_loss`)."""
 
     Settings = LeRobotSettings
 
     def __init__(
-        self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, chunk: int, lerobot: dict[str, Any]
+        self,
+        obs_space: gym.spaces.Dict,
+        action_space: gym.spaces.Box,
+        chunk: int,
+        lerobot: dict[str, Any],
+        task: str = "",
     ) -> None:
         super().__init__()
         _lerobot()  # first: without the package nothing else can be checked
@@ -258,22 +286,21 @@ class LeRobotChunkActor(nn.Module):
         kind = fields.pop("type", None)
         if (path is None) == (kind is None):
             raise ValueError(
-                "policy.lerobot: give its type (act or diffusion, with LeRobot's config fields) or "
+                "policy.lerobot: give its type (act, diffusion or smolvla, with LeRobot's config fields) or "
                 "path (a directory LeRobot's save_pretrained wrote), one of the two"
             )
-        from lerobot.policies.factory import get_policy_class
-
         self.inputs = PolicyInputs(obs_space, action_space)
         if path is not None:
             path = Path(path)
-            config = load_config(path, chunk, self.inputs, fields)
-            self.policy = get_policy_class(config.type).from_pretrained(str(path), config=config, strict=True)
-            normalisation = saved_normalisation(path, config)
+            config, own_features = load_config(path, chunk, self.inputs, fields)
+            self.policy = _policy_class(config.type).from_pretrained(str(path), config=config, strict=True)
+            normalisation = saved_normalisation(path, config) if own_features else None
         else:
             config = build_config(kind, chunk, self.inputs, fields)
-            self.policy = get_policy_class(config.type)(config)
+            self.policy = _policy_class(config.type)(config)
             normalisation = None
         self.config = config
+        self.task = task  # SmolVLA's task when the robot gives no instruction
         self.pretrained = path is not None  # the edge acts with these weights until the learner's first version
         self.kind = config.type
         self.chunk_length = int(config.n_action_steps)  # what the edge executes per inference
@@ -284,8 +311,13 @@ class LeRobotChunkActor(nn.Module):
 
     # -- normalisation ---------------------------------------------------------------------------------
     def _from_bounds(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        ins, outs = self.inputs.features()
+        kinds = {name: kind for name, (kind, _) in {**ins, **outs}.items()}
         found = {}
         for name, (low, high) in self.inputs.bounds().items():
+            mode = self.config.normalization_mapping.get(kinds.get(name))  # None: not a feature of this policy
+            if getattr(mode, "value", mode) == "IDENTITY":  # LeRobot leaves it as it is (SmolVLA's images)
+                continue
             low, high = torch.as_tensor(low, dtype=torch.float32), torch.as_tensor(high, dtype=torch.float32)
             found[name] = ((high + low) / 2, ((high - low) / 2).clamp(min=1e-8))
         return found
@@ -321,38 +353,50 @@ class LeRobotChunkActor(nn.Module):
             batch[name] = self._normalised(name, unit_pixels(obs[key]))
         if self.kind == "diffusion":  # one observation step: (B, 1, ...)
             batch = {name: value.unsqueeze(1) for name, value in batch.items()}
+        elif self.kind == "smolvla":  # and the task, as tokens
+            texts = smolvla.task_texts(obs, self.task, len(state))
+            batch.update(smolvla.language(self.policy, texts, state.device))
         return batch
 
     # -- what DSRL steers ---------------------------------------------------------------------------
     @property
     def noise_shape(self) -> tuple[int, int]:
-        """The noise a diffusion policy denoises a chunk from: a row per action of its whole horizon (the
-        U-Net sees every position, so later positions shape the executed ones too)."""
+        """The noise the policy denoises a chunk from: a row per action of its whole plan (diffusion's
+        horizon: the U-Net sees every position, so later positions shape the executed ones too; SmolVLA's
+        chunk_size, each row padded to max_action_dim, as its action expert denoises them)."""
         self._check_steerable()
+        if self.kind == "smolvla":
+            return int(self.config.chunk_size), int(self.config.max_action_dim)
         return int(self.config.horizon), self.inputs.action_dim
 
     def chunk_from_noise(self, obs: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
         """The executed chunk (B, H, A), in the policy's normalised units, denoised from `noise`
-        (B, horizon * A) by DDIM, which adds no noise of its own: the noise names the chunk."""
-        self._check_steerable()
-        batch = self._diffusion_batch(obs)
+        (B, rows * width of `noise_shape`) by a sampler that adds no noise of its own (DDIM, SmolVLA's
+        Euler steps): the noise names the chunk."""
+        rows, width = self.noise_shape
+        batch = self._sampling_batch(obs)
+        if self.kind == "smolvla":
+            return smolvla.chunk_from_noise(
+                self.policy, batch, noise.reshape(len(noise), rows, width), self.chunk_length
+            )
         dtype = next(self.policy.diffusion.parameters()).dtype
-        shaped = noise.reshape(len(noise), int(self.config.horizon), self.inputs.action_dim).to(dtype)
+        shaped = noise.reshape(len(noise), rows, width).to(dtype)
         return self.policy.diffusion.generate_actions(batch, noise=shaped).float()
 
     def _check_steerable(self) -> None:
-        if self.kind != "diffusion" or self.config.noise_scheduler_type != "DDIM":
-            raise ValueError(
-                f"algo.type dsrl steers a policy through the noise it denoises from, which must decide its chunk: "
-                f"LeRobot's diffusion policy with noise_scheduler_type DDIM (this one is {self.kind}"
-                + (f" with {self.config.noise_scheduler_type}" if self.kind == "diffusion" else "")
-                + "); use algo.type residual for any chunk policy"
-            )
+        if self.kind == "smolvla" or (self.kind == "diffusion" and self.config.noise_scheduler_type == "DDIM"):
+            return
+        raise ValueError(
+            f"algo.type dsrl steers a policy through the noise it denoises from, which must decide its chunk: "
+            f"SmolVLA, or LeRobot's diffusion policy with noise_scheduler_type DDIM (this one is {self.kind}"
+            + (f" with {self.config.noise_scheduler_type}" if self.kind == "diffusion" else "")
+            + "); use algo.type residual for any chunk policy"
+        )
 
-    def _diffusion_batch(self, obs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _sampling_batch(self, obs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         batch = self.lerobot_batch(obs)
         self.policy.eval()
-        if self.inputs.cameras:
+        if self.kind == "diffusion" and self.inputs.cameras:
             batch[IMAGES] = torch.stack([batch[f"{IMAGES}.{k}"] for k in self.inputs.cameras], dim=-4)
         return batch
 
@@ -360,12 +404,18 @@ class LeRobotChunkActor(nn.Module):
     @torch.no_grad()
     def act_chunk(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> torch.Tensor:
         """The next `n_action_steps` actions in the robot's units, (B, H, A). ACT is deterministic at
-        inference; diffusion samples, from a fixed seed when `deterministic`."""
+        inference; diffusion and SmolVLA sample, from a fixed seed when `deterministic`."""
         if self.kind == "act":
             self.policy.eval()
             normalised = self.policy.predict_action_chunk(self.lerobot_batch(obs))[:, : self.chunk_length]
+        elif self.kind == "smolvla":
+            rows = len(next(iter(obs.values())))
+            device = self.action_low.device
+            seeded = torch.Generator(device=device).manual_seed(0) if deterministic else None
+            noise = torch.randn(rows, math.prod(self.noise_shape), generator=seeded, device=device)
+            normalised = self.chunk_from_noise(obs, noise)
         else:
-            batch = self._diffusion_batch(obs)
+            batch = self._sampling_batch(obs)
             if deterministic:  # the same chunk for the same observation: its sampler's noise from a fixed seed
                 device = batch[STATE].device
                 with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -386,8 +436,21 @@ class LeRobotChunkActor(nn.Module):
         """LeRobot's own loss on normalised chunks (B, H, A); actions of weight 0 are padding."""
         self.policy.train()
         batch = {**self.lerobot_batch(obs), ACTION: chunks, "action_is_pad": weights <= 0}
+        if self.kind == "smolvla":  # LeRobot 0.4.4's SmolVLA reads its padding mask under this name
+            batch["actions_id_pad"] = batch["action_is_pad"]
         loss, parts = self.policy.forward(batch)
         return loss, {name: torch.as_tensor(float(value)) for name, value in (parts or {}).items()}
+
+
+def _policy_class(kind: str) -> type:
+    """LeRobot's policy class; SmolVLA's imports transformers (the smolvla extra)."""
+    from lerobot.policies.factory import get_policy_class
+
+    try:
+        return get_policy_class(kind)
+    except ImportError as exc:
+        extra = SMOLVLA_INSTALL if kind == "smolvla" else INSTALL
+        raise RuntimeError(f"LeRobot's {kind} policy needs {extra} (import failed: {exc})") from None
 
 
 def _buffer(feature: str, what: str) -> str:
