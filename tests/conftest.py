@@ -11,7 +11,8 @@ import zmq  # noqa: E402
 
 # The fast tier (`python -m pytest -m fast -n 2`, under 10 minutes on 2 cores, every package of user_rl
 # touched) is every test but these: whole folders or files, or single tests (path::name), each of
-# them 15 s or more on 2 cores (a fast run: under 8 minutes with -n 2). A new test is fast unless listed here; CI runs them all.
+# them 15 s or more on 2 cores (a fast run: under 8 minutes). A new test is fast unless listed here;
+# CI runs them all.
 NOT_FAST = (
     "tests/e2e/",  # whole fleets learning through Ray (the launch is in tests/security/test_security_launch.py)
     "tests/lerobot/",  # LeRobot in an environment of its own (interop stays fast: tests/hal, tests/edge)
