@@ -292,3 +292,20 @@ def test_two_colours_the_instruction_names_the_target_to_touch():
         # state mode shows both targets (red, then green), not which one is the goal
         np.testing.assert_allclose(obs["state"][-6:-3], fixed.data.mocap_pos[fixed._target_mocap], atol=1e-6)
         fixed.close()
+
+
+def test_a_snapshot_restores_the_sim_and_the_episode_step_exactly():
+    """What a search over actions from one state needs (bench/steering_room.py)."""
+    robot = ReachRobot(episode_steps=6)
+    robot.reset(seed=3)
+    robot.step(np.array([0.5, -0.5, 0.2]))
+    start = robot.snapshot()
+    actions = np.random.default_rng(0).uniform(-1, 1, (5, 3))
+    first = [robot.step(a) for a in actions]
+    assert first[-1].truncated  # the snapshot's step counts: 1 + 5 of 6
+    robot.restore(start)
+    again = [robot.step(a) for a in actions]
+    for one, other in zip(first, again, strict=True):
+        assert np.array_equal(one.observation["state"], other.observation["state"]) and one.reward == other.reward
+    assert again[-1].truncated
+    robot.close()

@@ -347,6 +347,19 @@ class ReachRobot(Robot):
         """The fingertip's distance to the target (m): how the scripted intervener judges progress."""
         return self.distance
 
+    def snapshot(self) -> tuple[np.ndarray, int]:
+        """The simulation's whole state and the episode's step: `restore` goes back to it (a search
+        that tries several actions from one state, as bench/steering_room.py does)."""
+        spec = mujoco.mjtState.mjSTATE_INTEGRATION
+        state = np.empty(mujoco.mj_stateSize(self.model, spec))
+        mujoco.mj_getState(self.model, self.data, state, spec)
+        return state, self._step
+
+    def restore(self, snapshot: tuple[np.ndarray, int]) -> None:
+        state, self._step = snapshot
+        mujoco.mj_setState(self.model, self.data, state, mujoco.mjtState.mjSTATE_INTEGRATION)
+        mujoco.mj_forward(self.model, self.data)
+
     def set_target(self, position: np.ndarray) -> Observation:
         """Move the goal target (for scripted scenes and tests) and return the new observation."""
         self._check_open()
