@@ -65,6 +65,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         lerobot_env.start_in_background()
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups off the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test fast but those NOT_FAST names (and the learning demonstrations).
 
