@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 from user_rl.cloud.learner import Learner
 from user_rl.config import build_config
 from user_rl.edge.daemon import EdgeDaemon
-from user_rl.edge.factory import make_edge
+from user_rl.testing.learner import serving_edge
 
 
 @pytest.fixture
@@ -24,32 +25,14 @@ def running(tmp_path: Path):
         cfg = build_config({"robot": robot}, overrides)
         learner = Learner(cfg, tmp_path)
         threading.Thread(target=learner.run, daemon=True).start()
-        edges: list[EdgeDaemon] = []
-        threads = []
-        for i in range(cfg.fleet.num_robots):
-            built = threading.Event()
-
-            def serve(index: int = i, built: threading.Event = built) -> None:
-                edge = make_edge(cfg, index, learner.addresses["data"], learner.addresses["weights"])
-                edges.append(edge)
-                built.set()
-                try:
-                    edge.run()
-                finally:
-                    edge.close()
-
-            threads.append(threading.Thread(target=serve, daemon=True))
-            threads[-1].start()
-            assert built.wait(60)
-        started.append((learner, edges, threads))
+        serving = contextlib.ExitStack()
+        started.append((learner, serving))  # first: edges built before one that fails are stopped too
+        edges = [serving.enter_context(serving_edge(cfg, i, learner)) for i in range(cfg.fleet.num_robots)]
         return learner, edges
 
     yield start
-    for learner, edges, threads in started:
-        for edge in edges:
-            edge.stop()
-        for thread in threads:
-            thread.join(timeout=10)
+    for learner, serving in started:
+        serving.close()  # the edges stop first
         learner.stop()
         time.sleep(0.3)
         learner.close()

@@ -4,9 +4,7 @@ LeRobot's own pipeline and prints what it found as JSON (the test asserts on it)
     python tests/lerobot/policy_checks.py ACT_DIR    # saves an ACT there (save_act.py: 3 joints, chunk 10)
 """
 
-import hashlib
 import json
-import math
 import sys
 
 import gymnasium as gym
@@ -15,8 +13,9 @@ import torch
 from lerobot.policies.act.modeling_act import ACTPolicy
 from lerobot.policies.factory import make_pre_post_processors
 from save_act import save_act  # this script's directory is on the path
+from steering_checks import SMALL, steered
 
-from user_rl.algos import BCSettings, DSRLSettings, ResidualSettings, make_algo
+from user_rl.algos import BCSettings, DSRLSettings, make_algo
 from user_rl.policies import make_actor
 
 act_dir = sys.argv[1]
@@ -95,12 +94,7 @@ found["diffusion_same_on_the_edge"] = bool(torch.allclose(planned, bc.actor.act_
 
 # 4. The diffusion policy, frozen, steered by DSRL through its DDIM noise and corrected by residual RL:
 # its weights never change, the executed chunk follows the small actor.
-def digest(module: torch.nn.Module) -> str:
-    return hashlib.sha256(b"".join(t.detach().numpy().tobytes() for t in module.state_dict().values())).hexdigest()
-
-
 ddim = {"chunk": 8, "lerobot": {**options["lerobot"], "noise_scheduler_type": "DDIM", "num_inference_steps": 5}}
-small = {"steer_hidden": [32], "critic_hidden": [32]}
 state_only = {
     "obs": {"state": batch["obs"]["state"]},
     "next_obs": {"state": batch["obs"]["state"]},
@@ -109,26 +103,9 @@ state_only = {
     "terminated": torch.zeros(rows, dtype=torch.bool),
 }
 arm_obs = {"state": state_only["obs"]["state"][:2]}
-for name, settings in (("dsrl", DSRLSettings(**small)), ("residual", ResidualSettings(**small))):
-    steering = make_algo(name, arm, bounds, "lerobot", ddim, settings)
-    base_hash = digest(steering.pretrained)
-    before = steering.actor.act_chunk(arm_obs, deterministic=True)
-    for _ in range(3):
-        steering.update(state_only)
-    with torch.no_grad():
-        steering.actor.steer.trunk[-1].bias.add_(0.5)
-    after = steering.actor.act_chunk(arm_obs, deterministic=True)
-    found[f"{name}_chunk_shape"] = list(after.shape)
-    found[f"{name}_base_unchanged"] = digest(steering.pretrained) == base_hash
-    found[f"{name}_chunk_follows_the_small_actor"] = not torch.allclose(before, after)
-# The same chunk from the same noise: what DSRL needs of its base.
-base = steering.pretrained
-noise = torch.randn(2, math.prod(base.noise_shape))
-found["ddim_noise_names_the_chunk"] = bool(
-    torch.equal(base.chunk_from_noise(arm_obs, noise), base.chunk_from_noise(arm_obs, noise))
-)
+found |= steered(lambda settings: make_algo(settings.type, arm, bounds, "lerobot", ddim, settings), arm_obs, state_only)
 try:
-    make_algo("dsrl", arm, bounds, "lerobot", {**ddim, "lerobot": options["lerobot"]}, DSRLSettings(**small))  # DDPM
+    make_algo("dsrl", arm, bounds, "lerobot", {**ddim, "lerobot": options["lerobot"]}, DSRLSettings(**SMALL))  # DDPM
     found["error_dsrl_ddpm"] = None
 except ValueError as exc:
     found["error_dsrl_ddpm"] = str(exc)

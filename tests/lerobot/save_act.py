@@ -38,11 +38,18 @@ def save_act(out: str, joints: int, chunk: int) -> int:
         n_vae_encoder_layers=1,
         latent_dim=4,
     )
+    return save_with_stats(
+        ACTPolicy(config), config, vector, vector, STATE_MEAN, STATE_STD, ACTION_MEAN, ACTION_STD, out
+    )
+
+
+def save_with_stats(policy, config, state_shape, action_shape, state_mean, state_std, action_mean, action_std, out):
+    """`policy` and the pre/post-processors normalising its state and action by these stats, saved to
+    `out` as LeRobot saves them; its parameter count."""
     stats = {
-        "observation.state": {"mean": np.full(vector, STATE_MEAN), "std": np.full(vector, STATE_STD)},
-        "action": {"mean": np.full(vector, ACTION_MEAN), "std": np.full(vector, ACTION_STD)},
+        "observation.state": {"mean": np.full(state_shape, state_mean), "std": np.full(state_shape, state_std)},
+        "action": {"mean": np.full(action_shape, action_mean), "std": np.full(action_shape, action_std)},
     }
-    policy = ACTPolicy(config)
     preprocessor, postprocessor = make_pre_post_processors(config, dataset_stats=stats)
     for part in (policy, preprocessor, postprocessor):
         part.save_pretrained(out)

@@ -8,12 +8,11 @@ normalisation stats and name its tokenizer, on a tiny SmolVLM written locally
 
 import sys
 
-import numpy as np
 import torch
 from lerobot.configs.types import FeatureType, PolicyFeature
-from lerobot.policies.factory import make_pre_post_processors
 from lerobot.policies.smolvla.configuration_smolvla import SmolVLAConfig
 from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+from save_act import save_with_stats  # this script's directory is on the path
 
 from user_rl.policies.tiny_smolvlm import tiny_smolvla_fields, write_tiny_smolvlm
 
@@ -39,15 +38,9 @@ def save_smolvla(
         output_features={"action": PolicyFeature(FeatureType.ACTION, (action_dim,))},
         **tiny_smolvla_fields(vlm_dir),
     )
-    stats = {
-        "observation.state": {"mean": np.full(state_dim, STATE_MEAN), "std": np.full(state_dim, STATE_STD)},
-        "action": {"mean": np.full(action_dim, ACTION_MEAN), "std": np.full(action_dim, ACTION_STD)},
-    }
-    policy = SmolVLAPolicy(config)
-    preprocessor, postprocessor = make_pre_post_processors(config, dataset_stats=stats)
-    for part in (policy, preprocessor, postprocessor):
-        part.save_pretrained(out)
-    return sum(p.numel() for p in policy.parameters())
+    return save_with_stats(
+        SmolVLAPolicy(config), config, state_dim, action_dim, STATE_MEAN, STATE_STD, ACTION_MEAN, ACTION_STD, out
+    )
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ behaviour cloning, and steered while frozen; prints what it found as JSON (the t
     python tests/lerobot/smolvla_checks.py WORK_DIR
 """
 
-import hashlib
 import json
 import math
 import sys
@@ -17,8 +16,9 @@ import torch
 from lerobot.policies.factory import make_pre_post_processors
 from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
 from save_smolvla import save_smolvla  # this script's directory is on the path
+from steering_checks import steered
 
-from user_rl.algos import BCSettings, DSRLSettings, ResidualSettings, make_algo
+from user_rl.algos import BCSettings, make_algo
 from user_rl.hal.instruction import encode_instruction, instruction_space
 from user_rl.policies import make_actor
 from user_rl.policies.tiny_smolvlm import tiny_smolvla_fields
@@ -42,10 +42,6 @@ def observations(n: int, words: list[str]) -> dict[str, torch.Tensor]:
         "state": torch.as_tensor(rng.normal(0, 1, (n, STATE)), dtype=torch.float32),
         "instruction": torch.as_tensor(np.stack([encode_instruction(words[i % len(words)]) for i in range(n)])),
     }
-
-
-def digest(module: torch.nn.Module) -> str:
-    return hashlib.sha256(b"".join(t.detach().numpy().tobytes() for t in module.state_dict().values())).hexdigest()
 
 
 # 1. A SmolVLA saved by LeRobot: our chunks are LeRobot's preprocessor -> SmolVLA -> postprocessor's
@@ -132,7 +128,6 @@ found["bc_same_on_the_edge"] = bool(
 
 # 4. Frozen, steered by DSRL through its noise and corrected by residual RL: its weights never change,
 # the executed chunk follows the small actor.
-small = {"steer_hidden": [32], "critic_hidden": [32]}
 steer_batch = {
     "obs": batch["obs"],
     "next_obs": batch["obs"],
@@ -141,27 +136,7 @@ steer_batch = {
     "terminated": torch.zeros(rows, dtype=torch.bool),
 }
 path_options = {"chunk": CHUNK, "lerobot": {"path": str(saved_dir)}}
-for name, settings in (
-    ("dsrl", DSRLSettings(**small)),
-    ("dsrl_shared", DSRLSettings(shared_noise=True, **small)),  # one row of noise, repeated over the chunk
-    ("residual", ResidualSettings(**small)),
-):
-    steering = make_algo(settings.type, told, bounds, "lerobot", path_options, settings)
-    base_hash = digest(steering.pretrained)
-    before = steering.actor.act_chunk(two, deterministic=True)
-    for _ in range(3):
-        steering.update(steer_batch)
-    with torch.no_grad():
-        steering.actor.steer.trunk[-1].bias.add_(0.5)
-    after = steering.actor.act_chunk(two, deterministic=True)
-    found[f"{name}_latent"] = steering.actor.latent_dim
-    found[f"{name}_chunk_shape"] = list(after.shape)
-    found[f"{name}_base_unchanged"] = digest(steering.pretrained) == base_hash
-    found[f"{name}_chunk_follows_the_small_actor"] = not torch.allclose(before, after)
-base = steering.pretrained
-noise = torch.randn(2, math.prod(base.noise_shape))
-with torch.no_grad():
-    found["noise_names_the_chunk"] = bool(
-        torch.equal(base.chunk_from_noise(two, noise), base.chunk_from_noise(two, noise))
-    )
+found |= steered(
+    lambda settings: make_algo(settings.type, told, bounds, "lerobot", path_options, settings), two, steer_batch
+)
 print(json.dumps(found))

@@ -22,9 +22,9 @@ from save_smolvla import save_smolvla  # this script's directory is on the path
 
 from user_rl.cloud.learner import Learner
 from user_rl.config import build_config
-from user_rl.edge.factory import make_edge
 from user_rl.hal.registry import make_robot
 from user_rl.policies import make_actor
+from user_rl.testing.learner import serving_edge
 from user_rl.testing.wait import wait_until
 
 SIZE = 32
@@ -90,54 +90,36 @@ def main() -> dict:
     learner = Learner(cfg, work / "run")
     learner_thread = threading.Thread(target=learner.run, daemon=True)
     learner_thread.start()
-    edges: list = []
-    built = threading.Event()
-
-    def serve() -> None:
-        edge = make_edge(cfg, 0, learner.addresses["data"], learner.addresses["weights"])
-        edges.append(edge)
-        built.set()
-        try:
-            edge.run()
-        finally:
-            edge.close()
-
-    edge_thread = threading.Thread(target=serve, daemon=True)
-    edge_thread.start()
     try:
-        assert built.wait(120), "the edge was not built"
-        (edge,) = edges
-        found["actor"] = type(edge.actor).__name__
-        found["latent"] = edge.actor.latent_dim
-        wait_until(lambda: edge.policy_version >= 1, 240, "a first policy version at the edge")
-        seen = edge.policy_version  # read before the weights: they may already be one version newer
-        first_steer = {n: t.clone() for n, t in edge.actor.state_dict().items() if n.startswith("steer.")}
-        wait_until(lambda: edge.policy_version >= seen + 2, 240, "two more policy versions at the edge")
-        state = edge.actor.state_dict()
-        found["edge_base_is_the_files"] = digest(base_of(state)) == base_hash
-        found["small_actor_trained"] = any(not torch.equal(state[n], t) for n, t in first_steer.items())
+        with serving_edge(cfg, 0, learner, build_timeout_s=120) as edge:  # stopped as the block ends
+            found["actor"] = type(edge.actor).__name__
+            found["latent"] = edge.actor.latent_dim
+            wait_until(lambda: edge.policy_version >= 1, 240, "a first policy version at the edge")
+            seen = edge.policy_version  # read before the weights: they may already be one version newer
+            first_steer = {n: t.clone() for n, t in edge.actor.state_dict().items() if n.startswith("steer.")}
+            wait_until(lambda: edge.policy_version >= seen + 2, 240, "two more policy versions at the edge")
+            state = edge.actor.state_dict()
+            found["edge_base_is_the_files"] = digest(base_of(state)) == base_hash
+            found["small_actor_trained"] = any(not torch.equal(state[n], t) for n, t in first_steer.items())
 
-        # The executed chunk is the small actor's choice: another small actor, another chunk, same base.
-        chunk_before = edge.actor.act_chunk(obs, deterministic=True)
-        with torch.no_grad():
-            edge.actor.steer.trunk[-1].bias.add_(0.5)
-        chunk_after = edge.actor.act_chunk(obs, deterministic=True)
-        found["chunk_shape"] = list(chunk_after.shape)
-        found["chunk_follows_the_small_actor"] = not torch.allclose(chunk_after, chunk_before)
-        found["edge_base_still_the_files"] = digest(base_of(edge.actor.state_dict())) == base_hash
+            # The executed chunk is the small actor's choice: another small actor, another chunk, same base.
+            chunk_before = edge.actor.act_chunk(obs, deterministic=True)
+            with torch.no_grad():
+                edge.actor.steer.trunk[-1].bias.add_(0.5)
+            chunk_after = edge.actor.act_chunk(obs, deterministic=True)
+            found["chunk_shape"] = list(chunk_after.shape)
+            found["chunk_follows_the_small_actor"] = not torch.allclose(chunk_after, chunk_before)
+            found["edge_base_still_the_files"] = digest(base_of(edge.actor.state_dict())) == base_hash
 
-        # The base travelled once; every later version moved only the small actor (and the action scaling).
-        buffers, weights = learner.trainer.actor_buffers, edge.weights
-        trainable, frozen = buffers.own_layout.total_bytes, buffers.base_layout.total_bytes
-        found["frozen_bytes"], found["trainable_bytes"] = frozen, trainable
-        found["base_parameter_bytes"] = sum(p.numel() * p.element_size() for p in file_base.parameters())
-        found["steer_bytes"] = sum(t.numel() * t.element_size() for t in first_steer.values())
-        found["received_bytes"], found["completed"] = weights.received_bytes, weights.completed
-        found["edge_versions"] = edge.policy_version
+            # The base travelled once; every later version moved only the small actor (and the action scaling).
+            buffers, weights = learner.trainer.actor_buffers, edge.weights
+            trainable, frozen = buffers.own_layout.total_bytes, buffers.base_layout.total_bytes
+            found["frozen_bytes"], found["trainable_bytes"] = frozen, trainable
+            found["base_parameter_bytes"] = sum(p.numel() * p.element_size() for p in file_base.parameters())
+            found["steer_bytes"] = sum(t.numel() * t.element_size() for t in first_steer.values())
+            found["received_bytes"], found["completed"] = weights.received_bytes, weights.completed
+            found["edge_versions"] = edge.policy_version
     finally:
-        for edge in edges:
-            edge.stop()
-        edge_thread.join(timeout=30)
         learner.stop()
         learner_thread.join(timeout=120)
         found["errors"] = learner.status().get("errors")

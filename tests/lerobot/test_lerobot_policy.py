@@ -39,10 +39,11 @@ def test_a_diffusion_policy_built_from_its_config_plans_chunks_and_learns_by_beh
 
 
 def test_a_frozen_diffusion_policy_is_steered_by_dsrl_and_corrected_by_residual_rl(checks: dict) -> None:
-    for name in ("dsrl", "residual"):
+    assert checks["dsrl_latent"] == 8 * 3 and checks["dsrl_shared_latent"] == 3  # the horizon's noise, or one row
+    for name in ("dsrl", "dsrl_shared", "residual"):
         assert checks[f"{name}_chunk_shape"] == [2, 4, 3]  # the executed n_action_steps, 3 joints
         assert checks[f"{name}_base_unchanged"] and checks[f"{name}_chunk_follows_the_small_actor"], name
-    assert checks["ddim_noise_names_the_chunk"]
+    assert checks["noise_names_the_chunk"]
     assert "noise_scheduler_type DDIM (this one is diffusion with DDPM)" in checks["error_dsrl_ddpm"]
 
 
