@@ -17,6 +17,7 @@ const teleop = {
   latencies: [],                                         // {id, total_ms, server_ms}
   frames: {},                                            // camera -> frames received
   connected: false, attempts: 0, lastMessage: 0,         // reconnection with backoff
+  drops: 0,                                              // connections lost since the page opened
   estopPending: null,                                    // when an e-stop not yet acknowledged was pressed
 };
 const STALE_MS = 3000;                                   // no message this long: the connection is gone
@@ -59,6 +60,7 @@ function disconnected(ws) {
   ws.onclose = ws.onmessage = null;
   try { ws.close(); } catch (e) { /* already closed */ }
   teleop.ws = null;
+  teleop.drops += 1;
   teleop.connected = false;
   teleop.driving = false;
   teleop.held.clear();
