@@ -8,13 +8,21 @@ paced fleet holds at each point until the learner has made the updates those ste
 
 - dsrl (configs/reach_dsrl.yaml): the flow frozen, a small actor picks its noise;
 - residual (configs/reach_residual.yaml): the flow frozen, a small actor corrects its actions;
-- qc (configs/reach_flow_qc.yaml): the whole flow fine-tuned on the chunks a chunk critic picks (best of 8).
+- qc (configs/reach_flow_qc.yaml): the whole flow fine-tuned on the chunks a chunk critic picks (best of 8);
+- flow_ql (configs/reach_flow_ql.yaml): the whole flow fine-tuned up a chunk critic (Diffusion-QL);
+- dsrl_people: dsrl with a person in the loop: the scripted expert watches a quarter of the episodes
+  and takes over where the policy is stuck (`intervention.watched_fraction`); the chunk critic
+  learns from those rows as well (`buffer.mix` samples them).
+
+Every method runs at the same updates per env step (`--utd`, 2.0: what DSRL needs here). The bytes
+each published version carries to an edge are counted from the method's actor (what moves after the
+first version: the frozen base goes once).
 
 Prints the table for docs/benchmarks.md (success per method at each point, mean and range over the
 seeds) and writes every point to `--out`. Each run is `user-rl train` in a process of its own, so a
 stopped bench resumes where it was with the same line (finished runs are kept in `--runs-dir`).
 
-    python bench/steering.py                                   # 3 seeds, 20,000 steps (about 1.5 h on 2 cores)
+    python bench/steering.py                                   # 3 seeds, 20,000 steps (about 5 h on 2 cores)
     python bench/steering.py --quick                           # 1 seed, 2,000 steps: a smoke check
     python bench/steering.py --methods dsrl --seeds 0 --set algo.utd_ratio=1.0
 """
@@ -39,7 +47,15 @@ METHODS = {
     "dsrl": "configs/reach_dsrl.yaml",
     "residual": "configs/reach_residual.yaml",
     "qc": "configs/reach_flow_qc.yaml",
+    "flow_ql": "configs/reach_flow_ql.yaml",
+    "dsrl_people": "configs/reach_dsrl.yaml",
 }
+PEOPLE = [  # a person in the loop for a quarter of the episodes; their rows are sampled too
+    "intervention.scripted=true",
+    "intervention.watched_fraction=0.25",
+    "buffer.mix={online: 0.4, demo: 0.3, intervention: 0.3}",
+]
+OVERRIDES = {"dsrl_people": PEOPLE}
 EVAL_EPISODES = 100
 
 
@@ -75,13 +91,31 @@ def points(summary: dict) -> list[dict]:
     ]
 
 
+def published_bytes(config: str) -> int:
+    """Bytes a new policy version carries to an edge under `config`: the trainable part of its actor."""
+    from user_rl.algos import make_algo
+    from user_rl.cloud.actor_buffers import ActorBuffers
+    from user_rl.config import load_config
+    from user_rl.hal.registry import make_robot
+
+    cfg = load_config(REPO / config)
+    robot = make_robot(cfg.robot.type, robot_id="bytes", **cfg.robot.options)
+    try:
+        obs_space, action_space = robot.observation_space, robot.action_space
+    finally:
+        robot.close()
+    algo = make_algo(cfg.algo.type, obs_space, action_space, cfg.policy.type, cfg.policy.options(), cfg.algo)
+    return ActorBuffers(algo.actor, count=1).own_layout.total_bytes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=20000, help="online env steps per method")
     parser.add_argument("--every", type=int, default=5000, help="evaluate at every multiple of this many env steps")
-    parser.add_argument("--set", nargs="*", default=[], help="overrides for every method's run, e.g. algo.utd_ratio=1")
+    parser.add_argument("--utd", type=float, default=2.0, help="learner updates per env step, for every method")
+    parser.add_argument("--set", nargs="*", default=[], help="overrides for every method's run, e.g. algo.tau=0.005")
     parser.add_argument("--runs-dir", default="runs/bench-steering")
     parser.add_argument("--out", default="bench/results/steering.json")
     parser.add_argument("--quick", action="store_true", help="1 seed, 2,000 steps, evaluated at 1,000 and 2,000")
@@ -89,7 +123,15 @@ def main() -> None:
     if args.quick:
         args.seeds, args.steps, args.every = args.seeds[:1], 2000, 1000
     runs = Path(args.runs_dir).resolve()
-    result: dict = {"steps": args.steps, "every": args.every, "overrides": args.set, "seeds": {}}
+    result: dict = {
+        "steps": args.steps,
+        "every": args.every,
+        "utd_ratio": args.utd,
+        "overrides": args.set,
+        "bytes_per_version": {method: published_bytes(METHODS[method]) for method in args.methods},
+        "seeds": {},
+    }
+    print("bytes per published version: " + ", ".join(f"{m} {b:,}" for m, b in result["bytes_per_version"].items()))
     for seed in args.seeds:
         base = train(
             BASE,
@@ -117,10 +159,16 @@ def main() -> None:
                     "stop.eval_every_s=null",
                     f"stop.eval_episodes={EVAL_EPISODES}",
                     "stop.max_wall_s=7200",
+                    f"algo.utd_ratio={args.utd}",
+                    *OVERRIDES.get(method, []),
                     *args.set,
                 ],
             )
-            found[method] = {"points": points(summary), "wall_s": summary.get("bench_wall_s")}
+            found[method] = {
+                "points": points(summary),
+                "wall_s": summary.get("bench_wall_s"),
+                "intervention_steps": sum(edge.get("intervention_steps", 0) for edge in summary["edges"]),
+            }
             curve = ", ".join(f"{p['success_rate']:.2f} at {p['env_steps']:,}" for p in found[method]["points"])
             print(f"seed {seed}: {method} {curve}", flush=True)
         result["seeds"][str(seed)] = found

@@ -206,13 +206,13 @@ def test_chunk_policies_and_their_algorithms_are_checked_together() -> None:
     for overrides, message in (
         (
             ["policy.type=flow", "algo.type=sac"],
-            "policy.type flow trains with algo.type bc or qc or dsrl or residual, not sac",
+            "policy.type flow trains with algo.type bc, qc, dsrl, residual or flow_ql, not sac",
         ),
-        (["algo.type=dsrl"], "policy.type mlp trains with algo.type sac or drq or bc, not dsrl"),
+        (["algo.type=dsrl"], "policy.type mlp trains with algo.type sac, drq or bc, not dsrl"),
         (["policy.type=flow", "algo.type=qc"], "it needs policy.type flow or vla with policy.best_of of 2 or more"),
         (
             ["policy.chunk=4"],
-            "policy.chunk is a setting of policy.type flow or vla or lerobot; this policy's type is mlp",
+            "policy.chunk is a setting of policy.type flow, vla or lerobot; this policy's type is mlp",
         ),
         (
             ["policy.type=flow", "policy.chunk=4", "algo.type=bc", "buffer.action_horizon=3"],
@@ -227,7 +227,7 @@ def test_chunk_policies_and_their_algorithms_are_checked_together() -> None:
     ("section", "kind", "builtins", "group"),
     [
         ("policy", "policy", "mlp, flow, vla, lerobot", "user_rl.policies"),
-        ("algo", "algorithm", "sac, drq, bc, qc, dsrl, residual", "user_rl.algos"),
+        ("algo", "algorithm", "sac, drq, bc, qc, dsrl, residual, flow_ql", "user_rl.algos"),
         ("reward", "reward", "env, labels, classifier", "user_rl.rewards"),
     ],
 )
@@ -257,7 +257,7 @@ def test_each_section_is_the_settings_class_its_type_registers() -> None:
             cfg = build_config(
                 {
                     **bc,
-                    **(chunks if name in ("qc", "dsrl", "residual") else {}),
+                    **(chunks if name in ("qc", "dsrl", "residual", "flow_ql") else {}),
                     section: {"type": name, **extra.get(name, {})},
                 }
             )

@@ -30,6 +30,7 @@ from user_rl.config_plugins import (
     PolicySettings,
     RewardSettings,
     default_settings,
+    one_of,
     registered_settings,
     validated_settings,
 )
@@ -133,12 +134,12 @@ class Config(Section):
         policy, algo = self.policy, self.algo
         if not algo.suits(type(policy)):
             algos = [name for name, cls in registered_settings("algo").items() if cls.suits(type(policy))]
-            raise ValueError(f"policy.type {policy.type} trains with algo.type {' or '.join(algos)}, not {algo.type}")
+            raise ValueError(f"policy.type {policy.type} trains with algo.type {one_of(algos)}, not {algo.type}")
         if algo.picks_among_chunks and policy.chunks_sampled < 2:
             choosers = [name for name, cls in registered_settings("policy").items() if cls.samples_chunks]
             raise ValueError(
                 f"algo.type {algo.type} picks the best of several sampled chunks: it needs policy.type "
-                f"{' or '.join(choosers)} with policy.best_of of 2 or more"
+                f"{one_of(choosers)} with policy.best_of of 2 or more"
             )
         for key, wanted in (("action_horizon", self.action_horizon), ("n_step", self.n_step)):
             if key in self.buffer.model_fields_set and getattr(self.buffer, key) not in (1, wanted):

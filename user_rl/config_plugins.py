@@ -152,11 +152,16 @@ def registered_settings(section: str) -> dict[str, type[ComponentSettings]]:
     return found
 
 
+def one_of(names: list[str]) -> str:
+    """Names as a message lists choices: "a", "a or b", "a, b or c"."""
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
+
+
 def _unknown_key(section: str, chosen: str, key: str, allowed: list[str], value: Any) -> InitErrorDetails:
     """A key the chosen type lacks, with the types that have it (from the registry) or the allowed keys."""
     owners = [name for name, cls in registered_settings(section).items() if key in cls.model_fields]
     if owners:
-        message = f"is a setting of {section}.type {' or '.join(owners)}; this {section}'s type is {chosen}"
+        message = f"is a setting of {section}.type {one_of(owners)}; this {section}'s type is {chosen}"
     else:
         message = f"is not a key of {section}.type {chosen}; allowed: {', '.join(allowed)}"
     return {"type": PydanticCustomError("settings_key", message), "loc": (key,), "input": value}

@@ -124,6 +124,13 @@ class InterventionConfig(Section):
         description="the scripted expert drives each robot's first episodes throughout "
         "(demonstrations before the policy's first try)",
     )
+    watched_fraction: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="the fraction of episodes the scripted expert watches (and may take over); "
+        "the rest are the policy's",
+    )
     teleoperator: dict[str, Any] | None = Field(
         None,
         description="a LeRobot teleoperator as LeRobot configures it, e.g. {type: so101_leader, port: "

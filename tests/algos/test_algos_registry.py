@@ -27,6 +27,7 @@ METRICS = {
     "qc": {"critic_loss", "flow_loss", "q"},
     "dsrl": {"critic_loss", "actor_loss", "noise_critic_loss", "alpha", "q"},
     "residual": {"critic_loss", "actor_loss", "alpha", "q"},
+    "flow_ql": {"critic_loss", "flow_loss", "q", "q_own"},
 }
 CHUNK = 2
 # the policy each algorithm is tested with (qc needs a flow chunk policy with a critic to choose;
@@ -35,11 +36,13 @@ POLICIES = {
     "qc": ("flow", {"chunk": CHUNK, "flow_steps": 2, "best_of": 3}),
     "dsrl": ("flow", {"chunk": CHUNK, "flow_steps": 2}),
     "residual": ("flow", {"chunk": CHUNK, "flow_steps": 2}),
+    "flow_ql": ("flow", {"chunk": CHUNK, "flow_steps": 2}),
 }
 POLICY_CONFIG = {
     "qc": {"type": "flow", "chunk": CHUNK, "best_of": 3},
     "dsrl": {"type": "flow", "chunk": CHUNK},
     "residual": {"type": "flow", "chunk": CHUNK},
+    "flow_ql": {"type": "flow", "chunk": CHUNK},
 }
 
 
@@ -61,18 +64,18 @@ def learner_batch(name: str, rng: np.random.Generator) -> dict:
 def test_an_unknown_algo_type_is_a_config_error_that_names_the_choices() -> None:
     with pytest.raises(
         ConfigError,
-        match=re.escape("config error: algo.type: unknown algorithm; known: sac, drq, bc, qc, dsrl, residual")
+        match=re.escape("config error: algo.type: unknown algorithm; known: sac, drq, bc, qc, dsrl, residual, flow_ql")
         + ".*"
         + re.escape("the entry-point group 'user_rl.algos' (got 'ppo')"),
     ):  # plugins, if any, after the built-ins
         build_config({"algo": {"type": "ppo"}})
-    with pytest.raises(ValueError, match="unknown algorithm 'ppo'; known: sac, drq, bc, qc, dsrl, residual"):
+    with pytest.raises(ValueError, match="unknown algorithm 'ppo'; known: sac, drq, bc, qc, dsrl, residual, flow_ql"):
         make_algo("ppo", OBS_SPACE, ACTION_SPACE)
 
 
 def test_a_setting_of_another_algorithm_is_a_config_error() -> None:
     with pytest.raises(
-        ConfigError, match="algo.policy_row_weight is a setting of algo.type bc or qc; this algo's type is sac"
+        ConfigError, match="algo.policy_row_weight is a setting of algo.type bc, qc or flow_ql; this algo's type is sac"
     ):
         build_config({"algo": {"policy_row_weight": 0.5}})
     with pytest.raises(

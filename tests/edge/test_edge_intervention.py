@@ -116,6 +116,27 @@ def test_the_scripted_expert_demonstrates_the_first_episodes_whole_then_watches(
         robot.close()
 
 
+def test_an_expert_watching_a_fraction_of_episodes_takes_over_in_those_alone() -> None:
+    """`intervention.watched_fraction`: a stuck policy is taken over in that fraction of episodes,
+    spread over them, and left alone in the rest."""
+    robot = make_robot("mujoco_reach", robot_id="r", seed=3)
+    intervener = ScriptedIntervener(robot, patience=5, handback_distance=0.05, watched_fraction=0.3)
+    taken: list[int] = []
+    try:
+        for episode in range(40):
+            mux = InterventionMux([intervener])
+            obs = robot.reset(seed=3)
+            for step in range(8):  # the policy stays still: stuck after 5 steps
+                action, _ = mux.choose(StepView(obs, np.zeros(3, np.float32), episode, step))
+                obs = robot.step(action).observation
+            if mux.take_overs:
+                taken.append(episode)
+    finally:
+        robot.close()
+    assert 10 <= len(taken) <= 14, taken  # 30% of 40
+    assert max(np.diff(taken)) <= 6 and taken[0] <= 3  # spread over the episodes: no gap of twice the mean
+
+
 def test_a_robot_without_an_expert_is_refused_by_the_scripted_intervener() -> None:
     robot = make_robot("gym", robot_id="pole", env_id="InvertedPendulum-v5")
     try:

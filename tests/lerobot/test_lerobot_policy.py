@@ -66,14 +66,14 @@ def test_a_lerobot_policy_config_is_checked_and_without_lerobot_says_how_to_get_
         (
             {"type": "lerobot", "lerobot": {"type": "act"}},
             "sac",
-            "policy.type lerobot trains with algo.type bc or dsrl or residual",
+            "policy.type lerobot trains with algo.type bc, dsrl or residual",
         ),
         ({"type": "lerobot"}, "bc", "policy.lerobot: give its type (act, diffusion or smolvla"),
         ({"type": "lerobot", "lerobot": {"type": "act", "path": "x"}}, "bc", "policy.lerobot: give its type"),
         (
             {"type": "lerobot", "hidden": [64], "lerobot": {"type": "act"}},
             "bc",
-            "policy.hidden is a setting of policy.type mlp or flow or vla",
+            "policy.hidden is a setting of policy.type mlp, flow or vla",
         ),
     ]:
         with pytest.raises(ConfigError, match=message.replace("(", r"\(")):

@@ -57,13 +57,11 @@ def test_a_new_policy_is_its_module_and_one_registration_line(tmp_path: Path, mo
     assert type(bc.actor).__name__ == "ScaledActor"
     for overrides, message in (  # its settings are checked like a built-in's, with the same one-line errors
         (["policy.gain=0"], "config error: policy.gain: Input should be greater than 0 (got 0)"),
-        (["policy.hidden=[8]"], "config error: policy.hidden is a setting of policy.type mlp or flow or vla"),
+        (["policy.hidden=[8]"], "config error: policy.hidden is a setting of policy.type mlp, flow or vla"),
         (["policy.width=8", "policy.type=mlp"], "config error: policy.width is a setting of policy.type scaled;"),
     ):
         with pytest.raises(ConfigError, match=re.escape(message)):
             build_config({"policy": {"type": "scaled"}}, overrides)
     # A step policy: the config's algorithm check knows it from the base class's declaration.
-    with pytest.raises(
-        ConfigError, match=re.escape("policy.type scaled trains with algo.type sac or drq or bc, not qc")
-    ):
+    with pytest.raises(ConfigError, match=re.escape("policy.type scaled trains with algo.type sac, drq or bc, not qc")):
         build_config({"policy": {"type": "scaled"}, "algo": {"type": "qc"}})

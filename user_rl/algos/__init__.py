@@ -11,6 +11,7 @@
 | `qc` | `QChunking` | rewards, for a flow chunk policy: a chunk critic picks the best of N sampled chunks (QC) |
 | `dsrl` | `DSRL` | rewards, for a frozen flow chunk policy: a small actor picks the noise it starts from (DSRL) |
 | `residual` | `Residual` | rewards, for a frozen chunk policy: a small actor adds a bounded correction to its chunks |
+| `flow_ql` | `FlowQL` | rewards, for a flow chunk policy: every weight fine-tuned up a chunk critic (Diffusion-QL) |
 
 To add one here: a class with the interface of `base.Algorithm`, whose `Settings` (an
 `AlgoSettings` subclass next to it) holds its keys of the config's `algo` section and declares the
@@ -30,10 +31,11 @@ from torch import nn
 from user_rl.algos.base import Algorithm, check_state_is_for, metrics_to_floats
 from user_rl.algos.bc import BCSettings, BehaviourCloning
 from user_rl.algos.drq import DrQ, DrQSettings
+from user_rl.algos.flow_ql import FlowQL, FlowQLSettings
 from user_rl.algos.qc import QChunking, QCSettings
 from user_rl.algos.sac import SAC, SACSettings
 from user_rl.algos.steering import DSRL, DSRLSettings, Residual, ResidualSettings
-from user_rl.config_plugins import AlgoSettings
+from user_rl.config_plugins import AlgoSettings, one_of
 from user_rl.plugins import ALGOS as ALGO_GROUP
 from user_rl.plugins import builtin_or_plugin, known_names
 from user_rl.policies import make_actor
@@ -46,6 +48,7 @@ ALGOS: dict[str, type] = {
     "qc": QChunking,
     "dsrl": DSRL,
     "residual": Residual,
+    "flow_ql": FlowQL,
 }
 
 
@@ -80,7 +83,7 @@ def make_algo(
         others = [other for other, built_in in ALGOS.items() if not built_in.Settings.needs_cameras]
         raise ValueError(
             f"algo.type {name} learns from camera images, and this robot's observations have none "
-            f"({', '.join(sorted(obs_space.spaces))}): use algo.type {' or '.join(others)}"
+            f"({', '.join(sorted(obs_space.spaces))}): use algo.type {one_of(others)}"
         )
     return cls(obs_space, action_space, policy, policy_options, settings, device)
 
@@ -103,6 +106,8 @@ __all__ = [
     "DrQSettings",
     "DSRL",
     "DSRLSettings",
+    "FlowQL",
+    "FlowQLSettings",
     "QCSettings",
     "QChunking",
     "Residual",

@@ -139,7 +139,11 @@ def intervention_sources(
             LeRobotTeleop(i.teleoperator, robot, requests, i.teleoperator_drives, i.teleoperator_calibrate)
         )
     if i.scripted:
-        interventions.add(ScriptedIntervener(robot, i.patience, i.min_progress, i.handback_distance, i.demo_episodes))
+        interventions.add(
+            ScriptedIntervener(
+                robot, i.patience, i.min_progress, i.handback_distance, i.demo_episodes, i.watched_fraction
+            )
+        )
     return interventions, teleop
 
 

@@ -8,7 +8,9 @@ again. A new episode starts with the policy in charge. As the policy improves it
 progress, so the intervention rate falls. `demo_episodes`: the expert drives the robot's first
 episodes from start to end, as a person records a few demonstrations before the policy's first try
 (HIL-SERL does the same): whole clean episodes to imitate, where take-overs alone give fragments
-that start from the policy's mistakes.
+that start from the policy's mistakes. `watched_fraction`: the expert watches only this fraction of
+episodes (spread evenly over them), as one operator does who looks after several robots; the others
+are the policy's alone.
 
 The robot must offer `expert_action()` and `distance_to_goal()` (a sim knows its target; the
 reach arm has both).
@@ -24,6 +26,8 @@ from user_rl.edge.intervention import StepView
 from user_rl.hal.robot import Robot
 from user_rl.wire import user_rl_pb2 as pb
 
+GOLDEN = 0.6180339887498949
+
 
 class ScriptedIntervener:
     name = "scripted"
@@ -36,6 +40,7 @@ class ScriptedIntervener:
         min_progress: float = 0.01,
         handback_distance: float = 0.05,
         demo_episodes: int = 0,
+        watched_fraction: float = 1.0,
     ) -> None:
         missing = [m for m in ("expert_action", "distance_to_goal") if not callable(getattr(robot, m, None))]
         if missing:
@@ -48,7 +53,9 @@ class ScriptedIntervener:
         self.min_progress = min_progress
         self.handback_distance = handback_distance
         self.demo_episodes = demo_episodes
+        self.watched_fraction = watched_fraction
         self.driving = False
+        self.watching = True
         self._distances: deque[float] = deque(maxlen=patience + 1)
 
     def act(self, view: StepView) -> np.ndarray | None:
@@ -58,6 +65,9 @@ class ScriptedIntervener:
         if view.step == 0:  # a new episode: the policy gets its chance
             self._distances.clear()
             self.driving = False
+            self.watching = watched(view.episode, self.watched_fraction)
+        if not self.watching:
+            return None
         distance = float(self.robot.distance_to_goal())
         if self.driving and distance < self.handback_distance:
             self.driving = False
@@ -72,3 +82,9 @@ class ScriptedIntervener:
             self.driving = True
             return self.robot.expert_action()
         return None
+
+
+def watched(episode: int, fraction: float) -> bool:
+    """Whether the expert watches episode `episode`: `fraction` of episodes, spread evenly (the golden
+    ratio's sequence), the same ones on every run."""
+    return fraction >= 1.0 or (episode * GOLDEN) % 1.0 < fraction
