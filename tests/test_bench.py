@@ -312,3 +312,12 @@ def test_sample_efficiency_evaluates_sb3_where_ours_holds(tmp_path: Path) -> Non
     assert resumed_result["runs_read_back"] == 2 and "(2 runs read back)" in resumed.stdout
     other = run_script("sample_efficiency.py", *schedule_args, "--steps", "300", timeout=120)
     assert other.returncode == 2 and "holds runs of another schedule" in other.stderr  # never mixes two schedules
+
+
+def test_the_steering_bench_counts_what_each_version_carries_to_an_edge() -> None:
+    """bench/steering.py's bytes per version (issue 31: at most 2 MB for steering): steering carries its
+    small actor only, the fine-tuning baselines the whole flow (and qc the critic it picks with)."""
+    bench = load_bench("steering.py")
+    sizes = {method: bench.published_bytes(config) for method, config in bench.METHODS.items()}
+    assert sizes["dsrl"] == sizes["dsrl_people"] < sizes["residual"] < 2 * 1024 * 1024
+    assert 3 * sizes["dsrl"] < sizes["flow_ql"] < sizes["qc"]
