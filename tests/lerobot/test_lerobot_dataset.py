@@ -424,3 +424,57 @@ def test_episodes_keep_their_epoch_through_export_and_import(lerobot_python: Pat
     assert "ValueError" in loaded["refused"] and "names 5 episodes but the dataset has 6" in loaded["refused"], loaded[
         "refused"
     ]
+
+
+def write_format_1_buffer(directory: Path) -> None:
+    """The buffer tests/lerobot/fixtures/export-format-1 was exported from (with the export of before
+    format 2): one robot, a 4x4 camera and two joints, a terminated and a truncated episode."""
+    obs_space = gym.spaces.Dict(
+        {"top": gym.spaces.Box(0, 255, (4, 4, 3), np.uint8), "joints": gym.spaces.Box(-2.0, 2.0, (2,), np.float32)}
+    )
+    action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    rng = np.random.default_rng(7)
+
+    def observation() -> dict[str, np.ndarray]:
+        top = rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)
+        return {"top": top, "joints": rng.uniform(-2, 2, 2).astype(np.float32)}
+
+    store = PersistentReplay(directory, obs_space, action_space, BufferConfig(), gamma=0.9)
+    try:
+        stream = store.open_stream("arm-0", 1, "reach")
+        for episode in range(2):
+            builder = BatchBuilder(obs_space, action_space, capacity=5)
+            for step in range(5):
+                last = step == 4
+                obs = observation()
+                final = observation() if last else None
+                builder.add(
+                    obs,
+                    rng.uniform(-1, 1, 2).astype(np.float32),
+                    float(last),
+                    last and episode == 0,
+                    last and episode == 1,
+                    episode=episode,
+                    step=step,
+                    policy_version=episode,
+                    actor=pb.ACTOR_HUMAN if step > 2 else pb.ACTOR_POLICY,
+                    label=pb.LABEL_NONE,
+                    label_by=0,
+                    sensor_time=5.0 + 0.05 * step,
+                    policy_action=np.zeros(2, np.float32),
+                    final_obs=final,
+                )
+            store.add(stream, episode + 1, builder.take()[1])
+            store.commit()
+    finally:
+        store.close()
+
+
+def test_an_export_written_before_format_2_imports_unchanged(lerobot_python: Path, tmp_path: Path) -> None:
+    """Exports from before LeRobot could train on them (a column per observation key, final
+    observations as image features) still import exactly."""
+    fixture = Path(__file__).parent / "fixtures" / "export-format-1"
+    assert "format" not in json.loads((fixture / "meta" / "user_rl.json").read_text())
+    write_format_1_buffer(tmp_path / "original")
+    run_in_lerobot(lerobot_python, "-m", "user_rl.cli", "buffer", "import", str(fixture), str(tmp_path / "imported"))
+    assert_same_episodes(list(read_episodes(tmp_path / "original")), list(read_episodes(tmp_path / "imported")))

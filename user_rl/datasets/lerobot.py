@@ -1,16 +1,23 @@
 """A buffer as a LeRobotDataset (v3) and back: `user-rl buffer export --format lerobot` / `buffer import`.
 
-Columns go under LeRobot's names where LeRobot has one: `observation.state` and other vectors as
-`observation.<key>`, camera frames (HxWxC uint8) as `observation.images.<key>` (PNG inside the
-parquet, lossless), `action`, `next.reward`, `next.done`, `complementary_info.is_intervention`
-(HIL-SERL's name) and the per-frame `task`. What ours carry beyond that rides in `user_rl.*`
-columns: terminated and truncated apart, who acted, the label and who gave it, the policy's own
-proposal when someone else acted, its version, the robot's timestamp, and each episode's final
-observation (`user_rl.final.<feature>`, set on its last frame, zeros elsewhere). The buffer's exact
-spaces, and which (robot, epoch, episode) each dataset episode is, are kept in `meta/user_rl.json`,
-so an export imports back unchanged: episode numbers restart at 0 in each epoch (each life of an
-edge), so without the epoch two robots' "episode 0"s would merge. A dataset recorded by LeRobot
-itself imports with spaces read from its features and stats.
+An export is laid out as LeRobot's policies read it, so `lerobot-train` trains ACT or diffusion on it
+as it is: each camera (HxWxC uint8) as `observation.images.<key>` (PNG inside the parquet, lossless),
+the other observations concatenated as `observation.state` (in the order user-rl's LeRobot policy
+runner feeds them, `policies/lerobot_policy.py`), and as `observation.environment_state` too where
+there is no camera (ACT needs an image or an environment state); then `action`, `next.reward`,
+`next.done`, `complementary_info.is_intervention` (HIL-SERL's name) and the per-frame `task`.
+
+What ours carry beyond that rides in `user_rl.*` columns, which LeRobot's policies never see: each
+non-camera observation exactly as stored (`user_rl.obs.<key>`), terminated and truncated apart, who
+acted, the label and who gave it, the policy's own proposal when someone else acted, its version,
+the robot's timestamp, and each episode's final observation (`user_rl.final.<key>`, flattened, on
+its last frame, zeros elsewhere; never an image feature, which LeRobot would take for a camera). The
+buffer's exact spaces, and which (robot, epoch, episode) each dataset episode is, are kept in
+`meta/user_rl.json`, so an export imports back unchanged: episode numbers restart at 0 in each epoch
+(each life of an edge), so without the epoch two robots' "episode 0"s would merge. Exports written
+before this layout (format 1: `observation.<key>` per key, finals as `user_rl.final.observation.*`)
+import as before. A dataset recorded by LeRobot itself imports with spaces read from its features
+and stats.
 
 LeRobot is imported lazily: the rest of user-rl works without it (`pip install user-rl[lerobot]`).
 """
@@ -39,7 +46,10 @@ if TYPE_CHECKING:
 
 OURS = "user_rl."
 FINAL = OURS + "final."
+OBS_COPY = OURS + "obs."  # a non-camera observation exactly as stored
 SIDECAR = "meta/user_rl.json"  # the buffer's spaces, so an export imports back with the same bounds
+FORMAT = 2  # the sidecar's "format": 2 since LeRobot trains on an export as it is; 1 (absent) before
+IMAGES, STATE, ENV_STATE = "observation.images.", "observation.state", "observation.environment_state"
 # our per-step scalar columns: (dtype in the dataset, dtype in the buffer)
 SCALARS = {
     "terminated": ("bool", np.bool_),
@@ -73,19 +83,31 @@ def is_camera(space: gym.spaces.Box) -> bool:
 
 
 def feature_name(key: str, space: gym.spaces.Box) -> str:
-    return f"observation.images.{key}" if is_camera(space) else f"observation.{key}"
+    """A key's column in a format-1 export (and in a dataset LeRobot recorded)."""
+    return f"{IMAGES}{key}" if is_camera(space) else f"observation.{key}"
 
 
 def dataset_features(obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> dict[str, dict]:
     """The LeRobot features of a buffer with these spaces."""
+    from user_rl.policies.lerobot_policy import lerobot_keys  # torch: only where LeRobot is
+
+    cameras, state_keys = lerobot_keys(obs_space)
     features: dict[str, dict] = {}
+    for key in cameras:
+        features[IMAGES + key] = {
+            "dtype": "image",
+            "shape": tuple(obs_space[key].shape),
+            "names": ["height", "width", "channels"],
+        }
+    if state_keys:
+        size = sum(int(np.prod(obs_space[key].shape)) for key in state_keys)
+        features[STATE] = {"dtype": "float32", "shape": (size,), "names": None}
+        if not cameras:
+            features[ENV_STATE] = features[STATE]
     for key, space in sorted(obs_space.spaces.items()):
-        if is_camera(space):
-            spec = {"dtype": "image", "shape": tuple(space.shape), "names": ["height", "width", "channels"]}
-        else:
-            spec = {"dtype": str(space.dtype), "shape": tuple(space.shape), "names": None}
-        features[feature_name(key, space)] = spec
-        features[FINAL + feature_name(key, space)] = spec
+        if key not in cameras:
+            features[OBS_COPY + key] = {"dtype": str(space.dtype), "shape": tuple(space.shape), "names": None}
+        features[FINAL + key] = {"dtype": str(space.dtype), "shape": (int(np.prod(space.shape)),), "names": None}
     action = {"dtype": "float32", "shape": tuple(action_space.shape), "names": None}
     features.update(
         {
@@ -158,6 +180,7 @@ def export_lerobot(
     (out / SIDECAR).write_text(
         json.dumps(
             {
+                "format": FORMAT,
                 "spaces": spaces_to_text(obs_space, action_space)["hello_hex"],
                 "source_buffer": str(Path(buffer_dir).resolve()),
                 "episodes": origins,
@@ -170,6 +193,9 @@ def export_lerobot(
 def _frames(episode: Episode, obs_space: gym.spaces.Dict) -> Iterable[dict]:
     s, last = episode.steps, len(episode) - 1
     acted = intervened(s["actor"])
+    from user_rl.policies.lerobot_policy import lerobot_keys
+
+    cameras, state_keys = lerobot_keys(obs_space)
     for i in range(len(episode)):
         frame = {
             "task": episode.task or "unnamed task",
@@ -183,11 +209,14 @@ def _frames(episode: Episode, obs_space: gym.spaces.Dict) -> Iterable[dict]:
         for name, (dtype, _) in SCALARS.items():
             frame[OURS + name] = np.array([s[name][i]], dtype)
         frame[SENSOR_TIME_NS] = np.array([round(float(s["sensor_time"][i]) * 1e9)], np.int64)
+        if state_keys:
+            frame[STATE] = np.concatenate([np.ravel(s[OBS + key][i]) for key in state_keys]).astype(np.float32)
+            if not cameras:
+                frame[ENV_STATE] = frame[STATE]
         for key, space in obs_space.spaces.items():
-            name = feature_name(key, space)
-            frame[name] = s[OBS + key][i]
+            frame[IMAGES + key if key in cameras else OBS_COPY + key] = s[OBS + key][i]
             final = episode.final_obs[key] if i == last and episode.final_obs is not None else None
-            frame[FINAL + name] = final if final is not None else np.zeros(space.shape, space.dtype)
+            frame[FINAL + key] = np.ravel(final if final is not None else np.zeros(space.shape, space.dtype))
         yield frame
 
 
@@ -217,8 +246,8 @@ def import_lerobot(
     obs_space, action_space = _spaces(root, dataset)
     origins = _origins(root, dataset.meta.total_episodes)
     store = PersistentReplay(buffer_dir, obs_space, action_space, BufferConfig(), gamma)
-    names = {key: feature_name(key, space) for key, space in obs_space.spaces.items()}
     ours = OURS + "actor" in dataset.features
+    columns = _ObsColumns(obs_space, _format(root) if ours else 1)
     streams = _Streams(store)
     episodes = dataset.meta.total_episodes
     try:
@@ -233,7 +262,7 @@ def import_lerobot(
             stream, seq = streams.next_batch(number, origin, str(frames[0]["task"]))
             builder = BatchBuilder(obs_space, action_space, capacity=len(frames))
             for i, frame in enumerate(frames):
-                builder.add(**_step(frame, i == len(frames) - 1, origin["episode"], names, obs_space, ours))
+                builder.add(**_step(frame, i == len(frames) - 1, origin["episode"], columns, ours))
             cols = builder.take()[1]
             store.add(stream, seq, cols)
             if origin.get("end_reason") and not (cols["terminated"][-1] or cols["truncated"][-1]):
@@ -244,6 +273,33 @@ def import_lerobot(
     finally:
         store.close()
     return {"episodes": episodes, "frames": dataset.meta.total_frames, "buffer": str(buffer_dir)}
+
+
+def _format(root: Path) -> int:
+    """The layout of our export at `root` (`FORMAT`; 1 for one written before the sidecar said)."""
+    return int(json.loads((root / SIDECAR).read_text()).get("format", 1)) if (root / SIDECAR).is_file() else 1
+
+
+class _ObsColumns:
+    """Where each observation key's value, and its episode's final value, are in a dataset's frames."""
+
+    def __init__(self, obs_space: gym.spaces.Dict, layout: int) -> None:
+        self.obs_space = obs_space
+        if layout >= 2:
+            from user_rl.policies.lerobot_policy import lerobot_keys
+
+            cameras = lerobot_keys(obs_space)[0]
+            self.now = {key: IMAGES + key if key in cameras else OBS_COPY + key for key in obs_space.spaces}
+            self.final = {key: FINAL + key for key in obs_space.spaces}  # flattened, as stored
+        else:  # format 1, and datasets LeRobot recorded (no finals)
+            self.now = {key: feature_name(key, space) for key, space in obs_space.spaces.items()}
+            self.final = {key: FINAL + name for key, name in self.now.items()}
+
+    def observation(self, frame: dict) -> dict[str, np.ndarray]:
+        return {key: _from_lerobot(frame[name], self.obs_space[key]) for key, name in self.now.items()}
+
+    def final_observation(self, frame: dict) -> dict[str, np.ndarray]:
+        return {key: _from_lerobot(frame[name], self.obs_space[key]) for key, name in self.final.items()}
 
 
 def _origins(root: Path, total: int) -> list[dict]:
@@ -332,14 +388,11 @@ def _spaces(root: Path, dataset) -> tuple[gym.spaces.Dict, gym.spaces.Box]:
     return gym.spaces.Dict(obs), gym.spaces.Box(low, high, dtype=np.float32)
 
 
-def _step(frame: dict, last: bool, episode: int, names: dict[str, str], obs_space: gym.spaces.Dict, ours: bool) -> dict:
+def _step(frame: dict, last: bool, episode: int, columns: _ObsColumns, ours: bool) -> dict:
     """One frame as `BatchBuilder.add`'s arguments."""
 
     def value(name: str) -> np.ndarray:
         return np.asarray(frame[name]).reshape(-1)
-
-    def observation(prefix: str) -> dict[str, np.ndarray]:
-        return {key: _from_lerobot(frame[prefix + name], obs_space[key]) for key, name in names.items()}
 
     action = value("action").astype(np.float32)
     done = bool(value("next.done")[0]) if "next.done" in frame else last
@@ -347,7 +400,7 @@ def _step(frame: dict, last: bool, episode: int, names: dict[str, str], obs_spac
         scalar = {name: value(OURS + name)[0].item() for name in SCALARS}
         terminated, truncated = bool(scalar["terminated"]), bool(scalar["truncated"])
         has_final = bool(value(OURS + "has_final")[0])
-        final = observation(FINAL) if has_final else None
+        final = columns.final_observation(frame) if has_final else None
         extra = {
             "actor": int(scalar["actor"]),
             "label": int(scalar["label"]),
@@ -359,7 +412,7 @@ def _step(frame: dict, last: bool, episode: int, names: dict[str, str], obs_spac
         }
     else:  # recorded by LeRobot: a person acted throughout unless the dataset says otherwise
         terminated, truncated = done and last, last and not done
-        final = observation("") if last else None  # the last frame stands in for the observation after it
+        final = columns.observation(frame) if last else None  # the last frame stands in for the one after it
         acted = value("complementary_info.is_intervention")[0] if "complementary_info.is_intervention" in frame else 1
         extra = {
             "actor": pb.ACTOR_HUMAN if acted else pb.ACTOR_POLICY,
@@ -372,7 +425,7 @@ def _step(frame: dict, last: bool, episode: int, names: dict[str, str], obs_spac
         }
     reward = float(value("next.reward")[0]) if "next.reward" in frame else 0.0
     return {
-        "obs": observation(""),
+        "obs": columns.observation(frame),
         "action": action,
         "reward": reward,
         "terminated": terminated,
@@ -384,9 +437,10 @@ def _step(frame: dict, last: bool, episode: int, names: dict[str, str], obs_spac
 
 
 def _from_lerobot(value, space: gym.spaces.Box) -> np.ndarray:
-    """LeRobot's loader gives images as float CxHxW in [0, 1]: back to the HxWxC uint8 they were."""
+    """LeRobot's loader gives image features as float CxHxW in [0, 1]: back to the HxWxC uint8 they
+    were. Anything else (a vector, a flattened final observation) is the stored values, reshaped."""
     array = np.asarray(value)
-    if is_camera(space):
+    if space.dtype == np.uint8 and len(space.shape) == 3 == array.ndim and array.dtype != np.uint8:
         return np.clip(np.rint(array.transpose(1, 2, 0) * 255.0), 0, 255).astype(np.uint8)
     return array.astype(space.dtype).reshape(space.shape)
 

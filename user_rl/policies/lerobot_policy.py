@@ -67,13 +67,21 @@ def _lerobot() -> Any:
     return PreTrainedConfig
 
 
+def lerobot_keys(obs_space: gym.spaces.Dict) -> tuple[list[str], list[str]]:
+    """(cameras, state keys): the observations LeRobot sees as `observation.images.<key>`, and those
+    it sees concatenated, in this order, as `observation.state` (uint8 vectors, such as an
+    instruction's bytes, are neither). What policies run and what a dataset export writes."""
+    keys = sorted(obs_space.spaces)
+    cameras = [k for k in keys if is_image(obs_space[k])]
+    return cameras, [k for k in keys if k not in cameras and obs_space[k].dtype != np.uint8]
+
+
 class PolicyInputs:
     """Which observation keys feed which LeRobot feature, and the features' shapes."""
 
     def __init__(self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> None:
         keys = sorted(obs_space.spaces)
-        self.cameras = [k for k in keys if is_image(obs_space[k])]
-        self.state_keys = [k for k in keys if k not in self.cameras and obs_space[k].dtype != np.uint8]
+        self.cameras, self.state_keys = lerobot_keys(obs_space)
         if not self.state_keys:
             raise ValueError(
                 f"a LeRobot policy needs a state vector among the observations; this robot has only {', '.join(keys)}"
