@@ -91,6 +91,8 @@ def _buffer_import(args: argparse.Namespace) -> int:
     except (FileExistsError, ValueError, RuntimeError) as exc:
         print(f"user-rl buffer import: {exc}", file=sys.stderr)
         return 2
+    for note in done["notes"]:
+        print(f"note: {note}", file=sys.stderr)
     print(
         f"imported {done['episodes']:,} episodes ({done['frames']:,} frames) into {done['buffer']}; use it with "
         f"'buffer.attach=[{{path: {done['buffer']}, source: demo}}]'"

@@ -727,9 +727,16 @@ def test_attached_history_is_filtered_mixed_and_left_untouched(tmp_path: Path) -
     store.close()
     assert snapshot(old) == before, "attached history is read-only"
 
-    other = gym.spaces.Dict({"state": gym.spaces.Box(-1e6, 1e6, (3,), np.float32)})
-    with pytest.raises(ValueError, match=re.escape(str(old))):
+    # Other keys or shapes: refused, saying which; other bounds alone (a LeRobot dataset's stats): this run's apply.
+    other = gym.spaces.Dict({"state": gym.spaces.Box(-1e6, 1e6, (4,), np.float32)})
+    with pytest.raises(ValueError, match=re.escape(str(old))) as refused:
         PersistentReplay(tmp_path / "other", other, ACTION_SPACE, settings(attach=[attach]))
+    assert "observation 'image' is there and not here" in str(refused.value)
+    assert "observation 'state' is float32[3] there and float32[4] here" in str(refused.value)
+    wider = gym.spaces.Box(-2.0, 2.0, ACTION_SPACE.shape, np.float32)
+    store = PersistentReplay(tmp_path / "wider", OBS_SPACE, wider, settings(attach=[attach]))
+    assert set(all_transitions(store)) == allowed
+    store.close()
     assert snapshot(old) == before
 
 

@@ -275,6 +275,9 @@ def test_a_dataset_recorded_by_lerobot_itself_imports_as_a_persons_demonstration
     np.testing.assert_array_equal(steps["obs/front"], recorded["front"])  # stored as PNG by LeRobot: lossless
     np.testing.assert_array_equal(steps["action"], recorded["action"])
     assert (steps["actor"] == pb.ACTOR_HUMAN).all()  # LeRobot records a person teleoperating
+    # No next.done: a recording that stopped on a timer is not the task's end (its value is bootstrapped).
+    assert [e.status for e in episodes] == ["truncated", "truncated"] and not steps["terminated"].any()
+    assert "each episode's end is imported as truncated" in imported.stderr
     obs_space, action_space = buffer_spaces(tmp_path / "buffer")
     assert set(obs_space.spaces) == {"state", "front"} and obs_space["front"].dtype == np.uint8
     assert (action_space.low <= recorded["action"].min(0)).all() and (

@@ -248,6 +248,12 @@ def import_lerobot(
     store = PersistentReplay(buffer_dir, obs_space, action_space, BufferConfig(), gamma)
     ours = OURS + "actor" in dataset.features
     columns = _ObsColumns(obs_space, _format(root) if ours else 1)
+    notes = []
+    if "next.done" not in dataset.features:
+        notes.append(
+            "the dataset has no next.done: each episode's end is imported as truncated (a time limit or the "
+            "recording stopped, so learning bootstraps past it), not as the task's end"
+        )
     streams = _Streams(store)
     episodes = dataset.meta.total_episodes
     try:
@@ -272,7 +278,7 @@ def import_lerobot(
                 progress(number + 1, episodes)
     finally:
         store.close()
-    return {"episodes": episodes, "frames": dataset.meta.total_frames, "buffer": str(buffer_dir)}
+    return {"episodes": episodes, "frames": dataset.meta.total_frames, "buffer": str(buffer_dir), "notes": notes}
 
 
 def _format(root: Path) -> int:
@@ -395,7 +401,7 @@ def _step(frame: dict, last: bool, episode: int, columns: _ObsColumns, ours: boo
         return np.asarray(frame[name]).reshape(-1)
 
     action = value("action").astype(np.float32)
-    done = bool(value("next.done")[0]) if "next.done" in frame else last
+    done = bool(value("next.done")[0]) if "next.done" in frame else False  # no word of an end: truncated
     if ours:
         scalar = {name: value(OURS + name)[0].item() for name in SCALARS}
         terminated, truncated = bool(scalar["terminated"]), bool(scalar["truncated"])

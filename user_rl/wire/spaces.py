@@ -194,3 +194,35 @@ def spaces_from_text(text: dict[str, str]) -> tuple[gym.spaces.Dict, gym.spaces.
 def same_spaces(text: dict[str, str], obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> bool:
     """Whether `text` describes these spaces (text written before it was canonical may order keys otherwise)."""
     return spaces_to_text(*spaces_from_text(text)) == spaces_to_text(obs_space, action_space)
+
+
+def space_differences(
+    theirs: tuple[gym.spaces.Dict, gym.spaces.Box], ours: tuple[gym.spaces.Dict, gym.spaces.Box]
+) -> tuple[list[str], list[str]]:
+    """How spaces `theirs` differ from `ours`: (differences of layout: keys, shapes and dtypes, which
+    make rows unreadable; differences of bounds alone), each a sentence naming the key."""
+    layout, bounds = [], []
+    (their_obs, their_action), (our_obs, our_action) = theirs, ours
+    for key in sorted(set(their_obs.spaces) - set(our_obs.spaces)):
+        layout.append(f"observation {key!r} is there and not here")
+    for key in sorted(set(our_obs.spaces) - set(their_obs.spaces)):
+        layout.append(f"observation {key!r} is here and not there")
+    shared = sorted(set(their_obs.spaces) & set(our_obs.spaces))
+    pairs = [(f"observation {key!r}", their_obs[key], our_obs[key]) for key in shared]
+    for name, there, here in [*pairs, ("the action", their_action, our_action)]:
+        if there.shape != here.shape or there.dtype != here.dtype:
+            layout.append(f"{name} is {there.dtype}{list(there.shape)} there and {here.dtype}{list(here.shape)} here")
+        elif not (np.array_equal(there.low, here.low) and np.array_equal(there.high, here.high)):
+            there_span = f"[{_span(there.low)}, {_span(there.high)}]"
+            bounds.append(f"{name}: {there_span} there, [{_span(here.low)}, {_span(here.high)}] here")
+    return layout, bounds
+
+
+def _span(bound: np.ndarray) -> str:
+    """A bound as a person reads it: one number when every element has it, else the elements (or their range)."""
+    values = np.ravel(bound)
+    if len(np.unique(values)) == 1:
+        return f"{values[0]:g}"
+    if len(values) > 8:
+        return f"{values.min():g}..{values.max():g}"
+    return "(" + ", ".join(f"{v:g}" for v in values) + ")"

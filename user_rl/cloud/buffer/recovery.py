@@ -29,7 +29,7 @@ from user_rl.cloud.buffer.rows import KIND_CARRY, KIND_RECORD, StreamState, acco
 from user_rl.cloud.buffer.sampling import SOURCES
 from user_rl.cloud.buffer.segment import CorruptSegment, read_segment, seal_open_file
 from user_rl.cloud.buffer.streams import StreamRegistry
-from user_rl.wire.spaces import same_spaces, spaces_from_text, spaces_to_text
+from user_rl.wire.spaces import same_spaces, space_differences, spaces_from_text, spaces_to_text
 from user_rl.wire.transitions import DISCARD, intervened
 
 if TYPE_CHECKING:
@@ -62,10 +62,10 @@ def open_meta(
         index.set_meta({"spaces": spaces, "segment_rows": str(rows), "format": "1"})
         return rows
     if not same_spaces({"hello_hex": stored}, obs_space, action_space):
-        obs, act = spaces_from_text({"hello_hex": stored})
+        layout, bounds = space_differences(spaces_from_text({"hello_hex": stored}), (obs_space, action_space))
         raise ValueError(
-            f"the buffer at {index.path.parent} holds observations {obs} and actions {act}; "
-            "this fleet's spaces differ: use a new run directory"
+            f"the buffer at {index.path.parent} (there) holds other spaces than this fleet's (here): "
+            f"{'; '.join(layout + bounds)}: use a new run directory"
         )
     return int(index.get_meta("segment_rows"))
 
@@ -237,6 +237,18 @@ def _fill(cache: SlotCache, catalog: SegmentCatalog, slot: int, segment_id: int,
     cache.fill(slot, segment_id, columns, seg.rows, source, row_filter=overrides.get("_filter"))
 
 
+def _check_attachable(directory: Path, theirs: str, ours: str | None) -> None:
+    """An attached buffer's rows must have this run's layout (keys, shapes, dtypes); bounds may differ
+    (a dataset imported from LeRobot has its stats' range): this run's govern, and the log says so."""
+    layout, bounds = space_differences(spaces_from_text({"hello_hex": theirs}), spaces_from_text({"hello_hex": ours}))
+    if layout:
+        raise ValueError(
+            f"buffer.attach: {directory} (there) holds other observations or actions than this run (here): "
+            + "; ".join(layout)
+        )
+    log.warning("buffer.attach: %s has other bounds than this run, whose apply: %s", directory, "; ".join(bounds))
+
+
 def attach_history(
     attachments: list[AttachConfig], spaces: str | None, catalog: SegmentCatalog, task_code: Callable[[str], int]
 ) -> int:
@@ -248,8 +260,9 @@ def attach_history(
         directory = Path(cfg.path)
         index = open_index_read_only(directory / "index.sqlite")
         try:
-            if index.get_meta("spaces") != spaces:
-                raise ValueError(f"buffer.attach: {directory} holds other observation/action spaces than this run")
+            their_spaces = index.get_meta("spaces")
+            if their_spaces != spaces:
+                _check_attachable(directory, their_spaces, spaces)
             streams = {s.id: s for s in index.streams()}
             for record in index.segments():
                 path = directory / record.file
