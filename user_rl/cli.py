@@ -340,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--task", action="append", help="only this task's episodes (repeat for more)")
     export.add_argument("--with-interventions", action="store_true", help="only episodes in which someone took over")
     export.add_argument("--with-discarded", action="store_true", help="also episodes a person discarded (re-record)")
-    export.add_argument("--fps", type=int, help="the dataset's frame rate (default: from the robots' timestamps)")
+    export.add_argument("--fps", type=int, help="the dataset's frame rate (default: the robots' recorded control rate)")
     export.add_argument("--repo-id", default="local/user-rl", help="the dataset's name (nothing is uploaded)")
     export.add_argument("--robot-type", help="recorded in the dataset's info, e.g. so101_follower")
     export.set_defaults(func=_buffer_export)

@@ -249,6 +249,20 @@ def test_duplicate_batch_is_acked_but_stored_once(context: zmq.Context, ingest: 
         link.close()
 
 
+def test_the_buffer_keeps_each_robots_control_rate_for_its_exports(context: zmq.Context, ingest: Ingest) -> None:
+    """The rate a robot's hello declares is what a dataset export's fps will be (datasets/lerobot.py)."""
+    descriptor = DeviceDescriptor("sim", "test", "edge-hz", control_hz=25.0)
+    link = DataLink(context, ingest.endpoint, descriptor, OBS_SPACE, ACTION_SPACE, epoch=1)
+    try:
+        link.hello()
+        wait_until(lambda: link.welcomed, pump=lambda: link.poll(20))
+        link.send_batch(*Episodes(100).batch(5))
+        wait_until(lambda: not link.unacked, pump=lambda: link.poll(20))
+        assert ingest.buffer.control_rates() == {"edge-hz": 25.0}
+    finally:
+        link.close()
+
+
 def test_hello_with_other_spaces_is_rejected(context: zmq.Context, ingest: Ingest) -> None:
     first = DataLink(
         context, ingest.endpoint, DeviceDescriptor("sim", "test", "edge-a"), OBS_SPACE, ACTION_SPACE, epoch=1

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+import pytest
 
 from tests.lerobot.harness import run_in_lerobot
 from user_rl.cloud.buffer.episodes import EpisodeFilter, buffer_spaces, read_episodes
@@ -43,7 +44,7 @@ def write_buffer(directory: Path) -> None:
     store = PersistentReplay(directory, OBS_SPACE, ACTION_SPACE, BufferConfig(segment_mb=0.01), gamma=0.9)
     try:
         for robot, task in ROBOTS.items():
-            stream = store.open_stream(robot, 1, task)
+            stream = store.open_stream(robot, 1, task, control_hz=20.0)
             for episode in range(EPISODES):
                 length = 7 + 3 * episode
                 builder = BatchBuilder(OBS_SPACE, ACTION_SPACE, capacity=length)
@@ -320,7 +321,8 @@ def write_buffer_with_an_edge_restart(directory: Path) -> None:
     rng = np.random.default_rng(1)
     store = PersistentReplay(directory, OBS_SPACE, ACTION_SPACE, BufferConfig(segment_mb=0.01), gamma=0.9)
     try:
-        arm0, arm1 = store.open_stream("arm-0", 1, ROBOTS["arm-0"]), store.open_stream("arm-1", 1, ROBOTS["arm-1"])
+        arm0 = store.open_stream("arm-0", 1, ROBOTS["arm-0"], control_hz=20.0)
+        arm1 = store.open_stream("arm-1", 1, ROBOTS["arm-1"], control_hz=20.0)
         plan = [
             (arm0, 0, range(0, 4), "", 100.0),
             (arm1, 0, range(0, 5), "", 200.0),
@@ -336,7 +338,7 @@ def write_buffer_with_an_edge_restart(directory: Path) -> None:
                 restart_batch(rng, episode, steps, end, clock),
             )
             store.commit()
-        arm0 = store.open_stream("arm-0", 2, ROBOTS["arm-0"])  # the same robot, a new edge life
+        arm0 = store.open_stream("arm-0", 2, ROBOTS["arm-0"], control_hz=20.0)  # the same robot, a new edge life
         for stream, episode, steps, end, clock in [
             (arm0, 0, range(0, 6), "", 300.0),
             (arm1, 1, range(3, 7), "", 210.0),
@@ -444,7 +446,7 @@ def write_format_1_buffer(directory: Path) -> None:
 
     store = PersistentReplay(directory, obs_space, action_space, BufferConfig(), gamma=0.9)
     try:
-        stream = store.open_stream("arm-0", 1, "reach")
+        stream = store.open_stream("arm-0", 1, "reach", control_hz=20.0)
         for episode in range(2):
             builder = BatchBuilder(obs_space, action_space, capacity=5)
             for step in range(5):
@@ -481,3 +483,24 @@ def test_an_export_written_before_format_2_imports_unchanged(lerobot_python: Pat
     write_format_1_buffer(tmp_path / "original")
     run_in_lerobot(lerobot_python, "-m", "user_rl.cli", "buffer", "import", str(fixture), str(tmp_path / "imported"))
     assert_same_episodes(list(read_episodes(tmp_path / "original")), list(read_episodes(tmp_path / "imported")))
+
+
+def test_an_exports_fps_is_the_robots_control_rate_or_must_be_given(tmp_path: Path) -> None:
+    """Not a guess from timestamps (a sim without a clock gave 381 fps): the rate each robot's hello
+    declared, as the buffer recorded it; `--fps` where it has none, or where robots differ."""
+    from user_rl.datasets.lerobot import export_fps
+
+    rng = np.random.default_rng(0)
+    store = PersistentReplay(tmp_path / "buffer", OBS_SPACE, ACTION_SPACE, BufferConfig(), gamma=0.9)
+    try:
+        for robot, hz, clock in (("arm-0", 20.0, 100.0), ("arm-1", 10.0, 200.0), ("sim-0", 0.0, 300.0)):
+            stream = store.open_stream(robot, 1, "reach", control_hz=hz)
+            assert store.add(stream, 1, restart_batch(rng, 0, range(0, 4), "terminated", clock))
+            store.commit()
+    finally:
+        store.close()
+    assert export_fps(tmp_path / "buffer", EpisodeFilter(robots=["arm-0"])) == 20
+    with pytest.raises(ValueError, match=r"different rates \(arm-0 20 Hz, arm-1 10 Hz\).*export them apart"):
+        export_fps(tmp_path / "buffer", EpisodeFilter(robots=["arm-0", "arm-1"]))
+    with pytest.raises(ValueError, match="no control rate recorded for sim-0 .* frame rate with --fps"):
+        export_fps(tmp_path / "buffer", None)

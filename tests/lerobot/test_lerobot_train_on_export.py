@@ -57,7 +57,7 @@ def write_buffer(directory: Path, obs_space: gym.spaces.Dict, episodes: int = 3,
     rng = np.random.default_rng(0)
     store = PersistentReplay(directory, obs_space, ACTION_SPACE, BufferConfig(segment_mb=0.05), gamma=0.9)
     try:
-        stream = store.open_stream("arm-0", 1, "push the block")
+        stream = store.open_stream("arm-0", 1, "push the block", control_hz=10.0)
         for episode in range(episodes):
             builder = BatchBuilder(obs_space, ACTION_SPACE, capacity=length)
             for step in range(length):

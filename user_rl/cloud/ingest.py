@@ -424,7 +424,7 @@ class Ingest:
             if stream is None:  # the edge says hello again, naming its spooled epochs
                 raise WireError("unknown_stream", f"{session.robot_id}: epoch {epoch} was never announced")
         if stream.record.id < 0 and seq == stream.record.last_seq + 1:  # its first batch: store from now on
-            made = self.buffer.open_stream(session.robot_id, epoch, stream.record.task)
+            made = self.buffer.open_stream(session.robot_id, epoch, stream.record.task, session.descriptor.control_hz)
             if stream is session.stream:
                 self.credit.forget(stream)
                 session.stream = made

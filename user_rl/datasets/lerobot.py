@@ -35,7 +35,14 @@ from typing import TYPE_CHECKING
 import gymnasium as gym
 import numpy as np
 
-from user_rl.cloud.buffer.episodes import Episode, EpisodeFilter, buffer_spaces, count_episodes, read_episodes
+from user_rl.cloud.buffer.episodes import (
+    Episode,
+    EpisodeFilter,
+    buffer_spaces,
+    count_episodes,
+    read_episodes,
+    recorded_rates,
+)
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.spaces import spaces_from_text, spaces_to_text
 from user_rl.wire.transitions import OBS, intervened
@@ -124,11 +131,23 @@ def dataset_features(obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -
     return features
 
 
-def guess_fps(episode: Episode, default: int = 30) -> int:
-    """The robot's control rate from its timestamps (the median step), else `default`."""
-    steps = np.diff(episode.steps["sensor_time"])
-    steps = steps[steps > 0]
-    return max(1, round(1.0 / float(np.median(steps)))) if len(steps) else default
+def export_fps(buffer_dir: str | Path, which: EpisodeFilter | None) -> int:
+    """The dataset's frame rate: the exported robots' control rate, as the buffer recorded it. A
+    robot without one, or robots at different rates, need `--fps` (a dataset has one rate)."""
+    rates = recorded_rates(buffer_dir, which)
+    unknown = [robot for robot, hz in rates.items() if hz <= 0]
+    if unknown:
+        raise ValueError(
+            f"{buffer_dir}: no control rate recorded for {', '.join(unknown)} (a robot without a clock, or a "
+            "buffer written before user-rl kept it): give the dataset's frame rate with --fps"
+        )
+    known = sorted(set(rates.values()))
+    if len(known) > 1:
+        said = ", ".join(f"{robot} {hz:g} Hz" for robot, hz in rates.items())
+        raise ValueError(f"the robots run at different rates ({said}): a dataset has one; export them apart (--robot)")
+    if known[0] != round(known[0]):
+        raise ValueError(f"the robots run at {known[0]:g} Hz; a LeRobot dataset's fps is a whole number: give --fps")
+    return round(known[0])
 
 
 def export_lerobot(
@@ -149,11 +168,11 @@ def export_lerobot(
     total = count_episodes(buffer_dir, which)
     if total == 0:
         raise ValueError(f"{buffer_dir}: no episode matches {which or EpisodeFilter()}")
+    fps = fps or export_fps(buffer_dir, which)
     episodes = read_episodes(buffer_dir, which)
-    first = next(episodes, None)  # the rate is guessed from it: the buffer is read once
+    first = next(episodes, None)  # before LeRobot makes a directory
     if first is None:
         raise ValueError(f"{buffer_dir}: the matching episodes' steps are no longer stored (evicted)")
-    fps = fps or guess_fps(first)
     dataset = LeRobotDataset.create(
         repo_id, fps, dataset_features(obs_space, action_space), root=out, robot_type=robot_type, use_videos=False
     )

@@ -114,6 +114,19 @@ def count_episodes(directory: str | Path, which: EpisodeFilter | None = None) ->
         index.close()
 
 
+def recorded_rates(directory: str | Path, which: EpisodeFilter | None = None) -> dict[str, float]:
+    """The control rate (Hz) of each robot with an episode `which` admits; 0.0 where the buffer has
+    none (a robot without a clock, or a buffer written before it was kept)."""
+    which = which or EpisodeFilter()
+    index = open_index_read_only(Path(directory) / "index.sqlite")
+    try:
+        rates = index.control_rates()
+        robots = sorted({record.robot for record in index.episodes() if which.admits(record)})
+        return {robot: rates.get(robot, 0.0) for robot in robots}
+    finally:
+        index.close()
+
+
 def read_episodes(directory: str | Path, which: EpisodeFilter | None = None) -> Iterator[Episode]:
     """The buffer's episodes that `which` admits, oldest stream first. Segments are read once each;
     an episode is yielded as soon as no later segment can hold more of it."""

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+CONTROL_HZ = "control_hz/"  # meta key prefix: a robot's control rate, for the fps of an export
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS segments (
@@ -123,6 +124,12 @@ class BufferIndex:
     def get_meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row[0] if row else None
+
+    @_locked
+    def control_rates(self) -> dict[str, float]:
+        """Each robot's control rate (Hz), as the buffer recorded it when the robot's streams opened."""
+        rows = self.db.execute("SELECT key, value FROM meta WHERE key LIKE ?", (CONTROL_HZ + "%",))
+        return {key.removeprefix(CONTROL_HZ): float(value) for key, value in rows}
 
     @_locked
     def set_meta(self, values: dict[str, str]) -> None:

@@ -40,7 +40,7 @@ from user_rl.cloud.buffer.cache import SlotCache
 from user_rl.cloud.buffer.catalog import SegmentCatalog
 from user_rl.cloud.buffer.commitlog import CommitLog
 from user_rl.cloud.buffer.disk import BufferWriteError, DiskLatch
-from user_rl.cloud.buffer.index import BufferIndex, SegmentRecord
+from user_rl.cloud.buffer.index import CONTROL_HZ, BufferIndex, SegmentRecord
 from user_rl.cloud.buffer.prefetch import Prefetcher
 from user_rl.cloud.buffer.recovery import attach_history, fill_cache, load_existing, open_meta, restore_pending
 from user_rl.cloud.buffer.rows import KIND_RECORD, StreamState, layout, row_bytes, segment_schema
@@ -172,10 +172,17 @@ class PersistentReplay:
         """The stream for (robot, epoch): from RAM, or reloaded from the index if it was released."""
         return self._streams.get(robot, epoch)
 
-    def open_stream(self, robot: str, epoch: int, task: str = "") -> StreamState:
+    def open_stream(self, robot: str, epoch: int, task: str = "", control_hz: float = 0.0) -> StreamState:
         """The stream for (robot, epoch), made if new. Opening ends no other stream: which older
-        lives are over is the ingest's call (`finished_streams`, at a hello)."""
+        lives are over is the ingest's call (`finished_streams`, at a hello). `control_hz`: the robot's
+        control rate, kept for exports (a dataset's fps), when the robot has one."""
+        if control_hz > 0 and self.index.get_meta(CONTROL_HZ + robot) != repr(float(control_hz)):
+            self.index.set_meta({CONTROL_HZ + robot: repr(float(control_hz))})
         return self._streams.open(robot, epoch, task)
+
+    def control_rates(self) -> dict[str, float]:
+        """Each robot's control rate, as its streams were opened (robots without one are left out)."""
+        return self.index.control_rates()
 
     def unstored_stream(self, robot: str, epoch: int, task: str = "") -> StreamState:
         """A stand-in for a stream nothing was stored in yet (a hello, an announced epoch): kept
