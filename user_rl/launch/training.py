@@ -182,6 +182,12 @@ def learner_actor_name(run_dir: Path) -> str:
     return f"user-rl-learner:{Path(run_dir).resolve()}"
 
 
+def started_error(ray_message: str) -> str:
+    """The error an actor raised while starting, from Ray's message (its traceback's last line)."""
+    lines = [line for line in ray_message.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ray_message
+
+
 def _place(run: FleetRun) -> None:
     """Start an embodiment's learner and one edge per robot, each on a node that has what it holds."""
     import ray
@@ -195,7 +201,12 @@ def _place(run: FleetRun) -> None:
         .options(**actor_options(demand), name=learner_actor_name(run.run_dir))
         .remote(cfg.model_dump(), str(run.run_dir.resolve()))
     )
-    run.addresses = addresses = ray.get(run.learner.addresses.remote())
+    try:
+        run.addresses = addresses = ray.get(run.learner.addresses.remote())
+    except ray.exceptions.RayActorError as exc:  # it raised while starting: say what, not Ray's traceback
+        if not getattr(exc, "actor_init_failed", False):
+            raise
+        raise FleetFailed(f"the learner could not start: {started_error(str(exc))}") from None
     run.next_eval_steps = cfg.stop.next_eval_steps(ray.get(run.learner.status.remote())["env_steps"])
     ray.get(run.learner.set_hold.remote(run.next_eval_steps))  # before any edge steps
     device = ray.get(run.learner.device.remote())
