@@ -23,6 +23,7 @@ from user_rl.cloud.buffer.episodes import EpisodeFilter, buffer_spaces, read_epi
 from user_rl.cloud.buffer.store import PersistentReplay
 from user_rl.config import BufferConfig
 from user_rl.edge.batching import BatchBuilder
+from user_rl.extras import LEROBOT_ENV_COMMAND
 from user_rl.wire import user_rl_pb2 as pb
 
 OBS_SPACE = gym.spaces.Dict(
@@ -227,7 +228,7 @@ def test_without_lerobot_the_export_says_how_to_get_it(tmp_path: Path) -> None:
         text=True,
         timeout=120,
     )
-    assert done.returncode == 2 and "pip install 'user-rl[lerobot]'" in done.stderr, done.stderr
+    assert done.returncode == 2 and LEROBOT_ENV_COMMAND in done.stderr, done.stderr
     assert not (tmp_path / "dataset").exists()
 
 

@@ -230,3 +230,47 @@ def test_hal_discover_lists_lerobot_robot_types_and_installed_plugins(lerobot_py
     listed = {d["name"]: d for d in json.loads(done.stdout)["devices"] if d["kind"] == "lerobot"}
     assert {"so101_follower", "koch_follower", "lekiwi", "sim_arm"} <= set(listed)
     assert listed["sim_arm"]["status"] == "candidate" and listed["sim_arm"]["resource"] is None
+
+
+def test_user_rl_train_runs_a_lerobot_robot_from_the_environment_the_readme_makes(
+    lerobot_python: Path, tmp_path: Path
+) -> None:
+    """`.venv-lerobot/bin/user-rl train` (the README's LeRobot command made it, as the suite's
+    environment is made) places the LeRobot plugin arm on Ray and trains: Ray, MuJoCo-free sims and
+    LeRobot in one environment."""
+    from user_rl.extras import LEROBOT_ENV_COMMAND
+
+    assert LEROBOT_ENV_COMMAND in (lerobot_env.REPO / "README.md").read_text()
+    config = {
+        "name": "lerobot-arm",
+        "robot": {
+            "type": "lerobot",
+            "options": {
+                "robot": {"type": "sim_arm", "id": "arm_t"},
+                "control_hz": 200,
+                "episode_steps": 40,
+                "calibrate": True,
+            },
+        },
+        "fleet": {"num_robots": 1, "control_hz": 100, "batch_transitions": 16, "pace_to_learner": True},
+        "algo": {"type": "sac", "learning_starts": 100, "batch_size": 32, "utd_ratio": 0.25},
+        "policy": {"hidden": [32, 32]},
+        "learner": {"torch_threads": 1},
+        "safety": {"max_action_delta": 200.0},
+        "stop": {"max_env_steps": 300, "max_wall_s": 300, "eval_every_s": None, "eval_episodes": 1},
+    }
+    (tmp_path / "arm.yaml").write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        [str(lerobot_python.parent / "user-rl"), "train", str(tmp_path / "arm.yaml"), f"run_root={tmp_path / 'runs'}"],
+        env=install_plugins(tmp_path / "site"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    (summary_file,) = (tmp_path / "runs").glob("lerobot-arm-*/summary.json")
+    summary = json.loads(summary_file.read_text())
+    assert summary["stop_reason"] == "max_env_steps" and summary["learner"]["env_steps"] >= 300
+    assert summary["learner"]["buffer"] >= 290  # every step stored (less each episode's last: no successor)
+    assert [robot["health"] for robot in summary["learner"]["robots"].values()] == ["ok"]

@@ -14,6 +14,7 @@ import pytest
 
 from tests.lerobot.harness import run_in_lerobot
 from user_rl.config import ConfigError, build_config
+from user_rl.extras import LEROBOT_ENV_COMMAND
 
 HERE = Path(__file__).parent
 
@@ -81,7 +82,6 @@ def test_a_lerobot_policy_config_is_checked_and_without_lerobot_says_how_to_get_
     from user_rl.policies import make_actor  # this environment has no lerobot
 
     spaces = gym.spaces.Dict({"state": gym.spaces.Box(-1, 1, (3,), np.float32)}), gym.spaces.Box(-1, 1, (3,))
-    with pytest.raises(
-        RuntimeError, match=r"policy.type lerobot needs the lerobot package: pip install 'user-rl\[lerobot\]'"
-    ):
+    with pytest.raises(RuntimeError, match="policy.type lerobot needs LeRobot") as missing:
         make_actor("lerobot", *spaces, **cfg.policy.options())
+    assert LEROBOT_ENV_COMMAND in str(missing.value)  # the command that makes LeRobot's environment

@@ -1,13 +1,16 @@
-"""The Python environment the LeRobot tests run in: LeRobot 0.4.x pins torch below 2.11, the rest
-of the suite runs on torch 2.13, so `user-rl[lerobot,smolvla]` goes into a venv of its own.
+"""The Python environment the LeRobot tests run in, built with the README's LeRobot command
+(`user_rl.extras.LEROBOT_ENV_COMMAND`): LeRobot 0.4.x pins torch below 2.11, the rest of the suite
+runs on torch 2.13, so `user-rl[all,smolvla]` (LeRobot, its torch, torchvision and numpy,
+transformers for SmolVLA, and Ray, MuJoCo and the rest) goes into a venv of its own, as a user's
+does: `.venv-lerobot/bin/user-rl train` runs a LeRobot robot or policy there. The tests add their
+own tools (pytest, selenium) to it.
 
-The venv sees the main environment's packages (`--system-site-packages`: user-rl itself, Ray,
-MuJoCo, ZeroMQ) and adds LeRobot with its own torch, torchvision and numpy in front of them (and
-transformers, for SmolVLA). It is built once per checkout and reused while the requirement it was
-built for (the extras and what pyproject.toml lists in them) is unchanged; when that changes, pip
-installs the new requirement into the venv there is (mostly nothing to download). The test
-session starts the build in the background as soon as it knows LeRobot tests will run (it is mostly
-a download), so the suite does not wait for it (tests/conftest.py).
+It is built once per checkout and reused while the requirement it was built for (the extras and what
+pyproject.toml lists in them) is unchanged; when that changes, pip installs the new requirement into
+the venv there is (mostly nothing to download). A venv of the older kind (one that saw the main
+environment's packages) is built again. The test session starts the build in the background as soon
+as it knows LeRobot tests will run (it is mostly a download), so the suite does not wait for it
+(tests/conftest.py).
 
     python -m tests.support.lerobot_env      # in the checkout's root: build it now; prints the venv's python
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import subprocess
 import sys
 import time
@@ -26,12 +30,15 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     tomllib = None
 
+from user_rl.extras import LEROBOT_ENV_COMMAND
+
 REPO = Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv-lerobot"
 BUILT = VENV / "built-for"  # the requirement the venv was built for
 LOG = VENV.with_name(".venv-lerobot.log")
-EXTRAS = ("lerobot", "smolvla")
+EXTRAS = tuple(re.search(r"\[([^]]+)\]", LEROBOT_ENV_COMMAND).group(1).split(","))  # the README's command's
 INSTALL = f"{REPO}[{','.join(EXTRAS)}]"
+TEST_TOOLS = ["pytest>=8", "selenium>=4.20"]  # what the scripts the tests run there import besides user-rl
 
 
 def requirement() -> str:
@@ -40,11 +47,17 @@ def requirement() -> str:
     if tomllib is None:
         return f"-e {INSTALL}\n{text}"
     listed = tomllib.loads(text)["project"]["optional-dependencies"]
-    return "\n".join([f"-e {INSTALL}", *(r for extra in EXTRAS for r in listed[extra])])
+    return "\n".join([f"-e {INSTALL}", *TEST_TOOLS, *(r for extra in EXTRAS for r in listed[extra])])
 
 
 def python() -> Path:
     return VENV / "bin" / "python"
+
+
+def sees_system_packages() -> bool:
+    """Whether the venv there is was made to see the main environment's packages (as it once was)."""
+    config = VENV / "pyvenv.cfg"
+    return config.is_file() and "include-system-site-packages = true" in config.read_text()
 
 
 def ready() -> bool:
@@ -59,9 +72,9 @@ def build() -> Path:
         if ready():
             return python()
         started = time.monotonic()
-        steps = [[str(python()), "-m", "pip", "install", "-q", "-e", INSTALL]]
-        if not python().is_file():  # else the requirement changed: pip brings the venv there is up to it
-            steps.insert(0, [sys.executable, "-m", "venv", "--clear", "--system-site-packages", str(VENV)])
+        steps = [[str(python()), "-m", "pip", "install", "-q", "-e", INSTALL, *TEST_TOOLS]]
+        if not python().is_file() or sees_system_packages():  # else pip brings the venv there is up to date
+            steps.insert(0, [sys.executable, "-m", "venv", "--clear", str(VENV)])
         with LOG.open("w") as log:
             for step in steps:
                 log.write(f"$ {' '.join(step)}\n")

@@ -19,7 +19,8 @@ before this layout (format 1: `observation.<key>` per key, finals as `user_rl.fi
 import as before. A dataset recorded by LeRobot itself imports with spaces read from its features
 and stats.
 
-LeRobot is imported lazily: the rest of user-rl works without it (`pip install user-rl[lerobot]`).
+LeRobot is imported lazily: the rest of user-rl works without it (it has an environment of its own:
+`extras.LEROBOT_ENV_COMMAND`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from user_rl.cloud.buffer.episodes import (
     read_episodes,
     recorded_rates,
 )
+from user_rl.extras import LEROBOT_MISSING
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.spaces import spaces_from_text, spaces_to_text
 from user_rl.wire.transitions import OBS, intervened
@@ -78,10 +80,7 @@ def require_lerobot():
     try:
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
     except ImportError as exc:
-        raise RuntimeError(
-            "the LeRobot format needs the lerobot package: pip install 'user-rl[lerobot]' "
-            f"(on Python 3.11 that is lerobot 0.4.x; import failed: {exc})"
-        ) from None
+        raise RuntimeError(f"the LeRobot format needs LeRobot: {LEROBOT_MISSING} (import failed: {exc})") from None
     return LeRobotDataset
 
 

@@ -43,6 +43,7 @@ from pydantic import Field, field_validator, model_validator
 from torch import nn
 
 from user_rl.config_plugins import PolicySettings
+from user_rl.extras import LEROBOT_ENV_COMMAND, LEROBOT_MISSING
 from user_rl.policies import lerobot_smolvla as smolvla
 from user_rl.policies.encoders import is_image, unit_pixels
 
@@ -50,8 +51,6 @@ log = logging.getLogger(__name__)
 
 KINDS = ("act", "diffusion", "smolvla")
 STATE, ENV_STATE, ACTION, IMAGES = "observation.state", "observation.environment_state", "action", "observation.images"
-INSTALL = "pip install 'user-rl[lerobot]'"
-SMOLVLA_INSTALL = "pip install 'user-rl[smolvla]'"
 
 
 def _lerobot() -> Any:
@@ -60,10 +59,7 @@ def _lerobot() -> Any:
         importlib.import_module("lerobot.policies")  # registers act, diffusion, ... with their config base
         from lerobot.configs.policies import PreTrainedConfig
     except ImportError as exc:
-        raise RuntimeError(
-            f"policy.type lerobot needs the lerobot package: {INSTALL} "
-            f"(on Python 3.11 that is lerobot 0.4.x; import failed: {exc})"
-        ) from None
+        raise RuntimeError(f"policy.type lerobot needs LeRobot: {LEROBOT_MISSING} (import failed: {exc})") from None
     return PreTrainedConfig
 
 
@@ -457,8 +453,10 @@ def _policy_class(kind: str) -> type:
     try:
         return get_policy_class(kind)
     except ImportError as exc:
-        extra = SMOLVLA_INSTALL if kind == "smolvla" else INSTALL
-        raise RuntimeError(f"LeRobot's {kind} policy needs {extra} (import failed: {exc})") from None
+        raise RuntimeError(
+            f"LeRobot's {kind} policy needs what the smolvla extra installs (transformers, ...): "
+            f"{LEROBOT_ENV_COMMAND} brings it (import failed: {exc})"
+        ) from None
 
 
 def _buffer(feature: str, what: str) -> str:

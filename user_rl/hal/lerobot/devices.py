@@ -16,10 +16,11 @@ import logging
 import pkgutil
 from typing import Any, Literal
 
+from user_rl.extras import LEROBOT_MISSING
+
 log = logging.getLogger(__name__)
 
 DeviceKind = Literal["robot", "teleoperator"]
-INSTALL = "pip install 'user-rl[lerobot]'"
 
 
 def _lerobot(kind: DeviceKind) -> tuple[Any, Any, Any]:
@@ -34,10 +35,7 @@ def _lerobot(kind: DeviceKind) -> tuple[Any, Any, Any]:
             from lerobot.teleoperators.config import TeleoperatorConfig as base
             from lerobot.teleoperators.utils import make_teleoperator_from_config as make
     except ImportError as exc:
-        raise RuntimeError(
-            f"a LeRobot {kind} needs the lerobot package: {INSTALL} "
-            f"(on Python 3.11 that is lerobot 0.4.x; import failed: {exc})"
-        ) from None
+        raise RuntimeError(f"a LeRobot {kind} needs LeRobot: {LEROBOT_MISSING} (import failed: {exc})") from None
     return package, base, make
 
 
