@@ -88,3 +88,17 @@ def metrics_to_floats(metrics: dict[str, Any]) -> dict[str, float]:
 def trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     """The parameters an optimiser steps: all but the frozen ones (`policy.freeze`)."""
     return [parameter for parameter in module.parameters() if parameter.requires_grad]
+
+
+def backed_up(batch: dict, next_value: torch.Tensor, gamma: float) -> torch.Tensor:
+    """A critic's target per row: reward + discount x (1 - terminated) x `next_value`. `discount` is
+    the row's own column when there is one (gamma ** n over an n-step or chunk backup), else `gamma`."""
+    discount = batch["discount"].unsqueeze(-1) if "discount" in batch else gamma
+    not_done = 1.0 - batch["terminated"].float().unsqueeze(-1)
+    return batch["reward"].unsqueeze(-1) + discount * not_done * next_value
+
+
+def imitation_weights(batch: dict, policy_row_weight: float, prefix: str = "chunk_") -> torch.Tensor:
+    """What behaviour cloning weighs each row (or each action of a row's chunk) by: 1 where someone
+    intervened, `policy_row_weight` where the policy acted, 0 for the rest (random warm-up)."""
+    return batch[prefix + "intervened"].float() + policy_row_weight * batch[prefix + "policy_acted"].float()

@@ -34,7 +34,7 @@ import torch
 from pydantic import Field
 from torch.distributions import Normal
 
-from user_rl.algos.base import load_parts_state, parts_state, trainable
+from user_rl.algos.base import imitation_weights, load_parts_state, parts_state, trainable
 from user_rl.algos.optim import adam
 from user_rl.config_plugins import AlgoSettings
 from user_rl.policies import make_actor
@@ -101,10 +101,7 @@ class BehaviourCloning:
                 "a chunk policy learns from action chunks: the batch needs action_chunk and "
                 "chunk_intervened (buffer.action_horizon = policy.chunk)"
             )
-        return (
-            batch[prefix + "intervened"].float()
-            + self.settings.policy_row_weight * batch[prefix + "policy_acted"].float()
-        )
+        return imitation_weights(batch, self.settings.policy_row_weight, prefix)
 
     def update(self, batch: dict) -> dict[str, torch.Tensor]:
         """One gradient step towards the weighted rows' actions: obs, action, intervened, policy_acted.

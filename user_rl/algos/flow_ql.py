@@ -25,8 +25,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from user_rl.algos.base import load_parts_state, parts_state, soft_update
+from user_rl.algos.base import backed_up, imitation_weights, load_parts_state, parts_state, soft_update
 from user_rl.algos.optim import adam
+from user_rl.algos.qc import CHUNK_CRITIC_COLUMNS
 from user_rl.algos.steering import step
 from user_rl.config_plugins import AlgoSettings, PolicySettings
 from user_rl.policies import make_actor
@@ -61,16 +62,7 @@ class FlowQL:
     name = "flow_ql"
     Settings = FlowQLSettings
     state_parts = ("actor", "critic", "critic_target", "actor_optim", "critic_optim")
-    batch_columns = (
-        "obs",
-        "next_obs",
-        "reward",
-        "terminated",
-        "discount",
-        "action_chunk",
-        "chunk_intervened",
-        "chunk_policy_acted",
-    )
+    batch_columns = CHUNK_CRITIC_COLUMNS
 
     def __init__(
         self,
@@ -99,10 +91,7 @@ class FlowQL:
         with torch.no_grad():
             next_obs = batch["next_obs"]
             next_chunk = self.actor.sample_from(self.actor.encoder(next_obs)).flatten(1)
-            next_q = torch.min(*self.critic_target(next_obs, next_chunk))
-            discount = batch["discount"].unsqueeze(-1) if "discount" in batch else self.settings.gamma
-            not_done = 1.0 - batch["terminated"].float().unsqueeze(-1)
-            return batch["reward"].unsqueeze(-1) + discount * not_done * next_q
+            return backed_up(batch, torch.min(*self.critic_target(next_obs, next_chunk)), self.settings.gamma)
 
     def update(self, batch: dict) -> dict[str, torch.Tensor]:
         """One critic step, then one step of the whole flow: flow matching minus the normalised value of its chunks."""
@@ -113,9 +102,7 @@ class FlowQL:
         critic_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
         step(self.critic_optim, critic_loss)
 
-        weight = (
-            batch["chunk_intervened"].float() + self.settings.policy_row_weight * batch["chunk_policy_acted"].float()
-        )[:, : self.actor.chunk_length]
+        weight = imitation_weights(batch, self.settings.policy_row_weight)[:, : self.actor.chunk_length]
         features = self.actor.encoder(obs)
         flow_loss = self.actor.flow_loss(features, chunks, weight)
         self.critic.requires_grad_(False)  # the flow's loss moves the flow only

@@ -25,10 +25,22 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from user_rl.algos.base import load_parts_state, parts_state, soft_update
+from user_rl.algos.base import backed_up, imitation_weights, load_parts_state, parts_state, soft_update
 from user_rl.algos.optim import adam
 from user_rl.config_plugins import AlgoSettings
 from user_rl.policies import make_actor
+
+# What an algorithm with a chunk critic and a flow it clones reads from a batch (qc, flow_ql).
+CHUNK_CRITIC_COLUMNS = (
+    "obs",
+    "next_obs",
+    "reward",
+    "terminated",
+    "discount",
+    "action_chunk",
+    "chunk_intervened",
+    "chunk_policy_acted",
+)
 
 
 class QCSettings(AlgoSettings):
@@ -52,16 +64,7 @@ class QChunking:
     name = "qc"
     Settings = QCSettings
     state_parts = ("actor", "critic_target", "actor_optim", "critic_optim")  # the critic is part of the actor
-    batch_columns = (
-        "obs",
-        "next_obs",
-        "reward",
-        "terminated",
-        "discount",
-        "action_chunk",
-        "chunk_intervened",
-        "chunk_policy_acted",
-    )
+    batch_columns = CHUNK_CRITIC_COLUMNS
 
     def __init__(
         self,
@@ -90,9 +93,7 @@ class QChunking:
             next_obs = batch["next_obs"]
             next_chunk = self.actor.best_chunks(next_obs, self.actor.best_of, self.critic_target)
             next_q = torch.min(*self.critic_target(next_obs, next_chunk.flatten(1)))
-            discount = batch["discount"].unsqueeze(-1) if "discount" in batch else self.settings.gamma
-            not_done = 1.0 - batch["terminated"].float().unsqueeze(-1)
-            return batch["reward"].unsqueeze(-1) + discount * not_done * next_q
+            return backed_up(batch, next_q, self.settings.gamma)
 
     def update(self, batch: dict) -> dict[str, torch.Tensor]:
         """One critic step and one flow-matching step on a batch of chunked transitions."""
@@ -105,9 +106,7 @@ class QChunking:
         critic_loss.backward()
         self.critic_optim.step()
 
-        weight = (
-            batch["chunk_intervened"].float() + self.settings.policy_row_weight * batch["chunk_policy_acted"].float()
-        )
+        weight = imitation_weights(batch, self.settings.policy_row_weight)
         flow_loss = self.actor.flow_loss(self.actor.encoder(obs), chunks, weight)
         self.actor_optim.zero_grad(set_to_none=True)
         flow_loss.backward()

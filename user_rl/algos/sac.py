@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from user_rl.algos.base import load_parts_state, parts_state, soft_update
+from user_rl.algos.base import backed_up, load_parts_state, parts_state, soft_update
 from user_rl.algos.optim import adam
 from user_rl.config_plugins import AlgoSettings
 from user_rl.policies import make_actor, make_critic
@@ -102,9 +102,7 @@ class SAC:
             next_obs = batch["next_obs"] if next_obs is None else next_obs
             next_action, next_log_prob = self.actor.sample(next_obs)
             soft_value = self.target_q(self.critic_target(next_obs, next_action)) - self.alpha * next_log_prob
-            discount = batch["discount"].unsqueeze(-1) if "discount" in batch else self.settings.gamma
-            not_done = 1.0 - batch["terminated"].float().unsqueeze(-1)
-            return batch["reward"].unsqueeze(-1) + discount * not_done * soft_value
+            return backed_up(batch, soft_value, self.settings.gamma)
 
     def update(self, batch: dict) -> dict[str, torch.Tensor]:
         """One gradient step on a batch of tensors: obs, action, reward, next_obs, terminated.

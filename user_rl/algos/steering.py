@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from user_rl.algos.base import load_parts_state, parts_state, soft_update
+from user_rl.algos.base import backed_up, load_parts_state, parts_state, soft_update
 from user_rl.algos.optim import adam
 from user_rl.algos.sac import SAC
 from user_rl.config_plugins import AlgoSettings, PolicySettings
@@ -147,9 +147,7 @@ class ChunkSteering:
             latent, log_prob = self.actor.steer.sample(next_obs)
             next_chunk = self.actor.chunk_from(next_obs, latent).flatten(1)
             soft_value = torch.min(*self.critic_target(next_obs, next_chunk)) - self.alpha * log_prob
-            discount = batch["discount"].unsqueeze(-1) if "discount" in batch else self.settings.gamma
-            not_done = 1.0 - batch["terminated"].float().unsqueeze(-1)
-            return batch["reward"].unsqueeze(-1) + discount * not_done * soft_value
+            return backed_up(batch, soft_value, self.settings.gamma)
 
     def update(self, batch: dict) -> dict[str, torch.Tensor]:
         """One step for the chunk critic, the algorithm's own (`improve_actor`), the temperature, the targets."""
