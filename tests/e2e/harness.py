@@ -100,7 +100,12 @@ def run_cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
     )
 
 
-def train(config: str, run_root: Path, *overrides: str, timeout: float = 900) -> dict:
+def train(config: str, run_root: Path, *overrides: str, timeout: float = 900, learning: bool = False) -> dict:
+    """`user-rl train` to its end; its summary. `learning`: a learning demonstration, judged by what it
+    learned in its env steps, not by this machine's speed: its run may go on until shortly before
+    `timeout` (a config's `stop.max_wall_s` is for people's runs; a loaded box stopped one early)."""
+    if learning:
+        overrides = (f"stop.max_wall_s={int(timeout) - 90}", *overrides)
     proc = run_cli("train", config, f"run_root={run_root}", *overrides, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (summary_path,) = run_root.glob("*/summary.json")

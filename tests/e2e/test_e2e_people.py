@@ -102,6 +102,7 @@ def test_people_taking_over_and_a_reward_learned_from_their_labels_solve_sparse_
         f"stop.max_env_steps={ENV_STEPS}",
         *ONLY_THE_FINAL_EVALUATION,
         timeout=1200,
+        learning=True,
     )
     assert summary["stop_reason"] == "max_env_steps", summary["stdout"][-3000:]
     fresh = evaluate(summary["checkpoint"], FRESH_EPISODES, 11, "robot.options.reward=sparse")
@@ -150,7 +151,7 @@ def test_people_taking_over_and_a_reward_learned_from_their_labels_solve_sparse_
 
 
 @pytest.mark.long
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1100)
 def test_sac_alone_does_not_solve_sparse_reach_in_the_same_env_steps(
     tmp_path: Path, seed_overrides: tuple[str, ...]
 ) -> None:
@@ -162,6 +163,8 @@ def test_sac_alone_does_not_solve_sparse_reach_in_the_same_env_steps(
         "buffer.mix=null",
         f"stop.max_env_steps={ENV_STEPS}",
         *ONLY_THE_FINAL_EVALUATION,
+        timeout=1000,
+        learning=True,
     )
     assert alone["stop_reason"] == "max_env_steps" and alone["learner"]["env_steps"] <= ENV_STEPS
     fresh = evaluate(alone["checkpoint"], episodes=FRESH_EPISODES, seed=11)

@@ -64,6 +64,7 @@ def test_drq_learns_reach_from_pixels_alone(tmp_path: Path, seed_overrides: tupl
         "stop.eval_every_s=30",
         "stop.success_rate=0.9",
         timeout=1200,
+        learning=True,
     )
     fresh = evaluate(summary["checkpoint"], FRESH_EPISODES, 11)
     print(

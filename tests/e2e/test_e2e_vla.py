@@ -31,6 +31,7 @@ def test_the_tiny_vla_touches_the_target_its_instruction_names(tmp_path: Path, s
         f"stop.max_env_steps={ENV_STEPS}",
         *ONLY_THE_FINAL_EVALUATION,
         timeout=1200,
+        learning=True,
     )
     assert summary["stop_reason"] == "max_env_steps", summary["stdout"][-3000:]
     # The same fresh scenes told each instruction (a fixed goal leaves the scene's draws unchanged):
