@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Protocol
 
+import gymnasium as gym
+import numpy as np
 import torch
 from torch import nn
+
+from user_rl.policies.mlp import TwinQCritic
 
 
 class Algorithm(Protocol):
@@ -102,3 +106,10 @@ def imitation_weights(batch: dict, policy_row_weight: float, prefix: str = "chun
     """What behaviour cloning weighs each row (or each action of a row's chunk) by: 1 where someone
     intervened, `policy_row_weight` where the policy acted, 0 for the rest (random warm-up)."""
     return batch[prefix + "intervened"].float() + policy_row_weight * batch[prefix + "policy_acted"].float()
+
+
+def chunk_critic(obs_space: gym.spaces.Dict, chunk_length: int, action_dim: int, hidden: list[int]) -> TwinQCritic:
+    """Q_A(s, chunk): a twin critic over the chunk a robot executed, normalised and flattened (H x A
+    values), as dsrl, residual and flow_ql value it."""
+    chunk_space = gym.spaces.Box(-1.0, 1.0, (chunk_length * action_dim,), np.float32)
+    return TwinQCritic(obs_space, chunk_space, hidden, layer_norm=True)

@@ -35,7 +35,7 @@ from pydantic import Field
 from torch.distributions import Normal
 
 from user_rl.algos.base import imitation_weights, load_parts_state, parts_state, trainable
-from user_rl.algos.optim import adam
+from user_rl.algos.optim import adam, step
 from user_rl.config_plugins import AlgoSettings
 from user_rl.policies import make_actor
 
@@ -127,18 +127,14 @@ class BehaviourCloning:
         total = weight.sum()
         action_nll, action_mse = (weight * nll).sum() / total, (weight * mse).sum() / total
         loss = action_nll + action_mse
-        self.actor_optim.zero_grad(set_to_none=True)
-        loss.backward()
-        self.actor_optim.step()
+        step(self.actor_optim, loss)
         self._last = {"bc_loss": loss.detach(), "action_nll": action_nll.detach(), "action_mse": action_mse.detach()}
         return {**self._last, "imitated_rows": torch.tensor(float(rows.numel()), device=self.device)}
 
     def _chunk_step(self, obs: dict, chunks: torch.Tensor, weight: torch.Tensor) -> dict[str, torch.Tensor]:
         """The chunk policy's imitation loss towards the weighted actions of each row's chunk."""
         loss, parts = self.actor.imitation_loss(obs, chunks, weight)
-        self.actor_optim.zero_grad(set_to_none=True)
-        loss.backward()
-        self.actor_optim.step()
+        step(self.actor_optim, loss)
         self._last = {"bc_loss": loss.detach(), **parts}
         return {**self._last, "imitated_rows": torch.tensor(float(len(chunks)), device=self.device)}
 

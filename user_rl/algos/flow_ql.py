@@ -20,18 +20,22 @@ from __future__ import annotations
 import copy
 
 import gymnasium as gym
-import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from user_rl.algos.base import backed_up, imitation_weights, load_parts_state, parts_state, soft_update
-from user_rl.algos.optim import adam
+from user_rl.algos.base import (
+    backed_up,
+    chunk_critic,
+    imitation_weights,
+    load_parts_state,
+    parts_state,
+    soft_update,
+)
+from user_rl.algos.optim import adam, step
 from user_rl.algos.qc import CHUNK_CRITIC_COLUMNS
-from user_rl.algos.steering import step
 from user_rl.config_plugins import AlgoSettings, PolicySettings
 from user_rl.policies import make_actor
-from user_rl.policies.mlp import TwinQCritic
 
 
 class FlowQLSettings(AlgoSettings):
@@ -78,9 +82,8 @@ class FlowQL:
         self.actor = make_actor(policy, obs_space, action_space, **(policy_options or {})).to(self.device)
         if not hasattr(self.actor, "sample_from") or getattr(self.actor, "value", None) is not None:
             raise ValueError("flow_ql fine-tunes a flow chunk policy sampling one chunk: policy.type flow, best_of 1")
-        flat = self.actor.chunk_length * self.actor.action_dim
-        chunk_space = gym.spaces.Box(-1.0, 1.0, (flat,), np.float32)
-        self.critic = TwinQCritic(obs_space, chunk_space, s.critic_hidden, layer_norm=True).to(self.device)
+        critic = chunk_critic(obs_space, self.actor.chunk_length, self.actor.action_dim, s.critic_hidden)
+        self.critic = critic.to(self.device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.actor_optim = adam([p for p in self.actor.parameters() if p.requires_grad], s.actor_lr)
         self.critic_optim = adam(self.critic.parameters(), s.critic_lr)

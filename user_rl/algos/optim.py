@@ -15,3 +15,10 @@ def adam(params: Iterable[torch.Tensor], lr: float) -> torch.optim.Adam:
         return torch.optim.Adam(params, lr=lr, fused=True)
     except RuntimeError:  # a device (or dtype) without the fused kernel
         return torch.optim.Adam(params, lr=lr)
+
+
+def step(optimiser: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    """One gradient step of `optimiser` down `loss`."""
+    optimiser.zero_grad(set_to_none=True)
+    loss.backward()
+    optimiser.step()

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from user_rl.algos.base import backed_up, imitation_weights, load_parts_state, parts_state, soft_update
-from user_rl.algos.optim import adam
+from user_rl.algos.optim import adam, step
 from user_rl.config_plugins import AlgoSettings
 from user_rl.policies import make_actor
 
@@ -102,15 +102,11 @@ class QChunking:
         target = self.td_target(batch)
         q1, q2 = self.critic(obs, chunks.flatten(1))
         critic_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
-        self.critic_optim.zero_grad(set_to_none=True)
-        critic_loss.backward()
-        self.critic_optim.step()
+        step(self.critic_optim, critic_loss)
 
         weight = imitation_weights(batch, self.settings.policy_row_weight)
         flow_loss = self.actor.flow_loss(self.actor.encoder(obs), chunks, weight)
-        self.actor_optim.zero_grad(set_to_none=True)
-        flow_loss.backward()
-        self.actor_optim.step()
+        step(self.actor_optim, flow_loss)
 
         soft_update(self.critic_target, self.critic, self.settings.tau)
         self.updates += 1

@@ -26,7 +26,7 @@ from pydantic import Field
 from torch import nn
 
 from user_rl.algos.base import backed_up, load_parts_state, parts_state, soft_update
-from user_rl.algos.optim import adam
+from user_rl.algos.optim import adam, step
 from user_rl.config_plugins import AlgoSettings
 from user_rl.policies import make_actor, make_critic
 
@@ -118,21 +118,15 @@ class SAC:
         features = self.critic.encoder(obs)
         qs = self.critic.q_of(features, action)
         critic_loss = sum(F.mse_loss(q, td_target) for q in qs)
-        self.critic_optim.zero_grad(set_to_none=True)
-        critic_loss.backward()
-        self.critic_optim.step()
+        step(self.critic_optim, critic_loss)
 
         new_action, log_prob = self.actor.sample_from(self.actor_features(obs, features))
         q_new = self.actor_q(self.critic.q_of(features.detach(), new_action))
         actor_loss = (self.alpha.detach() * log_prob - q_new).mean()
-        self.actor_optim.zero_grad(set_to_none=True)
-        actor_loss.backward()
-        self.actor_optim.step()
+        step(self.actor_optim, actor_loss)
 
         alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
-        self.alpha_optim.zero_grad(set_to_none=True)
-        alpha_loss.backward()
-        self.alpha_optim.step()
+        step(self.alpha_optim, alpha_loss)
 
         soft_update(self.critic_target, self.critic, s.tau)
         self.updates += 1

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from user_rl.algos.base import backed_up, load_parts_state, parts_state, soft_update
-from user_rl.algos.optim import adam
+from user_rl.algos.base import backed_up, chunk_critic, load_parts_state, parts_state, soft_update
+from user_rl.algos.optim import adam, step
 from user_rl.algos.sac import SAC
 from user_rl.config_plugins import AlgoSettings, PolicySettings
 from user_rl.policies import make_actor
@@ -95,13 +95,6 @@ class ResidualSettings(SteeringSettings):
         return ResidualChunkActor(base, obs_space, action_space, self.steer_hidden, self.scale)
 
 
-def step(optimiser: torch.optim.Optimizer, loss: torch.Tensor) -> None:
-    """One gradient step of `optimiser` down `loss`."""
-    optimiser.zero_grad(set_to_none=True)
-    loss.backward()
-    optimiser.step()
-
-
 class ChunkSteering:
     """SAC on a steered chunk policy's small actor, with a critic over executed chunks."""
 
@@ -125,9 +118,8 @@ class ChunkSteering:
         base = make_actor(policy, obs_space, action_space, **(policy_options or {}))
         self.actor: SteeredChunk = s.acting_actor(base, obs_space, action_space).to(self.device)
         self.pretrained = self.actor.base  # what `policy.weights` loads into
-        executed = self.actor.chunk_length * self.actor.action_dim
-        chunk_space = gym.spaces.Box(-1.0, 1.0, (executed,), np.float32)
-        self.critic = TwinQCritic(obs_space, chunk_space, s.critic_hidden, layer_norm=True).to(self.device)
+        critic = chunk_critic(obs_space, self.actor.chunk_length, self.actor.action_dim, s.critic_hidden)
+        self.critic = critic.to(self.device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = torch.tensor(np.log(s.init_alpha), device=self.device, requires_grad=True)
         self.target_entropy = -s.target_entropy_scale * self.actor.latent_dim

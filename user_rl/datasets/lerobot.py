@@ -45,6 +45,7 @@ from user_rl.cloud.buffer.episodes import (
     recorded_rates,
 )
 from user_rl.extras import LEROBOT_MISSING
+from user_rl.policies.lerobot_policy import lerobot_keys
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.spaces import spaces_from_text, spaces_to_text
 from user_rl.wire.transitions import OBS, intervened
@@ -95,8 +96,6 @@ def feature_name(key: str, space: gym.spaces.Box) -> str:
 
 def dataset_features(obs_space: gym.spaces.Dict, action_space: gym.spaces.Box) -> dict[str, dict]:
     """The LeRobot features of a buffer with these spaces."""
-    from user_rl.policies.lerobot_policy import lerobot_keys  # torch: only where LeRobot is
-
     cameras, state_keys = lerobot_keys(obs_space)
     features: dict[str, dict] = {}
     for key in cameras:
@@ -211,8 +210,6 @@ def export_lerobot(
 def _frames(episode: Episode, obs_space: gym.spaces.Dict) -> Iterable[dict]:
     s, last = episode.steps, len(episode) - 1
     acted = intervened(s["actor"])
-    from user_rl.policies.lerobot_policy import lerobot_keys
-
     cameras, state_keys = lerobot_keys(obs_space)
     for i in range(len(episode)):
         frame = {
@@ -310,8 +307,6 @@ class _ObsColumns:
     def __init__(self, obs_space: gym.spaces.Dict, layout: int) -> None:
         self.obs_space = obs_space
         if layout >= 2:
-            from user_rl.policies.lerobot_policy import lerobot_keys
-
             cameras = lerobot_keys(obs_space)[0]
             self.now = {key: IMAGES + key if key in cameras else OBS_COPY + key for key in obs_space.spaces}
             self.final = {key: FINAL + key for key in obs_space.spaces}  # flattened, as stored
