@@ -13,6 +13,9 @@ as it knows LeRobot tests will run (it is mostly a download), so the suite does 
 (tests/conftest.py).
 
     python -m tests.support.lerobot_env      # in the checkout's root: build it now; prints the venv's python
+
+`USER_RL_LEROBOT_PYTHON=/path/to/venv/bin/python` runs the LeRobot tests with an environment built
+elsewhere (another checkout's, with this checkout first on its PYTHONPATH) and builds nothing.
 """
 
 from __future__ import annotations
@@ -54,6 +57,12 @@ def python() -> Path:
     return VENV / "bin" / "python"
 
 
+def given() -> Path | None:
+    """An environment built elsewhere that the developer named (`USER_RL_LEROBOT_PYTHON`), if any."""
+    named = os.environ.get("USER_RL_LEROBOT_PYTHON")
+    return Path(named) if named else None
+
+
 def sees_system_packages() -> bool:
     """Whether the venv there is was made to see the main environment's packages (as it once was)."""
     config = VENV / "pyvenv.cfg"
@@ -92,7 +101,7 @@ _background: list[subprocess.Popen] = []
 
 def start_in_background() -> None:
     """Start `build()` in a low-priority process unless the venv is ready; `wait` waits for it."""
-    if not ready() and not _background:
+    if given() is None and not ready() and not _background:
         _background.append(
             subprocess.Popen(
                 [sys.executable, "-m", "tests.support.lerobot_env"],
@@ -106,6 +115,8 @@ def start_in_background() -> None:
 
 def wait(timeout_s: float = 1200.0) -> Path:
     """The venv's python once the build is done (building it here if nobody started one)."""
+    if given() is not None:
+        return given()
     for builder in _background:
         builder.wait(timeout_s)
     if not ready():
