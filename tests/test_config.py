@@ -121,7 +121,7 @@ def test_unknown_nested_key_names_it_and_the_allowed_keys(config_file: Path) -> 
     ("override", "key", "hint"),
     [
         ("fleet.num_robots=abc", "fleet.num_robots", "integer"),
-        ("fleet.num_robots=0", "fleet.num_robots", "greater than or equal to 1"),
+        ("fleet.num_robots=-1", "fleet.num_robots", "greater than or equal to 0"),
         ("fleet.num_robots=1000", "fleet.num_robots", "256"),
         ("learner.device=tpu", "learner.device", "'cuda'"),
         ("algo.gamma=1.5", "algo.gamma", "1"),
@@ -153,6 +153,17 @@ def test_unknown_robot_option_lists_the_allowed_ones() -> None:
     # The allowed options follow the driver.
     message = error({"robot": {"type": "gym", "options": {"obs_mode": "image"}}})
     assert "'obs_mode'" in message and "env_id" in message
+
+
+def test_an_offline_run_needs_something_to_learn_from_and_an_end() -> None:
+    """`fleet.num_robots: 0`: the learner alone, on attached buffers, until stop.max_updates."""
+    attach = "buffer.attach=[{path: runs/demos/buffer, source: demo}]"
+    assert "name what it trains on in buffer.attach" in error(overrides=["fleet.num_robots=0", "stop.max_updates=9"])
+    assert "set stop.max_updates" in error(overrides=["fleet.num_robots=0", attach])
+    goal = error(overrides=["fleet.num_robots=0", attach, "stop.max_updates=9", "stop.success_rate=0.9"])
+    assert "no robot to check a goal on" in goal
+    cfg = build_config({}, ["fleet.num_robots=0", attach, "stop.max_updates=9"])
+    assert cfg.offline and not build_config({}, []).offline
 
 
 @pytest.mark.parametrize("override", ["fleet.num_robots", "=3", "fleet"])

@@ -13,6 +13,7 @@ from user_rl.hal.resources import NODE_LABEL, PlacementError
 
 def _train(args: argparse.Namespace) -> int:
     from user_rl.launch import FleetFailed, train
+    from user_rl.launch.training import STOP_SEVERITY
 
     cfg = load_config(args.config, args.overrides)
     try:
@@ -20,7 +21,7 @@ def _train(args: argparse.Namespace) -> int:
     except FleetFailed as exc:  # e.g. every robot refused: a resumed run's policy was made for another arm
         print(f"user-rl: {exc}", file=sys.stderr)
         return 1
-    return 0 if summary["stop_reason"] in ("goal_reached", "max_env_steps", "max_wall_s") else 1
+    return 0 if summary["stop_reason"] in STOP_SEVERITY else 1
 
 
 def _learner(args: argparse.Namespace) -> int:
@@ -75,19 +76,30 @@ def _buffer_export(args: argparse.Namespace) -> int:
             fps=args.fps,
             robot_type=args.robot_type,
             progress=print_progress("exported"),
+            video=args.video,
+            vcodec=args.vcodec,
         )
     except (FileExistsError, ValueError, RuntimeError) as exc:
         print(f"user-rl buffer export: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {done['episodes']:,} episodes ({done['frames']:,} frames, {done['fps']} fps) to {done['root']}")
+    cameras = f", cameras as {args.vcodec} video" if done["video"] else ""
+    frames = f"{done['frames']:,} frames, {done['fps']} fps{cameras}"
+    print(f"wrote {done['episodes']:,} episodes ({frames}) to {done['root']}")
     return 0
 
 
 def _buffer_import(args: argparse.Namespace) -> int:
-    from user_rl.datasets.lerobot import import_lerobot, print_progress
+    from user_rl.datasets.lerobot import print_progress
+    from user_rl.datasets.lerobot_import import import_lerobot
 
     try:
-        done = import_lerobot(args.dataset, args.out, repo_id=args.repo_id, progress=print_progress("imported"))
+        done = import_lerobot(
+            args.dataset,
+            args.out,
+            repo_id=args.repo_id,
+            progress=print_progress("imported"),
+            video_backend=args.video_backend,
+        )
     except (FileExistsError, ValueError, RuntimeError) as exc:
         print(f"user-rl buffer import: {exc}", file=sys.stderr)
         return 2
@@ -343,6 +355,18 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--fps", type=int, help="the dataset's frame rate (default: the robots' recorded control rate)")
     export.add_argument("--repo-id", default="local/user-rl", help="the dataset's name (nothing is uploaded)")
     export.add_argument("--robot-type", help="recorded in the dataset's info, e.g. so101_follower")
+    export.add_argument(
+        "--video",
+        action="store_true",
+        help="cameras as one MP4 each, as lerobot-record writes them (lossy, far smaller); "
+        "default: PNG frames (lossless: an import gives back the same pixels)",
+    )
+    export.add_argument(
+        "--vcodec",
+        default="libsvtav1",
+        help="the codec of --video (LeRobot's: libsvtav1, the default, h264, hevc, auto); "
+        "AV1 needs cameras of at least 32 pixels a side",
+    )
     export.set_defaults(func=_buffer_export)
     imp = actions.add_parser(
         "import",
@@ -351,6 +375,12 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("dataset", help="the LeRobotDataset's root directory (meta/info.json inside; no hub)")
     imp.add_argument("out", help="the buffer directory to create")
     imp.add_argument("--repo-id", default="local/user-rl", help="the dataset's name")
+    imp.add_argument(
+        "--video-backend",
+        choices=["torchcodec", "pyav"],
+        help="how LeRobot decodes video cameras (default: LeRobot's, torchcodec, which needs FFmpeg's "
+        "libraries: apt-get install ffmpeg; pyav brings its own)",
+    )
     imp.set_defaults(func=_buffer_import)
 
     reward = sub.add_parser("reward", help="rewards learned from people: the success classifier")

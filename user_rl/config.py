@@ -161,6 +161,28 @@ class Config(Section):
         return self.buffer.model_copy(update={"n_step": self.n_step, "action_horizon": self.action_horizon})
 
     @model_validator(mode="after")
+    def _offline_runs_have_data_and_an_end(self) -> Config:
+        """No robots: the learner trains on attached buffers alone, with nothing to evaluate on."""
+        if self.fleet.num_robots or self.embodiments:
+            return self
+        offline = "fleet.num_robots: 0 is an offline run (the learner alone, on attached buffers)"
+        if not self.buffer.attach and not self.resume:
+            raise ValueError(
+                f"{offline}: name what it trains on in buffer.attach (user-rl buffer import makes a buffer "
+                "of a LeRobot dataset)"
+            )
+        if self.stop.max_updates is None:
+            raise ValueError(f"{offline}: no env steps end it; set stop.max_updates")
+        if self.stop.success_rate is not None or self.stop.mean_return is not None:
+            raise ValueError(f"{offline}: it has no robot to check a goal on; leave stop.success_rate out")
+        return self
+
+    @property
+    def offline(self) -> bool:
+        """A run without robots: the learner trains on attached buffers until stop.max_updates."""
+        return self.fleet.num_robots == 0
+
+    @model_validator(mode="after")
     def _watchdog_outlasts_a_control_period(self) -> Config:
         hz, deadline = self.fleet.control_hz, self.safety.deadline_s
         if hz > 0 and 0 < deadline <= 1.0 / hz:

@@ -84,7 +84,13 @@ class AlgoSettings(ComponentSettings):
     type: str = "sac"
     gamma: float = Field(0.99, gt=0.0, le=1.0)
     batch_size: int = Field(256, ge=1)
-    learning_starts: int = Field(2000, ge=1)
+    learning_starts: int = Field(
+        2000,
+        ge=1,
+        description="rows the buffer holds before the first update, attached ones included; a paced "
+        "fleet's updates are also budgeted from online env steps past it: utd_ratio x (env steps - "
+        "learning_starts), updates of an offline start (fleet.num_robots 0) left out",
+    )
     utd_ratio: float = Field(1.0, gt=0.0, description="learner updates per env step when paced")
 
     @classmethod

@@ -58,7 +58,13 @@ class CompressionConfig(Section):
 
 
 class FleetConfig(Section):
-    num_robots: int = Field(4, ge=1, le=256)
+    num_robots: int = Field(
+        4,
+        ge=0,
+        le=256,
+        description="0: an offline run, the learner alone on buffer.attach until stop.max_updates (resume it "
+        "with robots to go on online)",
+    )
     control_hz: float = Field(0.0, ge=0.0, description="0 runs sims unthrottled")
     pace_to_learner: bool = Field(
         True, description="sims only: wait for the learner's step credit; a real robot never waits"
@@ -303,6 +309,9 @@ class SecurityConfig(Section):
 
 class StopConfig(Section):
     max_env_steps: int = Field(200_000, ge=1)
+    max_updates: int | None = Field(
+        None, ge=1, description="stop once the learner has made this many updates, offline ones included"
+    )
     max_wall_s: float = Field(1800.0, gt=0.0)
     eval_every_s: float | None = Field(
         20.0,

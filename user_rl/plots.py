@@ -54,6 +54,8 @@ def render_run_plots(run_dir: Path) -> list[Path]:
         progress, evals = read_metrics(path)
         if not progress:
             raise NothingToPlot(f"{path} has no progress records yet")
+        if not any(p.get("env_steps") for p in progress):
+            raise NothingToPlot(f"{path}: no env steps to plot against (an offline run: its losses are in TensorBoard)")
         title = path.parent.name
         written.append(_learning_curve(progress, evals, path.parent / LEARNING_CURVE, title))
         written.append(_robot_shares(progress, path.parent / ROBOTS, title))

@@ -11,14 +11,20 @@ from tests.support import lerobot_env
 
 
 def run_in_lerobot(
-    python: Path, *args: str, timeout: float = 600, env: dict[str, str] | None = None
+    python: Path, *args: str, timeout: float = 600, env: dict[str, str] | None = None, check: bool = True
 ) -> subprocess.CompletedProcess:
-    """Run `python args...` in the LeRobot environment; fail the test with its output if it fails."""
+    """Run `python args...` in the LeRobot environment; unless told not to `check`, fail the test
+    with its output if it fails."""
     done = subprocess.run(
         [str(python), *args], capture_output=True, text=True, timeout=timeout, cwd=lerobot_env.REPO, env=env
     )
-    assert done.returncode == 0, f"{' '.join(args)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert not check or done.returncode == 0, f"{' '.join(args)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
+
+
+def user_rl_in_lerobot(python: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """`user-rl args` run in the LeRobot environment."""
+    return run_in_lerobot(python, "-m", "user_rl.cli", *args, check=check)
 
 
 PLUGINS = Path(__file__).parent / "plugins"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import gymnasium as gym
@@ -38,24 +39,26 @@ def observation(rng: np.random.Generator) -> dict[str, np.ndarray]:
     return {"top": rng.integers(0, 256, (8, 8, 3), dtype=np.uint8), "state": rng.uniform(-10, 10, 3).astype(np.float32)}
 
 
-def write_buffer(directory: Path) -> None:
+def write_buffer(
+    directory: Path, obs_space: gym.spaces.Dict = OBS_SPACE, observe: Callable = observation, segment_mb: float = 0.01
+) -> None:
     """Two robots, 4 episodes each; a person takes over in some steps of odd episodes and labels
     the successes; steps carry the robot's timestamps at 20 Hz."""
     rng = np.random.default_rng(0)
-    store = PersistentReplay(directory, OBS_SPACE, ACTION_SPACE, BufferConfig(segment_mb=0.01), gamma=0.9)
+    store = PersistentReplay(directory, obs_space, ACTION_SPACE, BufferConfig(segment_mb=segment_mb), gamma=0.9)
     try:
         for robot, task in ROBOTS.items():
             stream = store.open_stream(robot, 1, task, control_hz=20.0)
             for episode in range(EPISODES):
                 length = 7 + 3 * episode
-                builder = BatchBuilder(OBS_SPACE, ACTION_SPACE, capacity=length)
+                builder = BatchBuilder(obs_space, ACTION_SPACE, capacity=length)
                 for step in range(length):
                     last = step == length - 1 and episode < EPISODES - 1
                     terminated, truncated = last and episode != 1, last and episode == 1
                     person = episode % 2 == 1 and step >= 2
                     proposal = rng.uniform(-1, 1, 2).astype(np.float32)
                     builder.add(
-                        observation(rng),
+                        observe(rng),
                         rng.uniform(-1, 1, 2).astype(np.float32) if person else proposal,
                         float(rng.normal()),
                         terminated,
@@ -68,7 +71,7 @@ def write_buffer(directory: Path) -> None:
                         label_by=pb.LABEL_BY_PERSON if terminated else pb.LABEL_BY_ENV,
                         sensor_time=100.0 + 0.05 * step,
                         policy_action=proposal,
-                        final_obs=observation(rng) if last else None,
+                        final_obs=observe(rng) if last else None,
                     )
                 assert store.add(stream, episode + 1, builder.take()[1])
                 store.commit()
@@ -364,7 +367,7 @@ LOAD_AND_IMPORT = """
 import json, shutil, sys
 from pathlib import Path
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
-from user_rl.datasets.lerobot import import_lerobot
+from user_rl.datasets.lerobot_import import import_lerobot
 root, work = Path(sys.argv[1]), Path(sys.argv[2])
 dataset = LeRobotDataset("local/user-rl", root=root)  # still a dataset LeRobot loads, frame by frame
 bounds = [(int(e["dataset_from_index"]), int(e["dataset_to_index"])) for e in dataset.meta.episodes]

@@ -152,6 +152,9 @@ class Learner:
         self._trainer_state: StateReply | None = None  # the newest whole state it handed back (for `save`)
         self.version = 0  # the newest version published (0: none yet)
         self.resumed_from: dict | None = None
+        # Updates made before the run had any online step (an offline run's, resumed with robots):
+        # a paced fleet's budget of updates counts online env steps, so it leaves these out.
+        self.offline_updates = 0
         self.checkpoints = BackgroundCheckpointer(self.checkpoint_path)
         self._last_checkpoint = time.monotonic()
         self._rng_lock = threading.Lock()  # the sampler draws from self.rng; a checkpoint reads its state
@@ -172,6 +175,8 @@ class Learner:
             self._resume()
         else:
             self._open_configured_buffer()
+        if cfg.offline:
+            self._check_offline_data()
         self.steps_at_start = self.env_steps  # for progress rates only
         self._started = time.monotonic()
         self._credit_pushed_at = (-1, -1)  # (updates, robots) at the last push of credit to every robot
@@ -238,6 +243,21 @@ class Learner:
         self.ingest.open_buffer(obs_space, action_space)
         self._ensure_trainer()
 
+    def _check_offline_data(self) -> None:
+        """An offline run has no hello to wait for: its spaces are the config's robot's or, where that
+        driver is not installed here, the first attached buffer's; and it must have enough rows."""
+        if self.buffer is None:
+            from user_rl.cloud.buffer.episodes import buffer_spaces
+
+            self.ingest.open_buffer(*buffer_spaces(self.cfg.buffer.attach[0].path))
+            self._ensure_trainer()
+        rows, starts = len(self.buffer), self.cfg.algo.learning_starts
+        if rows < starts:
+            raise ValueError(
+                f"offline run: the attached buffers hold {rows:,} rows to learn from, fewer than "
+                f"algo.learning_starts ({starts:,}); lower it to {rows:,} or attach more"
+            )
+
     def _resume(self) -> None:
         """Continue from the run's checkpoint: networks, optimisers, counters, RNG, and its buffer."""
         state = load_checkpoint(self.checkpoint_path)
@@ -247,6 +267,7 @@ class Learner:
         rng = {key: value for key, value in state["rng"].items() if key in ("torch", "cuda")}
         trainer = self._ensure_trainer(state["algo"], rng)
         checkpoint_version = int(state["policy_version"])
+        self.offline_updates = trainer.updates if self.env_steps == 0 else int(state.get("offline_updates", 0))
         self.resumed_from = {
             "updates": trainer.updates,
             "policy_version": checkpoint_version,
@@ -293,6 +314,11 @@ class Learner:
         return self.trainer.updates if self.trainer else 0
 
     @property
+    def online_updates(self) -> int:
+        """Updates since the run's first online step: what a paced fleet's budget counts."""
+        return max(0, self.updates - self.offline_updates)
+
+    @property
     def env_steps(self) -> int:
         """Step records stored for this run (survives learner restarts: it is counted from the buffer)."""
         buffer = self.buffer
@@ -324,7 +350,7 @@ class Learner:
         credit.max_records = step_limit
         credit.increment = credit_increment(
             algo.learning_starts,
-            self.updates,
+            self.online_updates,
             algo.utd_ratio,
             self.env_steps,
             max(1, self.active_robots),
@@ -347,7 +373,9 @@ class Learner:
             or len(buffer) < max(1, self.cfg.algo.learning_starts)
         ):
             return False
-        if not self.cfg.fleet.pace_to_learner:
+        if self.cfg.stop.max_updates is not None and trainer.submitted >= self.cfg.stop.max_updates:
+            return False
+        if not self.cfg.fleet.pace_to_learner or self.cfg.offline:
             return True
         # Paced: do not run ahead of the data either (the ratio holds in both directions).
         algo, pace = self.cfg.algo, self.pacing.get()
@@ -355,7 +383,7 @@ class Learner:
         limit = algo.utd_ratio * (self.env_steps - algo.learning_starts) + lead
         if pace.hold_at is not None:  # at an evaluation point exactly the updates its steps earn, as in a serial loop
             limit = min(limit, algo.utd_ratio * (self.step_limit - algo.learning_starts))
-        return trainer.submitted < limit
+        return trainer.submitted - self.offline_updates < limit
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> None:
@@ -556,6 +584,7 @@ class Learner:
             "steps_at_start": self.steps_at_start,
             "active_robots": self.active_robots,
             "updates": self.updates,
+            "offline_updates": self.offline_updates if self.env_steps else self.updates,
             "trainer_ready": self.trainer is not None,  # it starts once the first hello names the spaces
             "policy_version": self.version,
             "buffer": len(buffer) if buffer else 0,
@@ -594,6 +623,7 @@ class Learner:
             "actor": trainer_state.state["actor"],
             "algo": trainer_state.state,
             "env_steps": self.env_steps,
+            "offline_updates": self.offline_updates if self.env_steps else trainer_state.updates,
             "rng": {"numpy": rng_state, **(trainer_state.rng or {})},
         }
 

@@ -73,7 +73,7 @@ def local_resources(cfg: Config) -> dict[str, float]:
                 resources[name] = resources.get(name, 0.0) + 1.0
         if driver_kind(one_model.robot.type) == "sim":
             slots = sim_resource(one_model.robot.type)
-            resources[slots] = max(resources[slots], float(os.cpu_count() or 1))
+            resources[slots] = max(resources.get(slots, 0.0), float(os.cpu_count() or 1))  # none: offline
     return resources
 
 

@@ -211,6 +211,10 @@ def _place(run: FleetRun) -> None:
     ray.get(run.learner.set_hold.remote(run.next_eval_steps))  # before any edge steps
     device = ray.get(run.learner.device.remote())
     (run.run_dir / "addresses.json").write_text(json.dumps(addresses))  # `user-rl attach --run-dir` reads it
+    run.printer = ProgressPrinter(run.run_dir / "metrics.jsonl", run.out)
+    if cfg.offline:  # no robots: nothing to start or to evaluate on
+        run.out(f"learner trains on {device}, offline on the attached buffers, to {cfg.stop.max_updates:,} updates")
+        return
     spool_root = str((run.run_dir / "spool").resolve())
     demands = edge_demands(cfg)
 
@@ -236,7 +240,6 @@ def _place(run: FleetRun) -> None:
         f"{len(run.fleet.active)} edge daemons started"
     )
     run.evaluator = Evaluator(cfg, addresses["weights"])
-    run.printer = ProgressPrinter(run.run_dir / "metrics.jsonl", run.out)
     run.board = open_log(run.run_dir, suffix=".eval")
     run.last_eval = time.monotonic()  # the first evaluation comes eval_every_s after the fleet started
 
@@ -252,7 +255,8 @@ def _placement_report(runs: list[FleetRun]) -> dict[str, str]:
     actors = {}
     for run in runs:
         actors[run.learner_label] = run.learner
-        actors.update({f"edge:{robot_id}": run.fleet.edges[robot_id] for robot_id in run.fleet.active})
+        if run.fleet is not None:
+            actors.update({f"edge:{robot_id}": run.fleet.edges[robot_id] for robot_id in run.fleet.active})
     node_ids = ray.get([node_of(a) for a in actors.values()])
     return {name: names.get(node_id, node_id) for name, node_id in zip(actors, node_ids)}
 
@@ -307,7 +311,8 @@ def train(cfg: Config, out: Printer = print, ray_address: str | None = None) -> 
     return summary
 
 
-STOP_SEVERITY = ("goal_reached", "max_env_steps", "max_wall_s")  # a run stops for its worst embodiment's reason
+# a run stops for its worst embodiment's reason
+STOP_SEVERITY = ("goal_reached", "max_updates", "max_env_steps", "max_wall_s")
 
 
 def _draw_plots(run_dir: Path, out: Printer) -> None:
@@ -343,7 +348,7 @@ def _finish(run: FleetRun) -> dict:
         "final_eval": run.evals[-1] if run.evals else None,
         "learner": final,
         "checkpoint": final["checkpoint"],
-        "edges": run.fleet.finish(),
+        "edges": run.fleet.finish() if run.fleet is not None else {},
     }
 
 
@@ -357,7 +362,8 @@ def _watch(runs: list[FleetRun], stop: StopConfig, started: float) -> None:
     for run in runs:
         if run.stop_reason is None:
             run.stop_reason = "max_wall_s"
-            _evaluate_snapshot(run, started)
+            if not run.cfg.offline:
+                _evaluate_snapshot(run, started)
 
 
 def _tend(run: FleetRun, stop: StopConfig, started: float) -> None:
@@ -365,6 +371,17 @@ def _tend(run: FleetRun, stop: StopConfig, started: float) -> None:
     import ray
 
     status = ray.get(run.learner.status.remote())
+    if status.get("error"):
+        raise RuntimeError(f"{run.learner_label} crashed:\n{status['error']}")
+    if stop.max_updates is not None and status["updates"] >= stop.max_updates:
+        run.printer.progress(time.monotonic() - started, status)
+        run.stop_reason = "max_updates"
+        if not run.cfg.offline:
+            _evaluate_snapshot(run, started)
+        return
+    if run.cfg.offline:
+        run.printer.progress(time.monotonic() - started, status)
+        return
     fleet = run.fleet
     fleet.poll()
     if not fleet.active:
@@ -375,8 +392,6 @@ def _tend(run: FleetRun, stop: StopConfig, started: float) -> None:
         ray.get(run.learner.set_active_robots.remote(len(fleet.active)))
     _write_fleet_status(run.run_dir, status, fleet)
     _record_teleop_pages(run)
-    if status.get("error"):
-        raise RuntimeError(f"{run.learner_label} crashed:\n{status['error']}")
     run.printer.progress(time.monotonic() - started, status)
     robots = run.cfg.fleet.num_robots
     if status["env_steps"] >= robots * math.floor(stop.max_env_steps / robots):
@@ -412,7 +427,8 @@ def updates_caught_up(cfg: Config, status: dict, env_steps: int) -> bool:
     fleet, once the learner has made the updates those steps earn (it holds there: `Learner.hold_at`)."""
     if cfg.stop.eval_every_env_steps is None or not cfg.fleet.pace_to_learner:
         return True
-    return status["updates"] >= math.ceil(cfg.algo.utd_ratio * (env_steps - cfg.algo.learning_starts))
+    online_updates = status["updates"] - status.get("offline_updates", 0)
+    return online_updates >= math.ceil(cfg.algo.utd_ratio * (env_steps - cfg.algo.learning_starts))
 
 
 def _write_fleet_status(run_dir: Path, learner_status: dict, fleet: FleetHealth) -> None:
