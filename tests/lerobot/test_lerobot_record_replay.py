@@ -27,7 +27,9 @@ from user_rl.testing.wait import wait_until
 from user_rl.wire import user_rl_pb2 as pb
 
 HZ = 20
-PATH = [[float(30 + 10 * np.sin(2 * np.pi * k / 40)), float(-20 + 5 * np.cos(2 * np.pi * k / 40)), 10.0] for k in range(400)]
+PATH = [
+    [float(30 + 10 * np.sin(2 * np.pi * k / 40)), float(-20 + 5 * np.cos(2 * np.pi * k / 40)), 10.0] for k in range(400)
+]
 # 30 steps an episode, 10 of reset time: re-record pressed at read 5 (that episode: 6 steps, then its reset
 # time: reads 6-15), the next one runs out of time (reads 16-45; reset time 46-55), the last ends with
 # success at read 65 (its 10th step; no reset time after the last episode)
@@ -81,7 +83,9 @@ def recorded(lerobot_python: Path, plugins: tuple[Path, dict[str, str]]) -> dict
     config = write_config(tmp / "record.yaml", tmp / "record.jsonl")
     buffer, dataset = tmp / "buffer", tmp / "dataset"
     started = time.monotonic()
-    done = user_rl(lerobot_python, env, "record", config, "--out", buffer, "--dataset", dataset, "--robot", "arm-r", *RECORD)
+    done = user_rl(
+        lerobot_python, env, "record", config, "--out", buffer, "--dataset", dataset, "--robot", "arm-r", *RECORD
+    )
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return {
         "tmp": tmp,
@@ -165,7 +169,14 @@ def test_replay_plays_the_recorded_actions_in_order_at_the_recorded_rate_and_lim
     tmp = recorded["tmp"]
     config = write_config(tmp / "replay.yaml", tmp / "replay.jsonl")
     done = user_rl(
-        lerobot_python, recorded["env"], "replay", recorded["buffer"], config, "safety.max_action_delta=5", "--episode", "0"
+        lerobot_python,
+        recorded["env"],
+        "replay",
+        recorded["buffer"],
+        config,
+        "safety.max_action_delta=5",
+        "--episode",
+        "0",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     log = arm_log(tmp / "replay.jsonl")
@@ -188,7 +199,18 @@ def test_keys_on_stdin_end_episodes_with_success_failure_re_record_and_stop(
 ) -> None:
     tmp, env = plugins
     config = write_config(tmp / "keys.yaml", tmp / "keys.jsonl")
-    args = ["record", config, "--out", tmp / "keys", "--episodes", "3", "--episode-time-s", "30", "--reset-time-s", "0.3"]
+    args = [
+        "record",
+        config,
+        "--out",
+        tmp / "keys",
+        "--episodes",
+        "3",
+        "--episode-time-s",
+        "30",
+        "--reset-time-s",
+        "0.3",
+    ]
     record = subprocess.Popen(
         [str(lerobot_python), "-m", "user_rl.cli", *map(str, args), "--task", TASK],
         stdin=subprocess.PIPE,
@@ -236,9 +258,7 @@ def test_replay_refuses_a_nan_action_and_another_action_space_naming_them_and_se
 ) -> None:
     tmp = recorded["tmp"]
     space = gym.spaces.Box(-90.0, 90.0, (3,), np.float32)
-    writer = EpisodeWriter(
-        tmp / "nan", "arm-n", gym.spaces.Dict({"state": space}), space, TASK, HZ, batch_rows=HZ
-    )
+    writer = EpisodeWriter(tmp / "nan", "arm-n", gym.spaces.Dict({"state": space}), space, TASK, HZ, batch_rows=HZ)
     for i in range(10):
         action = np.array(PATH[i], np.float32)
         action[1] = np.nan if i == 3 else action[1]

@@ -8,8 +8,10 @@ says. The buffer the recording writes is read back as `buffer export` reads it."
 from __future__ import annotations
 
 import io
+import json
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import gymnasium as gym
@@ -20,7 +22,7 @@ from user_rl.cloud.buffer.episodes import EpisodeFilter, read_episodes, recorded
 from user_rl.config import TeleopConfig, build_config
 from user_rl.edge.intervention import InterventionMux, StepView
 from user_rl.edge.operator import OperatorRequests
-from user_rl.edge.teleop import make_source
+from user_rl.edge.teleop import make_source, start_server
 from user_rl.hal import ActionMode, DeviceDescriptor, Robot, StepResult
 from user_rl.hal.registry import register_robot
 from user_rl.recording.driving import RobotThread
@@ -104,7 +106,13 @@ class Person:
 
 
 def recorder(tmp_path: Path, robot: Arm, sources: list, requests: OperatorRequests, **settings) -> Recorder:
-    settings = {"episodes": 2, "episode_time_s": 0.2, "reset_time_s": 0.05, "task": "circle", "control_hz": HZ} | settings
+    settings = {
+        "episodes": 2,
+        "episode_time_s": 0.2,
+        "reset_time_s": 0.05,
+        "task": "circle",
+        "control_hz": HZ,
+    } | settings
     writer = EpisodeWriter(
         tmp_path / "buffer", "arm-0", robot.observation_space, robot.action_space, "circle", HZ, batch_rows=8
     )
@@ -169,13 +177,18 @@ def test_re_record_in_the_reset_time_discards_the_episode_just_recorded(tmp_path
 
 def test_a_driver_whose_page_drops_ends_the_episode_truncated_and_the_robot_holds_still(tmp_path: Path) -> None:
     arm, requests = Arm(), OperatorRequests()
-    page = make_source(arm, TeleopConfig(command_timeout_s=5.0, hand_back_after_s=0.3), max_action_delta=2.0)
+    settings = TeleopConfig(enabled=True, token="t" * 24, command_timeout_s=5.0, hand_back_after_s=0.3)
+    page = make_source(arm, settings, max_action_delta=2.0)
     rec = recorder(tmp_path, arm, [page], requests, episodes=2, episode_time_s=5.0, reset_time_s=0.2)
+    server = start_server(rec, page, settings)  # the edge's page serves a recording as it is
     done: list = []
     thread = threading.Thread(target=lambda: done.append(rec.run()), daemon=True)
     thread.start()
     time.sleep(0.1)
     assert rec.steps > 0 and not episodes_written(tmp_path)  # nobody drives yet: the robot holds, nothing recorded
+    with urllib.request.urlopen(f"{server.address}api/state?token={'t' * 24}", timeout=10) as answer:
+        state = json.load(answer)
+    assert (state["robot"], state["driver"], state["episode"]) == ("arm-0", "policy", 0)
     page.take_over("c1", "alice")
     page.command("c1", 1, [1.0, 0.0])  # joint 1 up
     wait_until(lambda: len(arm.sent) > 40, 10, "steps driven from the page")
@@ -184,6 +197,7 @@ def test_a_driver_whose_page_drops_ends_the_episode_truncated_and_the_robot_hold
     wait_until(lambda: len(arm.sent) > lost_at + 25, 10, "the reset time")
     rec.quit()  # the next episode waits for a driver; stop there
     thread.join(10)
+    server.close()
     (summary,) = done
     rec.writer.close()
     (episode,) = episodes(tmp_path / "buffer")
@@ -297,6 +311,8 @@ def test_replay_refuses_a_nan_action_and_another_action_space_before_sending_any
         replay(replay_config(), tmp_path / "nan", 0, say=lambda line: None)
     assert len(Arm.built) == built  # refused before the robot was made
     write_episode(tmp_path / "two", np.array([path(i) for i in range(10)]))
-    with pytest.raises(ReplayRefused, match=r"cannot play on test_record_arm-0 \(here\): the action is float32\[2\] there and "):
+    with pytest.raises(
+        ReplayRefused, match=r"cannot play on test_record_arm-0 \(here\): the action is float32\[2\] there and "
+    ):
         replay(replay_config(joints=3), tmp_path / "two", 0, say=lambda line: None)
     assert Arm.built[-1].sent == []

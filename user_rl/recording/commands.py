@@ -75,9 +75,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("source", metavar="BUFFER_OR_DATASET", help="a buffer directory or a LeRobotDataset's root")
     rep.add_argument("config", help="the robot to play it on (its first)")
     rep.add_argument("overrides", nargs="*", help="key=value overrides, e.g. safety.max_action_delta=2")
-    rep.add_argument(
-        "--episode", type=int, required=True, help="which, from 0, in the order buffer export writes them"
-    )
+    rep.add_argument("--episode", type=int, required=True, help="which, from 0, in the order buffer export writes them")
     rep.add_argument("--robot", help="whose episode, when the buffer holds several robots'")
     rep.add_argument("--fps", type=float, help="the rate to play at (default: the recorded one)")
     rep.set_defaults(func=_replay)

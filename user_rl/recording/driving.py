@@ -111,7 +111,7 @@ def say_on_stderr(text: str) -> None:
 
 
 def filtered_step(robot: Robot, safety: ActionFilter, action: np.ndarray, obs: Observation) -> StepResult:
-    """One action through the safety filter to the robot (on the robot's thread: `RobotThread.call(filtered_step, ...)`)."""
+    """One action through the safety filter to the robot; run on the robot's thread (`RobotThread.call`)."""
     return robot.step(safety(np.asarray(action, robot.action_space.dtype), obs))
 
 

@@ -23,9 +23,7 @@ from typing import TextIO
 
 from user_rl.edge.operator import OperatorRequests
 
-HELP = (
-    "keys (then Enter): s success, f failure, r re-record, q stop; Enter alone ends the episode (or the reset) now"
-)
+HELP = "keys (then Enter): s success, f failure, r re-record, q stop; Enter alone ends the episode (or the reset) now"
 BY = "keyboard"
 
 

@@ -27,12 +27,9 @@ the recording: the episode in progress is discarded, finished ones are kept.
 from __future__ import annotations
 
 import logging
-import signal
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,8 +49,8 @@ from user_rl.recording.driving import (
     RobotThread,
     Ticker,
     ended,
-    let_go,
     filtered_step,
+    let_go,
     say_on_stderr,
     stopped_by_signals,
 )

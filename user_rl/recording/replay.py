@@ -39,8 +39,8 @@ from user_rl.recording.driving import (
     RobotThread,
     Ticker,
     ended,
-    let_go,
     filtered_step,
+    let_go,
     say_on_stderr,
     stopped_by_signals,
 )
@@ -87,16 +87,17 @@ def load_episode(source: str | Path, episode: int, robot: str | None = None) -> 
         return _buffer_episode(source, episode, robot)
     if (source / "meta" / "info.json").is_file():
         return _dataset_episode(source, episode)
-    raise FileNotFoundError(f"{source}: neither a buffer directory (index.sqlite) nor a LeRobotDataset (meta/info.json)")
+    raise FileNotFoundError(
+        f"{source}: neither a buffer directory (index.sqlite) nor a LeRobotDataset (meta/info.json)"
+    )
 
 
 def _buffer_episode(directory: Path, episode: int, robot: str | None) -> RecordedEpisode:
     rates = recorded_rates(directory)
     if robot is None:
         if len(rates) != 1:
-            raise ConfigError(
-                f"replay: {directory} holds episodes of {', '.join(sorted(rates)) or 'no robot'}: say whose with --robot"
-            )
+            robots = ", ".join(sorted(rates)) or "no robot"
+            raise ConfigError(f"replay: {directory} holds episodes of {robots}: say whose with --robot")
         (robot,) = rates
     elif robot not in rates:
         raise ConfigError(f"replay: {directory} holds no episode of {robot}; it has {', '.join(sorted(rates))}")
@@ -236,8 +237,4 @@ def _play(
             said = time.monotonic()
             say(f"replay: step {sent}/{total}, {(total - sent) / hz:.1f} s left")
         ticker.wait()
-    return ReplaySummary(
-        sent, total, hz, time.monotonic() - started, stopped, dict(safety.violations), ticker.late
-    )
-
-
+    return ReplaySummary(sent, total, hz, time.monotonic() - started, stopped, dict(safety.violations), ticker.late)

@@ -36,7 +36,9 @@ class EpisodeWriter:
     ) -> None:
         self.directory = Path(directory)
         if self.directory.is_dir() and any(self.directory.iterdir()) and not (self.directory / "index.sqlite").exists():
-            raise FileExistsError(f"{self.directory} holds files and no buffer: record into a new directory or a buffer")
+            raise FileExistsError(
+                f"{self.directory} holds files and no buffer: record into a new directory or a buffer"
+            )
         self.store = PersistentReplay(self.directory, obs_space, action_space, BufferConfig(scrub=False))
         try:
             mine = [s for s in self.store.index.streams() if s.robot == robot_id]

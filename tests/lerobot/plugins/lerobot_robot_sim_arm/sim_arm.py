@@ -79,7 +79,9 @@ class SimArm(Robot):
         goal = np.clip(goal, -90.0, 90.0)  # the servos' position limits (the calibrated range)
         if self.config.log:
             with open(self.config.log, "a") as log:
-                log.write(json.dumps({"t": time.time(), "goal": goal.tolist(), "position": self.position.tolist()}) + "\n")
+                log.write(
+                    json.dumps({"t": time.time(), "goal": goal.tolist(), "position": self.position.tolist()}) + "\n"
+                )
         step = np.clip(goal - self.position, -self.config.max_step_deg, self.config.max_step_deg)
         self.position = self.position + step
         sent = {f"{m}.pos": float(g) for m, g in zip(self.motors, goal)}
