@@ -34,11 +34,12 @@ PATH = [
 # time: reads 6-15), the next one runs out of time (reads 16-45; reset time 46-55), the last ends with
 # success at read 65 (its 10th step; no reset time after the last episode)
 PAD = {"type": "sim_pad", "id": "pad", "path": PATH, "rerecord": [5], "success": [65]}
+QUIET_PAD = {"type": "sim_pad", "id": "pad", "path": PATH}  # presses nothing
 RECORD = ["--episodes", "2", "--episode-time-s", "1.5", "--reset-time-s", "0.5", "--task", "circle the cube"]
 TASK = "circle the cube"
 
 
-def write_config(path: Path, log: Path, fleet: dict | None = None, **arm) -> Path:
+def write_config(path: Path, log: Path, fleet: dict | None = None, pad: dict = PAD, **arm) -> Path:
     config = {
         "robot": {
             "type": "lerobot",
@@ -46,7 +47,7 @@ def write_config(path: Path, log: Path, fleet: dict | None = None, **arm) -> Pat
         },
         "fleet": {"num_robots": 1, "control_hz": HZ, "stall_s": 5.0, **(fleet or {})},
         "reward": {"type": "labels"},
-        "intervention": {"teleoperator": PAD},
+        "intervention": {"teleoperator": pad},
         "safety": {"max_action_delta": 200.0},  # recorded as the pad gives it; replays set their own limit
     }
     path.write_text(yaml.safe_dump(config))
@@ -198,7 +199,7 @@ def test_keys_on_stdin_end_episodes_with_success_failure_re_record_and_stop(
     lerobot_python: Path, plugins: tuple[Path, dict[str, str]]
 ) -> None:
     tmp, env = plugins
-    config = write_config(tmp / "keys.yaml", tmp / "keys.jsonl")
+    config = write_config(tmp / "keys.yaml", tmp / "keys.jsonl", pad=QUIET_PAD)
     args = [
         "record",
         config,
@@ -292,13 +293,15 @@ def test_a_robot_that_stops_answering_ends_the_recording_in_time_and_keeps_the_f
     lerobot_python: Path, plugins: tuple[Path, dict[str, str]]
 ) -> None:
     tmp, env = plugins
-    config = write_config(tmp / "stall.yaml", tmp / "stall.jsonl", fleet={"stall_s": 1.0}, stall_after=25)
+    config = write_config(
+        tmp / "stall.yaml", tmp / "stall.jsonl", fleet={"stall_s": 1.0}, pad=QUIET_PAD, stall_after=25
+    )
     args = ["--episodes", "3", "--episode-time-s", "1", "--reset-time-s", "0", "--task", TASK]
     started = time.monotonic()
     done = user_rl(lerobot_python, env, "record", config, "--out", tmp / "stall", *args, timeout=60)
     assert done.returncode == 1, done.stderr[-3000:]
     assert time.monotonic() - started < 50  # not the minute the arm's bus hangs
     assert "did not return within 1 s (fleet.stall_s): the robot stopped answering" in done.stderr
-    assert "recorded 1 episodes (20 steps at 20 Hz)" in done.stderr
+    assert "recorded 1 episode (20 steps at 20 Hz)" in done.stderr, done.stderr
     everything = list(read_episodes(tmp / "stall", EpisodeFilter(with_discarded=True)))
     assert [(len(e), e.end_reason) for e in everything] == [(20, ""), (5, "discard")]

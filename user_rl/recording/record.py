@@ -261,11 +261,11 @@ class Recorder:
         s = self.settings
         title = f"episode {self.kept + 1}/{s.episodes}"
         last = ending.stop or (ending.kept and self.kept + 1 == s.episodes)
-        rerecord = False
-        if not last:
-            rerecord = self._reset_time(title) and self._held is not None
-        if self._held is None:  # discarded already (re-record, unusable observation, interrupted)
+        held = self._held is not None
+        if not held:  # discarded already (re-record, unusable observation, interrupted)
             self.say(f"{title}: {ending.why}")
+        rerecord = not last and self._reset_time(title, held) and held
+        if not held:
             return
         replay_as = self.writer.kept_before + self.kept
         length = self._write_held(discard=rerecord)
@@ -275,13 +275,15 @@ class Recorder:
         label = f", {pb.Label.Name(ending.label).removeprefix('LABEL_').lower()}" if ending.label else ""
         self.say(f"{title}: kept, {length} steps ({ending.why}{label}); replay it with --episode {replay_as}")
 
-    def _reset_time(self, title: str) -> bool:
+    def _reset_time(self, title: str, undoable: bool) -> bool:
         """LeRobot's reset phase: the robot is driven for `reset_time_s` and nothing is recorded. True if a
-        person asked to re-record the episode just recorded; a label or Enter ends it early."""
+        person asked to re-record the episode just recorded (`undoable`: there is one); a label or Enter
+        ends it early."""
         steps = self.settings.reset_steps
         if steps <= 0:
             return False
-        self.say(f"{title}: resetting for {self.settings.reset_time_s:g} s (not recorded; Enter: next episode now)")
+        keys = "Enter: next episode now" + (", r: re-record the last one" if undoable else "")
+        self.say(f"{title}: resetting for {self.settings.reset_time_s:g} s (not recorded; {keys})")
         self._said_at = time.monotonic()
         self.ticker.restart()
         self.jitter.paused()
@@ -557,13 +559,17 @@ def _check_rate(hz: float, robot: Robot, dataset: str | Path | None) -> None:
 
 
 def _summary_line(s: RecordSummary) -> str:
-    late = f"; {s.late_steps} steps came late (the robot or the loop was slower than {s.control_hz:g} Hz)"
+    late = f"; {_count(s.late_steps, 'step')} came late (the robot or the loop was slower than {s.control_hz:g} Hz)"
     return (
-        f"recorded {s.kept} episodes ({s.steps} steps at {s.control_hz:g} Hz) into {s.buffer}"
+        f"recorded {_count(s.kept, 'episode')} ({s.steps} steps at {s.control_hz:g} Hz) into {s.buffer}"
         + (f"; {s.discarded} discarded" if s.discarded else "")
         + (f"; stopped: {s.stopped}" if s.stopped else "")
         + (late if s.late_steps else "")
     )
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'' if n == 1 else 's'}"
 
 
 def _export(summary: RecordSummary, buffer: Path, dataset: Path, robot_id: str, robot: Robot, say: Say) -> None:
