@@ -16,5 +16,6 @@ as a LeRobotDataset at the end.
 rate through the safety filter every action passes on its way to a robot.
 
 Both call the robot from one thread of its own with a deadline (`driving.py`): a robot that stops
-answering ends the command with a clear error instead of hanging it.
+answering ends the command with a clear error instead of hanging it. `commands.py` holds their
+command-line arguments (`user_rl/cli.py` adds them).
 """

@@ -18,10 +18,10 @@ There is no policy and no learner: every recorded step is the driver's (actor HU
 A step's row is written once the next step shows whether it was the episode's last, so an episode
 that ends between two steps (a key, a label) ends on its last step with the observation after it,
 as a time limit does. An episode's last row waits for the reset time to pass: LeRobot's re-record
-pressed then discards the episode just recorded. Episodes that end early for the robot's sake (a
-driver's page that lost its connection: the robot holds; the robot's own episode end) are kept as
-truncated; an unusable (NaN) observation discards the episode and records it again. Ctrl-C ends
-the recording: the episode in progress is discarded, finished ones are kept.
+pressed then discards the episode just recorded. An episode cut short for the robot's sake (a
+driver's page that lost its connection: the robot holds) is kept as truncated, one the robot ends
+itself as the robot says; an unusable (NaN) observation discards the episode and records it again.
+Ctrl-C ends the recording: the episode in progress is discarded, finished ones are kept.
 """
 
 from __future__ import annotations
