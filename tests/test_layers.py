@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     {"rewards"},  # rewards from people (the classifier reads frames from the buffer)
     {"edge"},  # the control loop and what may act instead of the policy
     {"datasets", "evaluation", "services", "status", "nodes", "testing"},
-    {"launch"},
+    {"launch", "recording"},  # places processes; drives a robot for people (record, replay)
     {"cli"},
 ]
 SETTINGS = {"config", "config_sections", "config_plugins"}

@@ -9,6 +9,7 @@ import sys
 from user_rl.config import ConfigError, load_config
 from user_rl.extras import missing_extra_message
 from user_rl.hal.resources import NODE_LABEL, PlacementError
+from user_rl.recording.commands import add_commands as add_record_commands
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -495,6 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plot.add_argument("run_dir", help="the run directory")
     plot.set_defaults(func=_plot)
+
+    add_record_commands(sub)
 
     hal = sub.add_parser("hal", help="the devices of this node")
     hal_actions = hal.add_subparsers(dest="action", required=True)

@@ -2,6 +2,8 @@
 turn), calibrated the way LeRobot's SO arms are: a calibration file with each motor's range,
 written by `calibrate()`, and positions in degrees about the middle of that range."""
 
+import json
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -71,8 +73,15 @@ class SimArm(Robot):
         return observation
 
     def send_action(self, action: dict) -> dict:
+        if 0 <= self.config.stall_after <= len(self.sent):
+            time.sleep(60.0)  # a bus that stopped answering
         goal = np.array([action.get(f"{m}.pos", p) for m, p in zip(self.motors, self.position)])
         goal = np.clip(goal, -90.0, 90.0)  # the servos' position limits (the calibrated range)
+        if self.config.log:
+            with open(self.config.log, "a") as log:
+                log.write(
+                    json.dumps({"t": time.time(), "goal": goal.tolist(), "position": self.position.tolist()}) + "\n"
+                )
         step = np.clip(goal - self.position, -self.config.max_step_deg, self.config.max_step_deg)
         self.position = self.position + step
         sent = {f"{m}.pos": float(g) for m, g in zip(self.motors, goal)}

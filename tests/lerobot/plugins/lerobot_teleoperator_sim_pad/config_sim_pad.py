@@ -8,6 +8,7 @@ from lerobot.teleoperators.config import TeleoperatorConfig
 class SimPadConfig(TeleoperatorConfig):
     joints: int = 3
     pose: list[float] = field(default_factory=lambda: [30.0, -20.0, 10.0])  # where the person drives the arm
+    path: list[list[float]] = field(default_factory=list)  # else: the pose of each read of the action, in turn
     # Reads of the events (one per control step while the pad is asked) at which each is pressed:
     # the intervention button is held over [start, stop) ranges; the others are pressed for one read.
     intervene: list[list[int]] = field(default_factory=list)

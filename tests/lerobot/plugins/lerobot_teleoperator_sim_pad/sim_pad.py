@@ -15,6 +15,7 @@ class SimPad(Teleoperator):
         self.config = config
         self.connected = False
         self.reads = 0
+        self.actions = 0
 
     @property
     def action_features(self) -> dict:
@@ -53,7 +54,9 @@ class SimPad(Teleoperator):
         }
 
     def get_action(self) -> dict:
-        return {f"j{i + 1}.pos": float(v) for i, v in enumerate(self.config.pose)}
+        path, self.actions = self.config.path, self.actions + 1
+        pose = path[(self.actions - 1) % len(path)] if path else self.config.pose
+        return {f"j{i + 1}.pos": float(v) for i, v in enumerate(pose)}
 
     def send_feedback(self, feedback: dict) -> None:
         pass
