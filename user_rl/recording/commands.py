@@ -9,7 +9,7 @@ from user_rl.config import load_config
 
 
 def _record(args: argparse.Namespace) -> int:
-    from user_rl.recording.record import record
+    from user_rl.recording.session import record
 
     cfg = load_config(args.config, args.overrides)
     try:
