@@ -21,8 +21,8 @@ import yaml
 
 from tests.lerobot.harness import install_plugins, run_in_lerobot
 from tests.support import lerobot_env
+from tests.support.recordings import write_episode
 from user_rl.cloud.buffer.episodes import EpisodeFilter, read_episodes, recorded_rates
-from user_rl.recording.writer import EpisodeWriter
 from user_rl.testing.wait import wait_until
 from user_rl.wire import user_rl_pb2 as pb
 
@@ -259,25 +259,9 @@ def test_replay_refuses_a_nan_action_and_another_action_space_naming_them_and_se
 ) -> None:
     tmp = recorded["tmp"]
     space = gym.spaces.Box(-90.0, 90.0, (3,), np.float32)
-    writer = EpisodeWriter(tmp / "nan", "arm-n", gym.spaces.Dict({"state": space}), space, TASK, HZ, batch_rows=HZ)
-    for i in range(10):
-        action = np.array(PATH[i], np.float32)
-        action[1] = np.nan if i == 3 else action[1]
-        writer.add(
-            obs={"state": np.zeros(3, np.float32)},
-            action=action,
-            reward=0.0,
-            terminated=False,
-            truncated=i == 9,
-            episode=0,
-            step=i,
-            policy_version=0,
-            actor=pb.ACTOR_HUMAN,
-            label=pb.LABEL_NONE,
-            sensor_time=time.time(),
-            final_obs={"state": np.zeros(3, np.float32)} if i == 9 else None,
-        )
-    writer.close()
+    actions = np.array(PATH[:10], np.float32)
+    actions[3, 1] = np.nan
+    write_episode(tmp / "nan", "arm-n", gym.spaces.Dict({"state": space}), space, actions, HZ, task=TASK)
     config = write_config(tmp / "nan.yaml", tmp / "nan.jsonl")
     done = user_rl(lerobot_python, recorded["env"], "replay", tmp / "nan", config, "--episode", "0")
     assert done.returncode == 2 and "the action of step 3 is [" in done.stderr, done.stderr[-3000:]

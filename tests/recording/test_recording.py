@@ -18,6 +18,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from tests.support.recordings import write_episode as write_recorded
 from user_rl.cloud.buffer.episodes import EpisodeFilter, read_episodes, recorded_rates
 from user_rl.config import TeleopConfig, build_config
 from user_rl.edge.intervention import InterventionMux, StepView
@@ -248,25 +249,7 @@ def test_terminal_keys_make_the_requests_a_teleoperator_makes() -> None:
 
 def write_episode(buffer: Path, actions: np.ndarray, hz: float = 50.0, joints: int = 2) -> None:
     arm = Arm(joints=joints)
-    writer = EpisodeWriter(buffer, "arm-0", arm.observation_space, arm.action_space, "circle", hz, batch_rows=16)
-    obs = {"state": np.zeros(joints, np.float32)}
-    for i, action in enumerate(actions):
-        last = i == len(actions) - 1
-        writer.add(
-            obs=obs,
-            action=action,
-            reward=0.0,
-            terminated=False,
-            truncated=last,
-            episode=0,
-            step=i,
-            policy_version=0,
-            actor=pb.ACTOR_HUMAN,
-            label=pb.LABEL_NONE,
-            sensor_time=time.time(),
-            final_obs=obs if last else None,
-        )
-    writer.close()
+    write_recorded(buffer, "arm-0", arm.observation_space, arm.action_space, actions, hz, task="circle")
 
 
 def replay_config(joints: int = 2):

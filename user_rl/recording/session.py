@@ -22,15 +22,13 @@ from user_rl.recording.driving import (
     stopped_by_signals,
 )
 from user_rl.recording.keys import HELP, TerminalKeys
-from user_rl.recording.record import Recorder, RecordSettings, RecordSummary
+from user_rl.recording.record import Recorder, RecordSettings, RecordSummary, Say
 from user_rl.recording.writer import EpisodeWriter
 from user_rl.rewards import make_reward
 from user_rl.robots.estop import EStopLatch
 from user_rl.robots.safety import ActionFilter, SafetySettings
 
 log = logging.getLogger(__name__)
-Say = Callable[[str], None]
-PROGRESS_S = 1.0  # a progress line this often
 
 
 def record(
