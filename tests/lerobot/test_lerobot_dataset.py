@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from tests.lerobot.harness import run_in_lerobot
+from tests.lerobot.harness import record_with_lerobot, run_in_lerobot
 from user_rl.cloud.buffer.episodes import EpisodeFilter, buffer_spaces, read_episodes
 from user_rl.cloud.buffer.store import PersistentReplay
 from user_rl.config import BufferConfig
@@ -32,6 +32,7 @@ OBS_SPACE = gym.spaces.Dict(
 )
 ACTION_SPACE = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
 ROBOTS = {"arm-0": "touch the red target", "arm-1": "touch the green target"}
+SO101_JOINTS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
 EPISODES = 4  # per robot: terminated, truncated, terminated, and one still running (no final observation)
 
 
@@ -235,40 +236,13 @@ def test_without_lerobot_the_export_says_how_to_get_it(tmp_path: Path) -> None:
     assert not (tmp_path / "dataset").exists()
 
 
-# A dataset as `lerobot-record` writes one for an SO-101 arm with a camera: LeRobot's own feature
-# helpers, `LeRobotDataset.create`, `add_frame`, `save_episode` and `finalize`.
-RECORD_WITH_LEROBOT = """
-import sys
-import numpy as np
-from lerobot.datasets.lerobot_dataset import LeRobotDataset
-from lerobot.datasets.utils import hw_to_dataset_features
-joints = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
-motors = {f"{m}.pos": float for m in joints}
-features = {**hw_to_dataset_features({**motors, "front": (8, 8, 3)}, "observation", use_video=False),
-            **hw_to_dataset_features(motors, "action", use_video=False)}
-dataset = LeRobotDataset.create("local/so101-record", fps=30, features=features, root=sys.argv[1],
-                                robot_type="so101_follower", use_videos=False)
-rng = np.random.default_rng(0)
-recorded = {"state": [], "front": [], "action": []}
-for episode, (length, task) in enumerate([(12, "pick the cube"), (9, "place the cube")]):
-    for _ in range(length):
-        frame = {"observation.state": rng.uniform(-90, 90, 6).astype(np.float32),
-                 "observation.images.front": rng.integers(0, 256, (8, 8, 3), dtype=np.uint8),
-                 "action": rng.uniform(-90, 90, 6).astype(np.float32), "task": task}
-        dataset.add_frame(frame)
-        for key, name in (("state", "observation.state"), ("front", "observation.images.front"), ("action", "action")):
-            recorded[key].append(frame[name])
-    dataset.save_episode()
-dataset.finalize()
-np.savez(sys.argv[2], **{key: np.stack(values) for key, values in recorded.items()})
-"""
-
-
 def test_a_dataset_recorded_by_lerobot_itself_imports_as_a_persons_demonstrations(
     lerobot_python: Path, tmp_path: Path
 ) -> None:
-    run_in_lerobot(lerobot_python, "-c", RECORD_WITH_LEROBOT, str(tmp_path / "dataset"), str(tmp_path / "rec.npz"))
-    recorded = np.load(tmp_path / "rec.npz")
+    noise = np.random.default_rng(1).integers(0, 256, (21, 8, 8, 3), dtype=np.uint8)
+    recorded = record_with_lerobot(
+        lerobot_python, tmp_path / "dataset", noise, [(12, "pick the cube"), (9, "place the cube")], SO101_JOINTS
+    )
     imported = run_in_lerobot(
         lerobot_python, "-m", "user_rl.cli", "buffer", "import", str(tmp_path / "dataset"), str(tmp_path / "buffer")
     )

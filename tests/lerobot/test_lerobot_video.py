@@ -16,7 +16,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from tests.lerobot.harness import run_in_lerobot, user_rl_in_lerobot
+from tests.lerobot.harness import record_with_lerobot, run_in_lerobot, user_rl_in_lerobot
 from tests.lerobot.test_lerobot_dataset import EPISODES, write_buffer
 from user_rl.cloud.buffer.episodes import buffer_spaces, read_episodes
 
@@ -24,6 +24,7 @@ SIDE = 32  # LeRobot's AV1 encoder crashes the process on frames under ~30 pixel
 CAMERA_SPACE = gym.spaces.Dict(
     {"top": gym.spaces.Box(0, 255, (SIDE, SIDE, 3), np.uint8), "state": gym.spaces.Box(-10.0, 10.0, (3,), np.float32)}
 )
+JOINTS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "gripper")
 MEAN_ERROR = 4.0  # mean absolute pixel error allowed after AV1 at LeRobot's settings (crf 30)
 
 
@@ -45,44 +46,16 @@ def assert_close_images(got: np.ndarray, want: np.ndarray, what: str) -> None:
     assert error <= MEAN_ERROR, f"{what}: mean pixel error {error:.2f} > {MEAN_ERROR}"
 
 
-# A dataset as `lerobot-record` writes one by default: cameras as AV1 video, `use_videos=True`. Its
-# camera frames are the test's (argv[3]); it saves what it recorded (argv[2]).
-RECORD_VIDEO_WITH_LEROBOT = """
-import sys
-import numpy as np
-from lerobot.datasets.lerobot_dataset import LeRobotDataset
-from lerobot.datasets.utils import hw_to_dataset_features
-motors = {f"{m}.pos": float for m in ("shoulder_pan", "shoulder_lift", "elbow_flex", "gripper")}
-features = {**hw_to_dataset_features({**motors, "front": (32, 32, 3)}, "observation", use_video=True),
-            **hw_to_dataset_features(motors, "action", use_video=True)}
-images = np.load(sys.argv[3])
-if len(sys.argv) > 4:  # a feature a buffer cannot hold
-    features["observation.language"] = {"dtype": "string", "shape": (1,), "names": None}
-dataset = LeRobotDataset.create("local/so101-video", fps=30, features=features, root=sys.argv[1],
-                                robot_type="so101_follower", use_videos=True, encoder_threads=1)
-rng = np.random.default_rng(0)
-recorded = {"state": [], "front": [], "action": []}
-for episode, length in enumerate([12, 10]):
-    for step in range(length):
-        frame = {"observation.state": rng.uniform(-90, 90, 4).astype(np.float32),
-                 "observation.images.front": images[12 * episode + step],
-                 "action": rng.uniform(-90, 90, 4).astype(np.float32), "task": "pick the cube"}
-        if len(sys.argv) > 4:
-            frame["observation.language"] = "the red one"
-        dataset.add_frame(frame)
-        for key, name in (("state", "observation.state"), ("front", "observation.images.front"), ("action", "action")):
-            recorded[key].append(frame[name])
-    dataset.save_episode()
-dataset.finalize()
-np.savez(sys.argv[2], **{key: np.stack(values) for key, values in recorded.items()})
-"""
-
-
-def record_video_dataset(lerobot_python: Path, root: Path, recorded: Path, *extra: str) -> None:
-    images = recorded.with_name("images.npy")
-    np.save(images, np.stack([smooth_image(8.0 * step + 40 * episode) for episode in (0, 1) for step in range(12)]))
-    run_in_lerobot(lerobot_python, "-c", RECORD_VIDEO_WITH_LEROBOT, str(root), str(recorded), str(images), *extra)
+def record_video_dataset(lerobot_python: Path, root: Path, text: bool = False) -> dict[str, np.ndarray]:
+    """Two episodes as `lerobot-record` writes them by default: the camera as AV1 video."""
+    lengths = (12, 10)
+    levels = [8.0 * step + 40 * episode for episode, length in enumerate(lengths) for step in range(length)]
+    images = np.stack([smooth_image(level) for level in levels])
+    recorded = record_with_lerobot(
+        lerobot_python, root, images, [(length, "pick the cube") for length in lengths], JOINTS, video=True, text=text
+    )
     assert list(root.glob("videos/observation.images.front/*/*.mp4")), "LeRobot wrote no video"
+    return recorded
 
 
 def import_buffer(lerobot_python: Path, dataset: Path, buffer: Path, *flags: str, check: bool = True):
@@ -90,8 +63,7 @@ def import_buffer(lerobot_python: Path, dataset: Path, buffer: Path, *flags: str
 
 
 def test_a_video_dataset_lerobot_recorded_imports_with_its_cameras(lerobot_python: Path, tmp_path: Path) -> None:
-    record_video_dataset(lerobot_python, tmp_path / "dataset", tmp_path / "rec.npz")
-    recorded = np.load(tmp_path / "rec.npz")
+    recorded = record_video_dataset(lerobot_python, tmp_path / "dataset")
     for backend in ("torchcodec", "pyav"):  # LeRobot's default (system FFmpeg), and PyAV's own FFmpeg
         buffer = tmp_path / f"buffer-{backend}"
         import_buffer(lerobot_python, tmp_path / "dataset", buffer, "--video-backend", backend)
@@ -169,7 +141,7 @@ def test_an_import_that_cannot_read_something_says_what_and_leaves_nothing(
     lerobot_python: Path, tmp_path: Path
 ) -> None:
     # A feature a buffer cannot hold is named, not dropped.
-    record_video_dataset(lerobot_python, tmp_path / "with-text", tmp_path / "rec.npz", "with-text")
+    record_video_dataset(lerobot_python, tmp_path / "with-text", text=True)
     refused = import_buffer(lerobot_python, tmp_path / "with-text", tmp_path / "buffer", check=False)
     assert refused.returncode == 2 and "observation.language" in refused.stderr, refused.stderr
     assert "remove_feature" in refused.stderr
@@ -177,7 +149,7 @@ def test_an_import_that_cannot_read_something_says_what_and_leaves_nothing(
 
     # A video cut short (a recording whose disk filled): found while decoding, once the import's
     # buffer was made; that buffer is gone again.
-    record_video_dataset(lerobot_python, tmp_path / "dataset", tmp_path / "rec.npz")
+    record_video_dataset(lerobot_python, tmp_path / "dataset")
     video = next((tmp_path / "dataset").glob("videos/observation.images.front/*/*.mp4"))
     whole = video.read_bytes()
     video.write_bytes(whole[: len(whole) * 2 // 3])
