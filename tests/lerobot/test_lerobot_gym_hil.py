@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from tests.lerobot.harness import run_in_lerobot
 from tests.support import lerobot_env
 from user_rl.cloud.buffer.inspect import inspect_buffer
 from user_rl.cloud.buffer.segment import read_segment
+from user_rl.extras import LEROBOT_ENV_COMMAND
 
 HERE = Path(__file__).parent
 TASKS = HERE / "gym_hil_tasks"  # hil_scripted.py: the module the id's namespace names
@@ -47,8 +49,15 @@ def hil_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def has_gym_hil(lerobot_python: Path) -> Path:
-    """The LeRobot environment's python, once it is known to have gym-hil (the `hil` extra)."""
-    run_in_lerobot(lerobot_python, "-c", "import gym_hil", env=hil_env(), timeout=120)
+    """The LeRobot environment's python, once it is known to have gym-hil (the `hil` extra): one built
+    before the extra (USER_RL_LEROBOT_PYTHON naming an older one) fails here, saying so."""
+    found = subprocess.run(
+        [str(lerobot_python), "-c", "import gym_hil"], capture_output=True, text=True, env=hil_env(), timeout=120
+    )
+    assert found.returncode == 0, (
+        f"the LeRobot environment {lerobot_python} has no gym-hil (the hil extra): {LEROBOT_ENV_COMMAND} "
+        f"brings it\n{found.stderr[-2000:]}"
+    )
     return lerobot_python
 
 
