@@ -10,7 +10,8 @@ the main environment has 4.0, on which its first step fails).
   env in a wrapper that offers the expert to the scripted intervener): the expert's demonstration
   episodes count as successes in the learner's stats and the buffer's labels, the buffer holds both
   cameras as `obs/pixels.front` and `obs/pixels.wrist`, DrQ trains on them, and `buffer export` writes
-  them as LeRobot cameras `observation.images.pixels.front` / `.wrist`, which LeRobot's loader reads.
+  them as LeRobot cameras `observation.images.pixels.front` / `.wrist`, which LeRobot's loader reads
+  and `buffer import` brings back under the run's own keys.
 
 The expert's module turns gym-hil's shadows off (0.5 s of CPU a step on a machine without a GPU,
 0.06 s without them): the run takes about a minute of the test's 2 (the rest: Ray, the export).
@@ -155,3 +156,9 @@ def test_user_rl_trains_on_gym_hil_cameras_and_counts_the_expert_demonstrations_
     )
     frames, front, wrist = json.loads(loaded.stdout.strip().splitlines()[-1])
     assert 10 < frames < 100 and front == wrist == [3, IMAGE, IMAGE]  # LeRobot's own loader: channels first
+    # and back into a buffer, with the run's own keys
+    run_in_lerobot(
+        has_gym_hil, "-m", "user_rl.cli", "buffer", "import", str(dataset), str(tmp_path / "demos"), env=hil_env()
+    )
+    imported = inspect_buffer(tmp_path / "demos")
+    assert imported["spaces"] == report["spaces"] and imported["rows"] >= frames, (imported["spaces"], report["spaces"])
