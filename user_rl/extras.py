@@ -54,9 +54,11 @@ def missing_extra_message(command: str, exc: BaseException) -> str | None:
 
 # LeRobot 0.4 (the newest for Python 3.11) pins torch < 2.11 and protobuf < 7, so it cannot share an
 # environment with this project's torch: it gets one of its own, with everything else in it too, so
-# `.venv-lerobot/bin/user-rl train` runs a LeRobot robot or policy. The README gives this command; the
-# test suite builds its LeRobot environment with it (tests/support/lerobot_env.py).
-LEROBOT_ENV_COMMAND = 'python -m venv .venv-lerobot && .venv-lerobot/bin/pip install -e ".[all,smolvla]"'
+# `.venv-lerobot/bin/user-rl train` runs a LeRobot robot or policy. gym-hil (the `hil` extra: LeRobot's
+# MuJoCo Panda envs) pins MuJoCo below 3.9, so it lives there too, not beside this project's MuJoCo.
+# The README gives this command; the test suite builds its LeRobot environment with it
+# (tests/support/lerobot_env.py).
+LEROBOT_ENV_COMMAND = 'python -m venv .venv-lerobot && .venv-lerobot/bin/pip install -e ".[all,smolvla,hil]"'
 LEROBOT_MISSING = (
     "the lerobot package is not installed here; LeRobot pins an older torch, so it gets an environment of "
     f"its own: in the user-rl checkout, {LEROBOT_ENV_COMMAND}, then run .venv-lerobot/bin/user-rl"

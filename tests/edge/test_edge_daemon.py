@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import zmq
 
+from tests.support import nested_gym
 from tests.support.edges import edge_without_learner, small_actor
 from user_rl.edge.daemon import EdgeDaemon, EdgeSettings
 from user_rl.hal.registry import make_robot
@@ -35,6 +36,42 @@ def test_camera_fleet_streams_uint8_images_and_receives_policies(running) -> Non
     status = learner.status()
     assert set(status["robots"]) == {"mujoco_reach-0", "mujoco_reach-1"}
     assert status["rejected"] == {}
+
+
+def test_nested_camera_observations_arrive_flat_and_the_envs_own_success_flag_labels_episodes(running) -> None:
+    """An env shaped like gym-hil's Panda (tests/support/nested_gym.py: `pixels: {front, wrist}`, success
+    in `info["succeed"]`) through the gym driver: the buffer holds obs/pixels.front and obs/pixels.wrist,
+    DrQ trains on them and publishes, and the episodes its expert drives (the scripted intervener's
+    demonstrations) count as successes, those the untrained policy runs out of time in as failures."""
+    learner, (edge,) = running(
+        [
+            "fleet.num_robots=1",
+            "algo.type=drq",
+            "algo.learning_starts=64",
+            "algo.batch_size=16",
+            "policy.hidden=[16]",
+            "learner.publish_every_updates=5",
+            "fleet.batch_transitions=8",
+            "intervention.scripted=true",
+            "intervention.demo_episodes=3",
+            "intervention.watched_fraction=0.0",
+        ],
+        {"type": "gym", "options": {"env_id": nested_gym.ENV_ID, "success_key": "succeed"}},
+    )
+    robot_id = edge.robot.descriptor.id
+
+    def stored() -> dict:
+        return learner.status()["robots"].get(robot_id, {})
+
+    wait_until(lambda: edge.policy_version >= 2 and stored().get("episodes", 0) >= 5, 120, "2 versions, 5 episodes")
+    batch = learner.buffer.sample(64, np.random.default_rng(0))
+    assert {k for k in batch if k.startswith("obs/")} == {f"obs/{k}" for k in nested_gym.FLAT_KEYS}
+    for camera in ("pixels.front", "pixels.wrist"):
+        assert batch[f"obs/{camera}"].dtype == np.uint8 and batch[f"obs/{camera}"].shape[1:] == (16, 16, 3)
+    assert (batch["next_obs/pixels.wrist"] > 100).all()  # 200 - step: the wrist's own frames, not the front's
+    robot = stored()
+    assert 0.0 < robot["recent_success"] < 1.0, robot  # the demonstrations succeeded, the policy's tries did not
+    assert learner.updates > 0 and learner.status()["rejected"] == {}
 
 
 def test_paced_fleet_never_exceeds_its_step_budget(running) -> None:

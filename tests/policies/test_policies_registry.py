@@ -65,3 +65,67 @@ def test_a_new_policy_is_its_module_and_one_registration_line(tmp_path: Path, mo
     # A step policy: the config's algorithm check knows it from the base class's declaration.
     with pytest.raises(ConfigError, match=re.escape("policy.type scaled trains with algo.type sac, drq or bc, not qc")):
         build_config({"policy": {"type": "scaled"}, "algo": {"type": "qc"}})
+
+
+# A nested observation as the gym driver flattens it (gym-hil's Panda: pixels.front, pixels.wrist).
+NESTED_SPACE = gym.spaces.Dict(
+    {
+        "agent_pos": gym.spaces.Box(-5.0, 5.0, (4,), np.float32),
+        "pixels.front": gym.spaces.Box(0, 255, (16, 16, 3), np.uint8),
+        "pixels.wrist": gym.spaces.Box(0, 255, (16, 16, 3), np.uint8),
+    }
+)
+
+
+def nested_batch(rows: int, chunk: int) -> dict:
+    """Every column the drq and bc updates read, for NESTED_SPACE and a 2-d action."""
+    import torch
+
+    def obs() -> dict:
+        return {k: torch.as_tensor(np.stack([s.sample() for _ in range(rows)])) for k, s in NESTED_SPACE.spaces.items()}
+
+    chunked = torch.rand(rows, chunk, 2) * 2 - 1
+    return {
+        "obs": obs(),
+        "next_obs": obs(),
+        "action": chunked[:, 0],
+        "reward": torch.rand(rows),
+        "terminated": torch.zeros(rows, dtype=torch.bool),
+        "action_chunk": chunked,
+        "intervened": torch.ones(rows),
+        "policy_acted": torch.zeros(rows),
+        "chunk_intervened": torch.ones(rows, chunk),
+        "chunk_policy_acted": torch.zeros(rows, chunk),
+    }
+
+
+@pytest.mark.parametrize(("policy", "algo", "options"), [("mlp", "drq", {"hidden": [16]}), ("vla", "bc", {"chunk": 2})])
+def test_policies_learn_from_cameras_whose_keys_hold_dots(
+    tmp_path: Path, policy: str, algo: str, options: dict
+) -> None:
+    """torch forbids dots in module names: each camera's encoder is named `pixels:front` (its key
+    stays `pixels.front` everywhere else), and the weights load back by name."""
+    import torch
+
+    from user_rl.policies.weights import load_weights, save_weights
+    from user_rl.rewards.model import SuccessClassifier
+
+    torch.manual_seed(0)
+    action_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    learner = make_algo(algo, NESTED_SPACE, action_space, policy, options)
+    names = list(learner.actor.state_dict())
+    assert any(".pixels:front." in n for n in names) and any(".pixels:wrist." in n for n in names), names
+    batch = nested_batch(8, options.get("chunk", 1))
+    act = learner.actor.act_chunk if policy == "vla" else learner.actor.act
+    assert act(batch["obs"], deterministic=True).shape[0] == 8
+    before = {n: t.clone() for n, t in learner.actor.state_dict().items() if ":front." in n}
+    learner.update(batch)
+    after = learner.actor.state_dict()
+    assert any(not torch.equal(t, after[n]) for n, t in before.items()), "the front camera's encoder did not learn"
+    save_weights(learner.actor, tmp_path / "actor.safetensors")
+    assert load_weights(make_actor(policy, NESTED_SPACE, action_space, **options), tmp_path / "actor.safetensors") == []
+
+    classifier = SuccessClassifier(NESTED_SPACE)
+    frames = {k: v.numpy() for k, v in batch["obs"].items()}
+    classifier.fit_normaliser(frames)
+    assert classifier.probability(frames).shape == (8,)

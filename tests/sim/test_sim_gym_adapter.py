@@ -6,6 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from tests.support import nested_gym
 from user_rl.sim.gym_adapter import GymRobot
 
 
@@ -125,3 +126,92 @@ def test_unknown_env_id_names_it():
 def test_discrete_action_space_rejected():
     with pytest.raises(ValueError, match="CartPole-v1"):
         GymRobot(env_id="CartPole-v1")
+
+
+def test_nested_dict_observations_are_flattened_with_dots_in_spaces_and_every_observation():
+    """gym-hil's Panda observes {"agent_pos", "pixels": {"front", "wrist"}}: one flat key per array,
+    at any depth, in the spaces, the reset's observation, every step's and the final one."""
+    r = GymRobot(env_id=nested_gym.ENV_ID, seed=0)
+    space = r.observation_space
+    assert set(space.spaces) == nested_gym.FLAT_KEYS
+    assert space["pixels.front"] == gym.spaces.Box(0, 255, (16, 16, 3), np.uint8)
+    assert space["agent_pos"].dtype == np.float32 and space["deep.a.b"].shape == (1,)
+    assert r.descriptor.control_hz == 10.0  # the env's render_fps
+    obs = r.reset()
+    assert obs in space and set(obs) == nested_gym.FLAT_KEYS
+    assert (obs["pixels.front"] == 0).all() and (obs["pixels.wrist"] == 200).all()
+    for n in range(1, nested_gym.MAX_STEPS + 1):
+        res = r.step(np.zeros(3, np.float32))  # stays where it is: the time limit ends the episode
+        assert res.observation in space
+        assert (res.observation["pixels.front"] == n).all() and (res.observation["pixels.wrist"] == 200 - n).all()
+        np.testing.assert_allclose(res.observation["deep.a.b"], [n / nested_gym.MAX_STEPS])
+        if res.terminated or res.truncated:
+            break
+    assert res.truncated and n == nested_gym.MAX_STEPS  # the final observation is flat too (checked above)
+
+
+def test_success_key_names_the_envs_success_flag_and_becomes_is_success():
+    r = GymRobot(env_id=nested_gym.ENV_ID, seed=1, success_key="succeed")
+    r.reset()
+    first = r.step(np.zeros(3, np.float32))
+    assert first.info == {"succeed": False, "is_success": False}
+    while True:
+        res = r.step(r.expert_action())  # the env's expert, offered through the driver
+        if res.terminated or res.truncated:
+            break
+    assert res.terminated and res.info["is_success"] is True and res.info["succeed"] is True
+    assert r.distance_to_goal() < 0.2
+
+    plain = GymRobot(env_id=nested_gym.ENV_ID, seed=1)  # default success_key: is_success, which this env lacks
+    plain.reset()
+    assert "is_success" not in plain.step(np.zeros(3, np.float32)).info
+    assert not hasattr(GymRobot(env_id="InvertedPendulum-v5"), "expert_action")  # only an env that has one
+
+
+def test_colliding_flat_keys_are_refused():
+    class Clash(nested_gym.NestedEnv):
+        observation_space = gym.spaces.Dict(
+            {
+                "a.b": gym.spaces.Box(-1.0, 1.0, (1,)),
+                "a": gym.spaces.Dict({"b": gym.spaces.Box(-1.0, 1.0, (1,))}),
+            }
+        )
+
+    gym.register("UserRLClash-v0", entry_point=Clash)
+    with pytest.raises(ValueError, match=r"\['a', 'b'\] and \['a.b'\] would both be 'a.b'"):
+        GymRobot(env_id="UserRLClash-v0")
+
+
+def test_an_id_in_an_unknown_namespace_imports_the_module_of_that_name(tmp_path, monkeypatch):
+    """`gym_hil/PandaPickCubeBase-v0` is registered by `import gym_hil`: the driver imports it, as
+    gymnasium itself does for `gym_hil:gym_hil/PandaPickCubeBase-v0`."""
+    package = tmp_path / "user_rl_tiny_ns"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "import gymnasium as gym\n"
+        "from tests.support.nested_gym import NestedEnv\n"
+        "gym.register('user_rl_tiny_ns/Thing-v0', entry_point=NestedEnv, max_episode_steps=5)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(gym.error.NamespaceNotFound):
+        gym.make("user_rl_tiny_ns/Thing-v0")  # what users met before
+    r = GymRobot(env_id="user_rl_tiny_ns/Thing-v0", seed=0)
+    assert set(r.observation_space.spaces) == nested_gym.FLAT_KEYS
+    assert r.descriptor.model == "gym:user_rl_tiny_ns/Thing-v0"
+    r.close()
+
+
+def test_an_unknown_namespace_without_a_module_says_what_to_install_and_the_module_form():
+    with pytest.raises(ValueError) as refused:
+        GymRobot(env_id="user_rl_no_such_pkg/Thing-v0")
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "pip install user-rl-no-such-pkg" in message
+    assert "'module:user_rl_no_such_pkg/Thing-v0'" in message
+
+
+def test_a_namespace_module_that_registers_nothing_there_is_named(tmp_path, monkeypatch):
+    (tmp_path / "user_rl_empty_ns.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match="importing 'user_rl_empty_ns' registered no env in namespace"):
+        GymRobot(env_id="user_rl_empty_ns/Thing-v0")

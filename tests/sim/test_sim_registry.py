@@ -38,4 +38,4 @@ def test_option_names_for_config_validation():
         "success_distance",
         "goal",
     }
-    assert set(robot_option_names("gym")) == {"env_id", "robot_id", "control_hz", "seed", "env_kwargs"}
+    assert set(robot_option_names("gym")) == {"env_id", "robot_id", "control_hz", "seed", "env_kwargs", "success_key"}

@@ -1,9 +1,9 @@
 """The Python environment the LeRobot tests run in, built with the README's LeRobot command
 (`user_rl.extras.LEROBOT_ENV_COMMAND`): LeRobot 0.4.x pins torch below 2.11, the rest of the suite
-runs on torch 2.13, so `user-rl[all,smolvla]` (LeRobot, its torch, torchvision and numpy,
-transformers for SmolVLA, and Ray, MuJoCo and the rest) goes into a venv of its own, as a user's
-does: `.venv-lerobot/bin/user-rl train` runs a LeRobot robot or policy there. The tests add their
-own tools (pytest, selenium) to it.
+runs on torch 2.13, so `user-rl[all,smolvla,hil]` (LeRobot, its torch, torchvision and numpy,
+transformers for SmolVLA, gym-hil with the MuJoCo below 3.9 it pins, and Ray and the rest) goes into
+a venv of its own, as a user's does: `.venv-lerobot/bin/user-rl train` runs a LeRobot robot or
+policy, or gym-hil's Panda, there. The tests add their own tools (pytest, selenium) to it.
 
 It is built once per checkout and reused while the requirement it was built for (the extras and what
 pyproject.toml lists in them) is unchanged; when that changes, pip installs the new requirement into

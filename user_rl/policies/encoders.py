@@ -15,6 +15,13 @@ def is_image(space: gym.spaces.Box) -> bool:
     return space.dtype == np.uint8 and len(space.shape) == 3
 
 
+def module_key(key: str) -> str:
+    """An observation key as the name of a submodule, parameter or buffer, which torch forbids to hold
+    dots: a nested observation's key does (`pixels.front`, user_rl/sim/gym_adapter.py), so it is named
+    `pixels:front` there. A key without dots keeps its name (and checkpoints theirs)."""
+    return key.replace(".", ":")
+
+
 def unit_pixels(image: torch.Tensor) -> torch.Tensor:
     """uint8 (B, H, W, C) camera frames as float (B, C, H, W) in [0, 1], as every image encoder reads them."""
     return image.permute(0, 3, 1, 2).float() / 255.0
@@ -53,14 +60,18 @@ class DictEncoder(nn.Module):
     def __init__(self, space: gym.spaces.Dict) -> None:
         super().__init__()
         self.keys = sorted(space.spaces)
-        self.cameras = nn.ModuleDict({k: ConvEncoder(space[k].shape) for k in self.keys if is_image(space[k])})
-        self.byte_keys = {k for k in self.keys if k not in self.cameras and space[k].dtype == np.uint8}
+        self.camera_keys = [k for k in self.keys if is_image(space[k])]
+        self.cameras = nn.ModuleDict({module_key(k): ConvEncoder(space[k].shape) for k in self.camera_keys})
+        self.byte_keys = {k for k in self.keys if k not in self.camera_keys and space[k].dtype == np.uint8}
         self.out_dim = sum(
-            self.cameras[k].out_dim if k in self.cameras else int(np.prod(space[k].shape)) for k in self.keys
+            self.camera(k).out_dim if k in self.camera_keys else int(np.prod(space[k].shape)) for k in self.keys
         )
 
+    def camera(self, key: str) -> ConvEncoder:
+        return self.cameras[module_key(key)]
+
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        parts = [self.cameras[k](obs[k]) if k in self.cameras else self.vector(k, obs[k]) for k in self.keys]
+        parts = [self.camera(k)(obs[k]) if k in self.camera_keys else self.vector(k, obs[k]) for k in self.keys]
         return torch.cat(parts, dim=-1)
 
     def vector(self, key: str, value: torch.Tensor) -> torch.Tensor:

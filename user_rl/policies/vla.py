@@ -24,7 +24,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from user_rl.policies.encoders import is_image, unit_pixels
+from user_rl.policies.encoders import is_image, module_key, unit_pixels
 from user_rl.policies.flow import FlowChunkActor, FlowSettings
 
 INSTRUCTION = "instruction"  # the observation key (user_rl/hal/instruction.py; policies import nothing of ours)
@@ -135,8 +135,8 @@ class VLAEncoder(nn.Module):
             h, w, c = obs_space[key].shape
             if h % patch or w % patch:
                 raise ValueError(f"camera {key!r}: {h}x{w} pixels do not split into {patch}x{patch} patches")
-            self.patch_embed[key] = CameraStem(c, dim, patch, dim if self.has_instruction else 0)
-            self.patch_pos[key] = nn.Parameter(torch.randn(1, 1 + (h // patch) * (w // patch), dim) * 0.02)
+            self.patch_embed[module_key(key)] = CameraStem(c, dim, patch, dim if self.has_instruction else 0)
+            self.patch_pos[module_key(key)] = nn.Parameter(torch.randn(1, 1 + (h // patch) * (w // patch), dim) * 0.02)
         if self.has_instruction:
             length = obs_space[INSTRUCTION].shape[0]
             self.byte_embed = nn.Embedding(256, dim, padding_idx=0)
@@ -168,7 +168,7 @@ class VLAEncoder(nn.Module):
             present = (text != 0).unsqueeze(-1).float()
             summary = (words * present).sum(1) / present.sum(1).clamp(min=1.0)
         for key in self.camera_keys:
-            patches = self.patch_embed[key](obs[key], summary) + self.patch_pos[key]
+            patches = self.patch_embed[module_key(key)](obs[key], summary) + self.patch_pos[module_key(key)]
             tokens.append(patches)
             padding.append(unpadded(patches.shape[1]))
         if words is not None:

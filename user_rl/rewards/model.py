@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from user_rl.policies.encoders import DictEncoder, is_image, mlp
+from user_rl.policies.encoders import DictEncoder, is_image, mlp, module_key
 
 FILE_FORMAT = "user-rl success classifier"
 FILE_VERSION = 1
@@ -51,8 +51,8 @@ class SuccessClassifier(nn.Module):
         self.head = mlp(self.encoder.out_dim, self.hidden, 1)
         for k in self.vector_keys:  # set from the training frames by `fit_normaliser`
             shape = space[k].shape
-            self.register_buffer(f"mean_{k}", torch.zeros(shape))
-            self.register_buffer(f"std_{k}", torch.ones(shape))
+            self.register_buffer(f"mean_{module_key(k)}", torch.zeros(shape))
+            self.register_buffer(f"std_{module_key(k)}", torch.ones(shape))
 
     @property
     def vector_keys(self) -> list[str]:
@@ -61,13 +61,13 @@ class SuccessClassifier(nn.Module):
     def fit_normaliser(self, frames: dict[str, np.ndarray]) -> None:
         for k in self.vector_keys:
             values = torch.as_tensor(frames[k], dtype=torch.float32)
-            getattr(self, f"mean_{k}").copy_(values.mean(0))
-            getattr(self, f"std_{k}").copy_(values.std(0).clamp_min(1e-6))
+            getattr(self, f"mean_{module_key(k)}").copy_(values.mean(0))
+            getattr(self, f"std_{module_key(k)}").copy_(values.std(0).clamp_min(1e-6))
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         obs = dict(obs)
         for k in self.vector_keys:
-            obs[k] = (obs[k].float() - getattr(self, f"mean_{k}")) / getattr(self, f"std_{k}")
+            obs[k] = (obs[k].float() - getattr(self, f"mean_{module_key(k)}")) / getattr(self, f"std_{module_key(k)}")
         return self.head(self.encoder(obs)).squeeze(-1)
 
     @torch.no_grad()
