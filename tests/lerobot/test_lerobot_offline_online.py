@@ -56,10 +56,11 @@ def test_a_run_learns_offline_from_an_imported_dataset_then_goes_on_online(lerob
     assert offline["edges"] == {} and offline["evaluations"] == []
     assert "offline on the attached buffers" in offline["stdout"]
     # It imitated the demonstrations with no robot at all: its loss and its distance to the
-    # demonstrated actions fell (measured: loss 133 -> 7, squared distance 2.2 -> 1.4 in 400 updates).
+    # demonstrated actions fell. Measured on seeds 0-9 of the offline run on one imported dataset, in
+    # 400 updates: the loss to 0.04-0.08 of its first value, the squared distance to 0.61-0.81 of it.
     learned = metrics_lines(run_dir)
     first, last = learned[0]["metrics"], learned[-1]["metrics"]
-    assert last["bc_loss"] < 0.5 * first["bc_loss"] and last["action_mse"] < 0.8 * first["action_mse"], (first, last)
+    assert last["bc_loss"] < 0.25 * first["bc_loss"] and last["action_mse"] < 0.9 * first["action_mse"], (first, last)
 
     online = train(CONFIG, tmp_path / "runs", f"resume={run_dir}", attach, *ONLINE, *QUIET, timeout=600)
     learner = online["learner"]
