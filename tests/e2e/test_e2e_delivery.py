@@ -177,7 +177,10 @@ def test_capped_uplink_carries_four_two_camera_robots_without_backlog(tmp_path: 
     second_half = [b for t, b, _ in samples if t > UPLINK_WINDOW_S / 2]  # past the start-up burst
     print(f"backlog samples {[b for _, b, _ in samples]}, uplink {uplink_mbit:.1f} Mbit/s, steps {steps}")
     assert min(steps) >= 0.9 * 10 * UPLINK_WINDOW_S, "robots did not keep 10 Hz"
-    assert max(second_half) <= 8, "the backlog grew"
+    # A link too slow for the load grows its backlog steadily (at 80% of the load, by ~0.8 batches a
+    # second: ~24 by the end). One sample higher while a loaded box starved the learner is not growth
+    # (a CI run beside a benchmark saw [.., 3, 13, 2, 1, 4]).
+    assert second_half[-1] <= 8 and sum(second_half) / len(second_half) <= 8, "the backlog grew"
     assert uplink_mbit < 20
     learner.stop()
     time.sleep(0.5)
