@@ -55,12 +55,12 @@ def test_a_run_learns_offline_from_an_imported_dataset_then_goes_on_online(lerob
     assert offline["learner"]["updates"] == OFFLINE_UPDATES and offline["learner"]["env_steps"] == 0
     assert offline["edges"] == {} and offline["evaluations"] == []
     assert "offline on the attached buffers" in offline["stdout"]
-    # It imitated the demonstrations with no robot at all: its loss and its distance to the
-    # demonstrated actions fell. Measured on seeds 0-9 of the offline run on one imported dataset, in
-    # 400 updates: the loss to 0.04-0.08 of its first value, the squared distance to 0.61-0.81 of it.
-    learned = metrics_lines(run_dir)
-    first, last = learned[0]["metrics"], learned[-1]["metrics"]
-    assert last["bc_loss"] < 0.25 * first["bc_loss"] and last["action_mse"] < 0.9 * first["action_mse"], (first, last)
+    # It imitated the demonstrations with no robot at all. On seeds 0-9 of the offline run on one
+    # imported dataset: an untrained actor's loss on them was 91-213 and its squared distance to the
+    # demonstrated actions 1.97-2.41; after 400 updates 7.2-8.0 and 1.30-1.70. (The first metrics the
+    # run reports may come after some updates already, so the bars are absolute, not relative to it.)
+    last = metrics_lines(run_dir)[-1]["metrics"]
+    assert last["bc_loss"] < 15.0 and last["action_mse"] < 1.9, last
 
     online = train(CONFIG, tmp_path / "runs", f"resume={run_dir}", attach, *ONLINE, *QUIET, timeout=600)
     learner = online["learner"]
