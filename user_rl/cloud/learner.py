@@ -313,6 +313,10 @@ class Learner:
     def updates(self) -> int:
         return self.trainer.updates if self.trainer else 0
 
+    def _offline_updates_at(self, updates: int) -> int:
+        """What `offline_updates` is with `updates` made: all of them while no online step is stored."""
+        return self.offline_updates if self.env_steps else updates
+
     @property
     def online_updates(self) -> int:
         """Updates since the run's first online step: what a paced fleet's budget counts."""
@@ -584,7 +588,7 @@ class Learner:
             "steps_at_start": self.steps_at_start,
             "active_robots": self.active_robots,
             "updates": self.updates,
-            "offline_updates": self.offline_updates if self.env_steps else self.updates,
+            "offline_updates": self._offline_updates_at(self.updates),
             "trainer_ready": self.trainer is not None,  # it starts once the first hello names the spaces
             "policy_version": self.version,
             "buffer": len(buffer) if buffer else 0,
@@ -623,7 +627,7 @@ class Learner:
             "actor": trainer_state.state["actor"],
             "algo": trainer_state.state,
             "env_steps": self.env_steps,
-            "offline_updates": self.offline_updates if self.env_steps else trainer_state.updates,
+            "offline_updates": self._offline_updates_at(trainer_state.updates),
             "rng": {"numpy": rng_state, **(trainer_state.rng or {})},
         }
 

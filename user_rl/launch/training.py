@@ -373,14 +373,13 @@ def _tend(run: FleetRun, stop: StopConfig, started: float) -> None:
     status = ray.get(run.learner.status.remote())
     if status.get("error"):
         raise RuntimeError(f"{run.learner_label} crashed:\n{status['error']}")
+    run.printer.progress(time.monotonic() - started, status)
     if stop.max_updates is not None and status["updates"] >= stop.max_updates:
-        run.printer.progress(time.monotonic() - started, status)
         run.stop_reason = "max_updates"
         if not run.cfg.offline:
             _evaluate_snapshot(run, started)
         return
     if run.cfg.offline:
-        run.printer.progress(time.monotonic() - started, status)
         return
     fleet = run.fleet
     fleet.poll()
@@ -392,7 +391,6 @@ def _tend(run: FleetRun, stop: StopConfig, started: float) -> None:
         ray.get(run.learner.set_active_robots.remote(len(fleet.active)))
     _write_fleet_status(run.run_dir, status, fleet)
     _record_teleop_pages(run)
-    run.printer.progress(time.monotonic() - started, status)
     robots = run.cfg.fleet.num_robots
     if status["env_steps"] >= robots * math.floor(stop.max_env_steps / robots):
         if not updates_caught_up(run.cfg, status, stop.max_env_steps):
