@@ -73,10 +73,18 @@ function disconnected(ws) {
   setTimeout(connect, delay);
 }
 
-setInterval(() => {  // a socket that went silent (or never opened) is as good as closed
+// A socket that went silent (or never opened) is as good as closed. Silence counts only while the
+// page itself runs: a page that got no CPU (a frozen tab, a busy laptop, a suspended lid) wakes up
+// before the messages queued meanwhile reach it, and must not call that the connection's silence.
+const WATCHDOG_MS = 500;
+let lastWatchdog = Date.now();
+setInterval(() => {
   const ws = teleop.ws;
+  const late = Date.now() - lastWatchdog - WATCHDOG_MS;
+  lastWatchdog = Date.now();
+  if (late > WATCHDOG_MS) teleop.lastMessage += late;  // the page was frozen this long
   if (ws && ws.readyState <= WebSocket.OPEN && Date.now() - teleop.lastMessage > STALE_MS) disconnected(ws);
-}, 500);
+}, WATCHDOG_MS);
 
 // While disconnected the whole view says so and every control but the e-stop is off.
 function showConnection() {
