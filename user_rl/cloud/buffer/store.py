@@ -63,7 +63,7 @@ from user_rl.wire.transitions import (
 
 log = logging.getLogger(__name__)
 ONLINE = SOURCES.index("online")
-REDRAWS = 8  # rounds of rejection that down-weight stale and idle transitions in a batch
+REDRAWS = 32  # rounds of rejection, at most, that down-weight stale and idle transitions in a batch
 
 
 class NothingToSample(ValueError):
