@@ -524,7 +524,7 @@ def _format_who(report: dict[str, Any]) -> list[str]:
             rows.append(
                 (name, *(f"{n:,}" for n in counts), f"{person['success']:,} success / {person['failure']:,} failure")
             )
-        lines += _table(header, rows, left=1)
+        lines += ["", *_table(header, rows, left=1)]
     return lines
 
 
