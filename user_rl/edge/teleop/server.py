@@ -343,8 +343,8 @@ class TeleopServer:
                     "type": "handed_back",
                     "reason": "idle",
                     "idle_s": round(handed.idle_s, 1),
-                    "message": f"handed back: you held nothing for {handed.idle_s:.0f} s "
-                    f"(teleop.idle_hand_back_s), so the policy drives again; take over to drive",
+                    "message": f"handed back: you held nothing for {self.settings.idle_hand_back_s:g} s "
+                    "(teleop.idle_hand_back_s), so the policy drives again; take over to drive",
                 },
             )
             await self._send_state(client)
