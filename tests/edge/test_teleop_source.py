@@ -155,8 +155,12 @@ def test_a_driver_who_commands_nothing_for_idle_hand_back_s_is_handed_back() -> 
     handed = web.took_back()
     assert handed is not None and (handed.client, handed.person) == ("c1", "alice") and handed.idle_s >= 1.0
     assert web.took_back() is None and web.driver == (None, "") and web.idle_hand_backs == 1
+    web.command("c1", 1, [1, 0, 0])  # a refresh her page sent before it knew: ignored, not an error ...
+    assert mux.choose(view(15))[1] == pb.ACTOR_POLICY
     assert [(e.source, e.kind) for e in mux.events] == [("teleop:alice", "take_over"), ("teleop", "hand_back")]
     web.take_over("c2", "bob")  # anyone may take over again
+    with pytest.raises(NotYourTurn, match="bob is driving"):  # ... until then
+        web.command("c1", 1, [1, 0, 0])
     never = WebTeleop((3,), -np.ones(3), np.ones(3), idle_hand_back_s=0.0)
     never.take_over("c1", "alice")
     time.sleep(0.35)

@@ -104,6 +104,7 @@ class WebTeleop:
         self._gripper_left = 0  # steps a new gripper setting still counts as held
         self.idle = False  # the last `act` only held the robot still: its driver held nothing
         self._idle_hand_back: IdleHandBack | None = None  # not yet told to the page
+        self._idled: str | None = None  # the client handed back for idling, until anyone takes over
         self.idle_hand_backs = 0
         self._lost_at: float | None = None  # time.monotonic() the driver's connection dropped
         self._zero = np.zeros(action_shape, np.float32)  # the motion command "nothing held"
@@ -148,7 +149,7 @@ class WebTeleop:
         with self._lock:
             if self._driver not in (None, client) and self._lost_at is None:  # a held robot is free to take
                 raise NotYourTurn(f"{self._person} is driving; wait until they hand back")
-            self._driver, self._person, self._lost_at = client, person, None
+            self._driver, self._person, self._lost_at, self._idled = client, person, None, None
             self._set(self._zero, -1, time.time())
             self.motion.release()
             self._last_used, self._pending = -1, None
@@ -181,6 +182,8 @@ class WebTeleop:
             raise ValueError(f"a command must be {self._zero.shape[0]} finite numbers, got {action!r}")
         with self._lock:
             if self._driver != client:
+                if client == self._idled:  # a refresh its page sent before it knew: an error would hide why
+                    return
                 raise NotYourTurn(f"{self._person} is driving" if self._driver else "take over before you drive")
             now = time.monotonic()
             if command_id == self._command_id:
@@ -237,6 +240,7 @@ class WebTeleop:
         """The driver commanded nothing for `idle_hand_back_s`: the policy acts from this step on."""
         assert self._driver is not None
         self._idle_hand_back = IdleHandBack(self._driver, self._person, now - self._active_at)
+        self._idled = self._driver
         self.idle_hand_backs += 1
         self._driver, self._person = None, ""
         self._set(self._zero, -1, time.time())
