@@ -417,7 +417,7 @@ def test_who_acted_and_who_labelled_by_kind_and_robot(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     who = report["who"]
-    assert who["rows"] == 120 and who["acted"] == {"policy": 24, "warmup": 24, "person": 48, "scripted": 24}
+    assert who["records"] == 120 and who["acted"] == {"policy": 24, "warmup": 24, "person": 48, "scripted": 24}
     assert who["person_idle"] == 24
     # 12 labels: each robot's episodes alternate success / failure, and person / env / classifier in turn
     assert who["labelled"] == {
@@ -427,7 +427,7 @@ def test_who_acted_and_who_labelled_by_kind_and_robot(tmp_path: Path) -> None:
     }
     assert who["people"] is None and "not recorded" in who["people_note"]
     arm0 = report["robots"]["arm-0"]["who"]
-    assert arm0["rows"] == 60 and arm0["acted"]["person"] == 24 and arm0["person_idle"] == 12
+    assert arm0["records"] == 60 and arm0["acted"]["person"] == 24 and arm0["person_idle"] == 12
     assert arm0["labelled"]["person"] == {"success": 1, "failure": 1}  # episodes 0 (success) and 3 (failure)
     text = cli(str(tmp_path / "buf")).stdout
     assert "acted: 120 step records: policy 24, warm-up 24, person 48 (24 holding nothing), scripted 24" in text

@@ -300,7 +300,7 @@ def _scan_segments(
 
 def _who() -> dict[str, Any]:
     return {
-        "rows": 0,
+        "records": 0,  # step records in intact sealed segments
         "acted": dict.fromkeys(ACTED_BY, 0),
         "person_idle": 0,  # person rows on which they held nothing
         "labelled": {by: {"success": 0, "failure": 0} for by in LABELLED_BY.values()},
@@ -311,7 +311,7 @@ def _who() -> dict[str, Any]:
 def _count_who(who: dict[str, Any], picked: dict[str, np.ndarray], mine: np.ndarray) -> None:
     """Add one robot's records of a segment (`mine` of the `picked` columns) to its counts."""
     actor, version = picked["actor"][mine], picked["policy_version"][mine]
-    who["rows"] += int(mine.sum())
+    who["records"] += int(mine.sum())
     policy = actor == pb.ACTOR_POLICY
     acted = who["acted"]
     acted["policy"] += int(np.count_nonzero(policy & (version >= 0)))
@@ -328,7 +328,7 @@ def _count_who(who: dict[str, Any], picked: dict[str, np.ndarray], mine: np.ndar
 def _total_who(per_robot: dict[str, dict[str, Any]]) -> dict[str, Any]:
     total = _who()
     for who in per_robot.values():
-        total["rows"] += who["rows"]
+        total["records"] += who["records"]
         total["person_idle"] += who["person_idle"]
         for name, n in who["acted"].items():
             total["acted"][name] += n
@@ -509,7 +509,7 @@ def _format_who(report: dict[str, Any]) -> list[str]:
     who = report["who"]
     acted = who["acted"]
     lines = [
-        f"acted: {who['rows']:,} step records: policy {acted['policy']:,}, warm-up {acted['warmup']:,}, "
+        f"acted: {who['records']:,} step records: policy {acted['policy']:,}, warm-up {acted['warmup']:,}, "
         f"person {acted['person']:,} ({who['person_idle']:,} holding nothing), scripted {acted['scripted']:,}",
         f"labelled: {_labels(who['labelled'])}",
         f"people by name: {who['people_note']}",
@@ -519,7 +519,7 @@ def _format_who(report: dict[str, Any]) -> list[str]:
         rows = []
         for name, r in report["robots"].items():
             w, a = r["who"], r["who"]["acted"]
-            counts = (w["rows"], a["policy"], a["warmup"], a["person"], w["person_idle"], a["scripted"])
+            counts = (w["records"], a["policy"], a["warmup"], a["person"], w["person_idle"], a["scripted"])
             person = w["labelled"]["person"]
             rows.append(
                 (name, *(f"{n:,}" for n in counts), f"{person['success']:,} success / {person['failure']:,} failure")
