@@ -144,8 +144,9 @@ class Config(Section):
         for key, wanted in (("action_horizon", self.action_horizon), ("n_step", self.n_step)):
             if key in self.buffer.model_fields_set and getattr(self.buffer, key) not in (1, wanted):
                 raise ValueError(f"buffer.{key}: this run's policy.chunk is {wanted}; leave buffer.{key} out")
-        for key in ("idle_rows", "idle_weight"):
-            if key in self.buffer.model_fields_set and getattr(self.buffer, key) != getattr(self.teleop, key):
+        for key in ("idle_rows", "idle_weight"):  # a saved config holds the buffer's default: that is no choice
+            given, default = getattr(self.buffer, key), BufferConfig.model_fields[key].default
+            if key in self.buffer.model_fields_set and given not in (default, getattr(self.teleop, key)):
                 raise ValueError(f"buffer.{key}: a run takes it from teleop.{key}; set that instead")
         return self
 

@@ -166,6 +166,8 @@ def test_the_run_takes_idle_rows_from_the_teleop_section() -> None:
     assert Config().run_buffer().idle_rows == "drop"
     with pytest.raises(ValueError, match="buffer.idle_rows: a run takes it from teleop.idle_rows"):
         Config.model_validate({"buffer": {"idle_rows": "keep"}})
+    saved = Config.model_validate(cfg.model_dump())  # a run's config.yaml, read back to resume it
+    assert (saved.run_buffer().idle_rows, saved.run_buffer().idle_weight) == ("downweight", 0.2)
 
 
 def test_a_buffer_written_before_the_idle_flag_opens_and_goes_on(tmp_path: Path, monkeypatch) -> None:
