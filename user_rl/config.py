@@ -144,6 +144,10 @@ class Config(Section):
         for key, wanted in (("action_horizon", self.action_horizon), ("n_step", self.n_step)):
             if key in self.buffer.model_fields_set and getattr(self.buffer, key) not in (1, wanted):
                 raise ValueError(f"buffer.{key}: this run's policy.chunk is {wanted}; leave buffer.{key} out")
+        for key in ("idle_rows", "idle_weight"):  # a saved config holds the buffer's default: that is no choice
+            given, default = getattr(self.buffer, key), BufferConfig.model_fields[key].default
+            if key in self.buffer.model_fields_set and given not in (default, getattr(self.teleop, key)):
+                raise ValueError(f"buffer.{key}: a run takes it from teleop.{key}; set that instead")
         return self
 
     @property
@@ -157,8 +161,16 @@ class Config(Section):
         return self.policy.actions_per_chunk if self.algo.returns_over_chunks else self.buffer.n_step
 
     def run_buffer(self) -> BufferConfig:
-        """The buffer section with what the policy and algorithm decide (n_step, action_horizon) filled in."""
-        return self.buffer.model_copy(update={"n_step": self.n_step, "action_horizon": self.action_horizon})
+        """The buffer section with what the policy and algorithm decide (n_step, action_horizon), and
+        what the teleop section says of idle rows, filled in."""
+        return self.buffer.model_copy(
+            update={
+                "n_step": self.n_step,
+                "action_horizon": self.action_horizon,
+                "idle_rows": self.teleop.idle_rows,
+                "idle_weight": self.teleop.idle_weight,
+            }
+        )
 
     @model_validator(mode="after")
     def _offline_runs_have_data_and_an_end(self) -> Config:

@@ -190,6 +190,19 @@ class TeleopConfig(Section):
         description="`NAME TOKEN` lines (owner-only file) of the operators who "
         "may re-arm an e-stop from the page; none: only `user-rl rearm`",
     )
+    idle_hand_back_s: float = Field(
+        10.0,
+        ge=0,
+        description="a driver who commands no motion (holds no key, stick or button) this long is handed "
+        "back: the policy acts again and the page says why; 0: never",
+    )
+    idle_rows: Literal["keep", "downweight", "drop"] = Field(
+        "drop",
+        description="steps on which the driver held nothing (the robot only held still): sampled as "
+        "demonstrations like the others (keep), idle_weight times as often (downweight), or never (drop); "
+        "they stay stored either way",
+    )
+    idle_weight: float = Field(0.1, gt=0, lt=1, description="idle_rows: downweight: how much an idle step counts")
 
     @field_validator("token")
     @classmethod
@@ -244,6 +257,10 @@ class BufferConfig(Section):
         "downweight", description="rows past max_policy_lag: drawn stale_weight times as often, or never"
     )
     stale_weight: float = Field(0.25, gt=0, lt=1, description="how likely a stale row is drawn, against a fresh one")
+    idle_rows: Literal["keep", "downweight", "drop"] = Field(
+        "drop", description="a run takes it from teleop.idle_rows: rows flagged idle (a person drove, held nothing)"
+    )
+    idle_weight: float = Field(0.1, gt=0, lt=1, description="a run takes it from teleop.idle_weight")
     attach: list[AttachConfig] = Field(default_factory=list)
     scrub: bool = Field(True, description="verify sealed segments' checksums in the background after start-up")
 

@@ -371,3 +371,67 @@ def test_evicted_and_unindexed_segments(tmp_path: Path) -> None:
     assert not report["ok"] and [(c["file"], c["reason"], c["indexed"]) for c in report["corrupt"]] == [
         (stray.name, "short", False)
     ]
+
+
+def who_batch(robot: int, episodes: int) -> dict[str, np.ndarray]:
+    """Episodes of 10 steps: warm-up (ACTOR_WARMUP, then a policy row without a version, as buffers
+    before ACTOR_WARMUP wrote it), the policy, a person (holding nothing on 2 steps), the scripted
+    intervener; each labelled at its end by a person, the env or a classifier in turn."""
+    actors = [pb.ACTOR_WARMUP, pb.ACTOR_POLICY, pb.ACTOR_POLICY, pb.ACTOR_POLICY] + [pb.ACTOR_HUMAN] * 4
+    actors += [pb.ACTOR_SCRIPTED] * 2
+    label_by = [pb.LABEL_BY_PERSON, pb.LABEL_BY_ENV, pb.LABEL_BY_CLASSIFIER]
+    builder = BatchBuilder(OBS_SPACE, ACTION_SPACE, capacity=10 * episodes)
+    for episode in range(episodes):
+        for step, actor in enumerate(actors):
+            ends = step == 9
+            obs = {"image": np.zeros((4, 4, 3), np.uint8), "state": np.zeros(3, np.float32)}
+            builder.add(
+                obs,
+                np.zeros(2, np.float32),
+                0.0,
+                ends,
+                False,
+                episode=episode,
+                step=step,
+                policy_version=-1 if step < 2 else 4,
+                actor=actor,
+                label=(pb.LABEL_SUCCESS if episode % 2 == 0 else pb.LABEL_FAILURE) if ends else pb.LABEL_NONE,
+                label_by=label_by[(episode + robot) % 3] if ends else pb.LABEL_BY_ENV,
+                sensor_time=0.0,
+                final_obs=obs if ends else None,
+                idle=actor == pb.ACTOR_HUMAN and step >= 6,
+            )
+    return builder.take()[1]
+
+
+def test_who_acted_and_who_labelled_by_kind_and_robot(tmp_path: Path) -> None:
+    """Rows by who acted (policy, warm-up, person and how many of theirs held nothing, scripted) and
+    labels by who gave them, for the buffer and per robot; people's names are not recorded, and the
+    report says so."""
+    store = PersistentReplay(tmp_path / "buf", OBS_SPACE, ACTION_SPACE, SMALL)
+    for robot in range(2):
+        stream = store.open_stream(f"arm-{robot}", 1, "reach")
+        assert store.add(stream, 1, who_batch(robot, 6))
+    store.close()
+    result = cli(str(tmp_path / "buf"), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    who = report["who"]
+    assert who["records"] == 120 and who["acted"] == {"policy": 24, "warmup": 24, "person": 48, "scripted": 24}
+    assert who["person_idle"] == 24
+    # 12 labels: each robot's episodes alternate success / failure, and person / env / classifier in turn
+    assert who["labelled"] == {
+        "person": {"success": 2, "failure": 2},
+        "env": {"success": 2, "failure": 2},
+        "classifier": {"success": 2, "failure": 2},
+    }
+    assert who["people"] is None and "not recorded" in who["people_note"]
+    arm0 = report["robots"]["arm-0"]["who"]
+    assert arm0["records"] == 60 and arm0["acted"]["person"] == 24 and arm0["person_idle"] == 12
+    assert arm0["labelled"]["person"] == {"success": 1, "failure": 1}  # episodes 0 (success) and 3 (failure)
+    text = cli(str(tmp_path / "buf")).stdout
+    assert "acted: 120 step records: policy 24, warm-up 24, person 48 (24 holding nothing), scripted 24" in text
+    assert "labelled: person 2 success / 2 failure, env 2 success / 2 failure, classifier 2 success / 2 failure" in text
+    assert "people by name: not recorded" in text
+    table = text[text.index("robot  records") :].splitlines()
+    assert table[1].split() == ["arm-0", "60", "12", "12", "24", "12", "12", "1", "success", "/", "1", "failure"]

@@ -104,3 +104,64 @@ def test_a_weak_teleop_token_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="teleop.token: must be at least 16 characters"):
         build_config({}, ["teleop.token=short"])
     assert build_config({}, ["teleop.token=abcdefghijklmnop_-"]).teleop.token.get_secret_value() == "abcdefghijklmnop_-"
+
+
+def test_steps_on_which_the_driver_holds_nothing_are_flagged_idle() -> None:
+    web = source()
+    mux = InterventionMux([web])
+    mux.choose(view(0))
+    assert not mux.idle  # the policy acted
+    web.take_over("c1", "alice")
+    assert mux.choose(view(1))[1] == pb.ACTOR_HUMAN and mux.idle  # took over, holds nothing yet
+    web.command("c1", 1, [1, 0, 0])
+    assert mux.choose(view(2))[0].tolist() == [1, 0, 0] and not mux.idle
+    web.command("c1", 2, [0, 0, 0])  # lets go: the robot holds still
+    assert not mux.choose(view(3))[0].any() and mux.idle
+    web.lost("c1")  # the page's connection dropped: held still, nobody holds anything
+    assert mux.choose(view(4))[1] == pb.ACTOR_HUMAN and mux.idle
+    assert mux.status()["idle_steps"] == 3
+
+
+def test_a_gripper_setting_counts_as_held_only_while_the_gripper_moves() -> None:
+    """The page latches the gripper's open / close setting in every command: a new setting is a grasp
+    (held for the steps the gripper needs to cross its range: 2 for this delta robot, whose full
+    command moves half the range), keeping it afterwards is holding nothing."""
+    web = WebTeleop((3,), -np.ones(3), np.ones(3), gripper_index=2)
+    web.take_over("c1", "alice")
+    web.command("c1", 1, [0, 0, 1])  # close
+    assert [(web.act(view(i))[2], web.idle) for i in range(4)] == [(1, False), (1, False), (1, True), (1, True)]
+    web.command("c1", 1, [0, 0, 1])  # the page refreshes the latched setting: not a motion
+    assert web.idle_s is not None
+    web.command("c1", 2, [1, 0, 1])  # a key held beside it moves the arm
+    assert web.act(view(4)).tolist() == [1, 0, 1] and not web.idle and web.idle_s is None
+    web.command("c1", 3, [0, 0, -1])  # open
+    assert [web.act(view(5 + i)) is not None and web.idle for i in range(3)] == [False, False, True]
+
+
+def test_a_driver_who_commands_nothing_for_idle_hand_back_s_is_handed_back() -> None:
+    web = WebTeleop((3,), -np.ones(3), np.ones(3), idle_hand_back_s=1.0)
+    mux = InterventionMux([web])
+    web.take_over("c1", "alice")
+    assert mux.choose(view(0))[1] == pb.ACTOR_HUMAN
+    for i in range(12):  # a held key, refreshed by the page for longer than idle_hand_back_s: she is active
+        web.command("c1", 1, [1, 0, 0])
+        time.sleep(0.1)
+        assert mux.choose(view(1 + i))[1] == pb.ACTOR_HUMAN
+    web.command("c1", 2, [0, 0, 0])
+    time.sleep(0.3)
+    assert mux.choose(view(13))[1] == pb.ACTOR_HUMAN and mux.idle and web.took_back() is None
+    time.sleep(0.8)
+    assert mux.choose(view(14))[1] == pb.ACTOR_POLICY  # the policy acts on this very step
+    handed = web.took_back()
+    assert handed is not None and (handed.client, handed.person) == ("c1", "alice") and handed.idle_s >= 1.0
+    assert web.took_back() is None and web.driver == (None, "") and web.idle_hand_backs == 1
+    web.command("c1", 1, [1, 0, 0])  # a refresh her page sent before it knew: ignored, not an error ...
+    assert mux.choose(view(15))[1] == pb.ACTOR_POLICY
+    assert [(e.source, e.kind) for e in mux.events] == [("teleop:alice", "take_over"), ("teleop", "hand_back")]
+    web.take_over("c2", "bob")  # anyone may take over again
+    with pytest.raises(NotYourTurn, match="bob is driving"):  # ... until then
+        web.command("c1", 1, [1, 0, 0])
+    never = WebTeleop((3,), -np.ones(3), np.ones(3), idle_hand_back_s=0.0)
+    never.take_over("c1", "alice")
+    time.sleep(0.35)
+    assert never.act(view(0)) is not None and never.idle  # 0: never handed back

@@ -43,8 +43,8 @@ def observation(rng: np.random.Generator) -> dict[str, np.ndarray]:
 def write_buffer(
     directory: Path, obs_space: gym.spaces.Dict = OBS_SPACE, observe: Callable = observation, segment_mb: float = 0.01
 ) -> None:
-    """Two robots, 4 episodes each; a person takes over in some steps of odd episodes and labels
-    the successes; steps carry the robot's timestamps at 20 Hz."""
+    """Two robots, 4 episodes each; a person takes over in some steps of odd episodes (holding
+    nothing in some of them) and labels the successes; steps carry the robot's timestamps at 20 Hz."""
     rng = np.random.default_rng(0)
     store = PersistentReplay(directory, obs_space, ACTION_SPACE, BufferConfig(segment_mb=segment_mb), gamma=0.9)
     try:
@@ -73,6 +73,7 @@ def write_buffer(
                         sensor_time=100.0 + 0.05 * step,
                         policy_action=proposal,
                         final_obs=observe(rng) if last else None,
+                        idle=person and step % 3 == 0,  # the person held nothing then
                     )
                 assert store.add(stream, episode + 1, builder.take()[1])
                 store.commit()

@@ -18,37 +18,50 @@ from user_rl.algos import SAC
 from user_rl.cloud.buffer.store import NothingToSample, PersistentReplay
 from user_rl.cloud.trainer import Trainer
 from user_rl.wire import user_rl_pb2 as pb
-from user_rl.wire.transitions import NEXT_OBS, OBS, intervened
+from user_rl.wire.transitions import IDLE, NEXT_OBS, OBS, intervened
 
 log = logging.getLogger(__name__)
 
 GROUPS = {"obs": OBS, "next_obs": NEXT_OBS}  # a name in `batch_columns` that stands for every column of a prefix
 # In the buffer's batch only for n-step returns (discount) or a chunk policy (buffer.action_horizon > 1).
 OPTIONAL = {"discount", "action_chunk", "chunk_mask", "chunk_intervened", "chunk_policy_acted"}
+
+
+def _chunk_intervened(batch: dict[str, np.ndarray], idle_weight: float) -> np.ndarray:
+    """1 per action of a row's chunk that a person or the scripted intervener executed, 0 past its
+    episode's end; an idle one (its person held nothing) after the row itself weighs `idle_weight`.
+    (The row itself was drawn by the sampler, which weighed it so already: never under `idle_rows: drop`.)"""
+    weight = (intervened(batch["chunk_actor"]) & batch["chunk_mask"]).astype(np.float32)
+    idle = batch.get("chunk_" + IDLE)
+    if idle is not None and idle_weight != 1.0:
+        later = idle.copy()
+        later[:, 0] = False
+        weight[later] *= idle_weight
+    return weight
+
+
 DERIVED = {  # float32 columns computed from who acted (algorithms never see the wire's enum)
-    "intervened": ("actor", lambda batch: intervened(batch["actor"]).astype(np.float32)),
-    "policy_acted": ("actor", lambda batch: (batch["actor"] == pb.ACTOR_POLICY).astype(np.float32)),
+    "intervened": ("actor", lambda batch, idle_weight: intervened(batch["actor"]).astype(np.float32)),
+    "policy_acted": ("actor", lambda batch, idle_weight: (batch["actor"] == pb.ACTOR_POLICY).astype(np.float32)),
     # per action of a row's chunk, and 0 past its episode's end
-    "chunk_intervened": (
-        "chunk_actor",
-        lambda batch: (intervened(batch["chunk_actor"]) & batch["chunk_mask"]).astype(np.float32),
-    ),
+    "chunk_intervened": ("chunk_actor", _chunk_intervened),
     "chunk_policy_acted": (
         "chunk_actor",
-        lambda batch: ((batch["chunk_actor"] == pb.ACTOR_POLICY) & batch["chunk_mask"]).astype(np.float32),
+        lambda batch, idle_weight: ((batch["chunk_actor"] == pb.ACTOR_POLICY) & batch["chunk_mask"]).astype(np.float32),
     ),
 }
 
 
 def training_columns(
-    batch: dict[str, np.ndarray], wanted: tuple[str, ...] = SAC.batch_columns
+    batch: dict[str, np.ndarray], wanted: tuple[str, ...] = SAC.batch_columns, idle_weight: float = 0.0
 ) -> dict[str, np.ndarray]:
     """The columns the algorithm reads (its `batch_columns`), and nothing else of the buffer's
     batch (policy_version, robot, ... stay here), so a batch slot is no bigger than it must be.
 
     "intervened" and "policy_acted" are derived from the `actor` column, their chunk_ versions
-    from `chunk_actor`. A column the algorithm needs and the batch lacks is an error that names
-    it (only the `OPTIONAL` ones may be missing)."""
+    from `chunk_actor` (where an idle step after the row weighs `idle_weight`: the buffer's
+    `idle_weight`, 0 under the default `idle_rows: drop`). A column the algorithm needs and the
+    batch lacks is an error that names it (only the `OPTIONAL` ones may be missing)."""
     out: dict[str, np.ndarray] = {}
     for name in wanted:
         if name in GROUPS:
@@ -56,7 +69,7 @@ def training_columns(
         elif name in batch:
             out[name] = batch[name]
         elif name in DERIVED and DERIVED[name][0] in batch:
-            out[name] = DERIVED[name][1](batch)
+            out[name] = DERIVED[name][1](batch, idle_weight)
         elif name not in OPTIONAL:
             source = f" (derived from the {DERIVED[name][0]} column)" if name in DERIVED else ""
             raise ValueError(
@@ -109,7 +122,9 @@ class BatchPreparer:
                 continue
             try:
                 with self.rng_lock:
-                    columns = training_columns(buffer.sample(self.batch_size, self.rng), trainer.batch_columns)
+                    columns = training_columns(
+                        buffer.sample(self.batch_size, self.rng), trainer.batch_columns, buffer.idle_weight
+                    )
             except NothingToSample as exc:  # fresh data, or a cold segment the prefetcher swaps in, ends it
                 if not self.empty_waits % 600:  # the first time, then once a minute while it lasts
                     log.warning("training waits: %s", exc)

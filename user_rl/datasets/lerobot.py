@@ -11,14 +11,15 @@ name) and the per-frame `task`.
 
 What ours carry beyond that rides in `user_rl.*` columns, which LeRobot's policies never see: each
 non-camera observation exactly as stored (`user_rl.obs.<key>`), terminated and truncated apart, who
-acted, the label and who gave it, the policy's own proposal when someone else acted, its version,
-the robot's timestamp, and each episode's final observation (`user_rl.final.<key>`, flattened, on
-its last frame, zeros elsewhere; never an image feature, which LeRobot would take for a camera). The
-buffer's exact spaces, and which (robot, epoch, episode) each dataset episode is, are kept in
-`meta/user_rl.json`, so an export imports back unchanged (`lerobot_import.py`): episode numbers
-restart at 0 in each epoch (each life of an edge), so without the epoch two robots' "episode 0"s
-would merge. Exports written before this layout (format 1: `observation.<key>` per key, finals as
-`user_rl.final.observation.*`) import as before.
+acted and whether they held nothing (`user_rl.idle`: such frames still count as interventions in
+`complementary_info.is_intervention`, as a person drove), the label and who gave it, the policy's
+own proposal when someone else acted, its version, the robot's timestamp, and each episode's final
+observation (`user_rl.final.<key>`, flattened, on its last frame, zeros elsewhere; never an image
+feature, which LeRobot would take for a camera). The buffer's exact spaces, and which (robot, epoch,
+episode) each dataset episode is, are kept in `meta/user_rl.json`, so an export imports back
+unchanged (`lerobot_import.py`): episode numbers restart at 0 in each epoch (each life of an edge),
+so without the epoch two robots' "episode 0"s would merge. Exports written before this layout
+(format 1: `observation.<key>` per key, finals as `user_rl.final.observation.*`) import as before.
 
 LeRobot is imported lazily: the rest of user-rl works without it (it has an environment of its own:
 `extras.LEROBOT_ENV_COMMAND`).
@@ -47,7 +48,7 @@ from user_rl.cloud.buffer.episodes import (
 from user_rl.extras import LEROBOT_MISSING
 from user_rl.policies.lerobot_policy import lerobot_keys
 from user_rl.wire.spaces import spaces_to_text
-from user_rl.wire.transitions import OBS, intervened
+from user_rl.wire.transitions import IDLE, OBS, intervened
 
 OURS = "user_rl."
 FINAL = OURS + "final."
@@ -121,6 +122,7 @@ def dataset_features(obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, v
             "complementary_info.is_intervention": {"dtype": "bool", "shape": (1,), "names": None},
             OURS + "policy_action": action,
             OURS + "has_final": {"dtype": "bool", "shape": (1,), "names": None},
+            OURS + IDLE: {"dtype": "bool", "shape": (1,), "names": None},
             **{OURS + name: {"dtype": dtype, "shape": (1,), "names": None} for name, (dtype, _) in SCALARS.items()},
             SENSOR_TIME_NS: {"dtype": "int64", "shape": (1,), "names": None},
         }
@@ -251,6 +253,7 @@ def _frames(episode: Episode, obs_space: gym.spaces.Dict) -> Iterable[dict]:
             "complementary_info.is_intervention": np.array([bool(acted[i])]),
             OURS + "policy_action": s["policy_action"][i].astype(np.float32),
             OURS + "has_final": np.array([i == last and episode.final_obs is not None]),
+            OURS + IDLE: np.array([bool(s[IDLE][i])]),
         }
         for name, (dtype, _) in SCALARS.items():
             frame[OURS + name] = np.array([s[name][i]], dtype)

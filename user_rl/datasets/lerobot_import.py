@@ -35,6 +35,7 @@ from user_rl.datasets.lerobot import (
 from user_rl.policies.lerobot_policy import lerobot_keys
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.spaces import spaces_from_text
+from user_rl.wire.transitions import IDLE
 
 if TYPE_CHECKING:
     from user_rl.cloud.buffer.rows import StreamState
@@ -356,6 +357,7 @@ def _step(frame: dict, last: bool, episode: int, columns: _ObsColumns, ours: boo
             "sensor_time": int(value(SENSOR_TIME_NS)[0]) / 1e9,
             "step": int(scalar["step"]),
             "policy_action": value(OURS + "policy_action").astype(np.float32),
+            "idle": bool(value(OURS + IDLE)[0]) if OURS + IDLE in frame else False,  # exports before it: none
         }
     else:  # recorded by LeRobot: a person acted throughout unless the dataset says otherwise
         terminated, truncated = done and last, last and not done

@@ -48,10 +48,12 @@ class BatchBuilder:
         label_by: int = 0,
         policy_action: np.ndarray | None = None,
         chunk_step: int = 0,
+        idle: bool = False,
     ) -> None:
         """Record one step. `final_obs` is required when the episode ends at this step;
         `policy_action` is what the policy proposed when someone else acted (else the action);
-        `chunk_step` is that proposal's index in the policy's action chunk."""
+        `chunk_step` is that proposal's index in the policy's action chunk; `idle`: a person drove
+        and held nothing (`transitions.IDLE`)."""
         if self.full:
             raise RuntimeError("batch is full; take() it first")
         i = self.count
@@ -62,7 +64,7 @@ class BatchBuilder:
         c["reward"][i], c["terminated"][i], c["truncated"][i] = reward, terminated, truncated
         c["episode"][i], c["step"][i], c["policy_version"][i] = episode, step, policy_version
         c["actor"][i], c["label"][i], c["label_by"][i], c["sensor_time"][i] = actor, label, label_by, sensor_time
-        c["chunk_step"][i] = chunk_step
+        c["chunk_step"][i], c["idle"][i] = chunk_step, idle
         c[POLICY_ACTION][i] = action if policy_action is None else policy_action
         if terminated or truncated:
             if final_obs is None:

@@ -171,7 +171,7 @@ class EdgeDaemon:
         """(action, who chose it, the policy's proposal, its index in its chunk). The policy proposes
         on every step (random warm-up actions until its first version arrives); an intervention
         source may act instead, and then the policy's chunk is dropped: it was planned for a state
-        the robot has left."""
+        the robot has left. (Whether that source's person held nothing: `interventions.idle`.)"""
         if self.policy_version < 0:
             proposal, chunk_step = self.robot.action_space.sample().astype(self.robot.action_space.dtype), 0
         else:
@@ -333,6 +333,7 @@ class EdgeDaemon:
                     continue
             self._maybe_swap_weights()
             chosen, actor, proposal, chunk_step = self._choose_action(obs)
+            idle = self.interventions.idle
             sent_at = time.time()
             result = self._robot_call(self.robot.step, self.safety(chosen, obs), unless_held=True)
             if result is None:  # the watchdog held the robot after `obs`: that episode is over
@@ -372,6 +373,7 @@ class EdgeDaemon:
                 label_by=label_by if label != pb.LABEL_NONE else pb.LABEL_BY_ENV,
                 policy_action=proposal,
                 chunk_step=chunk_step,
+                idle=idle,
             )
             self._tell_watchers(
                 StepRecord(
@@ -386,6 +388,7 @@ class EdgeDaemon:
                     ended,
                     label,
                     sent_at,
+                    idle,
                 )
             )
             if bad is not None:  # this step alone in its batch (the learner quarantines it); the episode ends

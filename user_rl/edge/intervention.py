@@ -8,7 +8,10 @@ explicit events, kept (the last `EVENTS_KEPT`), logged and counted for the heart
 
 A source is anything with a `name`, the `actor` its steps are recorded as (`ACTOR_HUMAN` for a
 person at the teleop page, `ACTOR_SCRIPTED` for the scripted intervener that stands in for one in
-simulation), and `act(view) -> action | None`.
+simulation), and `act(view) -> action | None`. A source that can tell when its person holds nothing
+(the teleop page: no key, stick or button) also has `idle`, True after an `act` whose action only
+held the robot still for that reason: the mux passes it on (`idle`) and the row is flagged, so the
+buffer does not take it for a demonstration (`wire/transitions.IDLE`).
 
 An action a source returns is in the robot's own terms (`Robot.action_mode`): for an arm of
 absolute position goals it is a goal, so a source with nothing to do must return the robot's
@@ -73,6 +76,8 @@ class InterventionMux:
         self.events: deque[InterventionEvent] = deque(maxlen=EVENTS_KEPT)
         self.take_overs = 0
         self.intervention_steps = 0
+        self.idle = False  # the step chosen last: a source drove and its person held nothing
+        self.idle_steps = 0  # such steps so far
         self._recent: deque[bool] = deque(maxlen=RATE_WINDOW_STEPS)
         self._lock = threading.Lock()  # sources may be added from another thread (the teleop server)
 
@@ -95,6 +100,7 @@ class InterventionMux:
         """The action to take and who chose it (`pb.Actor`): a source's, or the policy's proposal."""
         with self._lock:
             sources = list(self.sources)
+        self.idle = False
         if self.driver is not None:  # the driver alone is asked while it drives
             action = self.driver.act(view)
             if action is not None:
@@ -115,6 +121,8 @@ class InterventionMux:
     def _intervene(self, source: InterventionSource, action: np.ndarray, view: StepView) -> tuple[np.ndarray, int]:
         self.intervention_steps += 1
         self._recent.append(True)
+        self.idle = bool(getattr(source, "idle", False))
+        self.idle_steps += self.idle
         return np.asarray(action, dtype=view.proposal.dtype).reshape(view.proposal.shape), source.actor
 
     def _event(self, source: InterventionSource, view: StepView, kind: str) -> None:
@@ -133,6 +141,7 @@ class InterventionMux:
             "driver": self.driver_name,
             "take_overs": self.take_overs,
             "intervention_steps": self.intervention_steps,
+            "idle_steps": self.idle_steps,
             "rate": round(self.rate, 4),
             "events": [e.__dict__ for e in list(self.events)[-10:]],
         }

@@ -44,6 +44,7 @@ class StepRecord:
     ended: bool
     label: int  # pb.Label on this row
     sent_at: float  # time.time() when the action was handed to the robot
+    idle: bool = False  # a person drove and held nothing (the row's `idle` flag)
 
 
 Done = Callable[[bool, str], None]  # (applied, what happened): told on the loop's thread

@@ -51,7 +51,17 @@ def intervened(actor: np.ndarray) -> np.ndarray:
 OPTIONAL_COLUMNS: dict[str, np.dtype] = {
     "label_by": np.dtype(np.uint8),  # LabelBy enum: who gave the row's label
     "chunk_step": np.dtype(np.uint8),  # the policy's proposal is action chunk_step of its chunk (0: a new chunk)
+    "idle": np.dtype(np.bool_),  # a person drove and held nothing: the robot held still (see IDLE)
 }
+# IDLE marks a step on which a person drove but held nothing (no key, stick or button: the teleop
+# page's source knows), so the robot only held still. Such rows are not demonstrations: the buffer
+# draws them as `buffer.idle_rows` says (set by `teleop.idle_rows`: keep, downweight, drop).
+# A flag column beside `actor`, rather than a new Actor value: the row still says truthfully who
+# had the robot (a person: interventions, take-over counts, exports and eviction stay as they
+# are), an optional column travels with no schema change on the wire (an edge that does not send it
+# sends no idle rows), and a segment written before it existed reads it as False
+# (`rows.DEFAULTED_COLUMNS`), so old buffers open and continue unchanged.
+IDLE = "idle"
 
 MAX_BATCH_ROWS = 65536
 # The end_reason of an episode a person discarded (LeRobot's re-record): the buffer keeps its rows

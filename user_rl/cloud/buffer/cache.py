@@ -24,7 +24,7 @@ import numpy as np
 from user_rl.cloud.buffer.rows import DEFAULTED_COLUMNS, successors
 from user_rl.cloud.buffer.sampling import SOURCES, Growable, Sampler, SamplerSettings
 from user_rl.cloud.staleness import stale_rows
-from user_rl.wire.transitions import intervened
+from user_rl.wire.transitions import IDLE, intervened
 
 INTERVENTION = SOURCES.index("intervention")
 
@@ -63,13 +63,15 @@ class SlotCache:
         max_policy_lag: int | None = None,
         drop_stale: bool = False,
         sampler: Sampler | None = None,
+        drop_idle: bool = False,
     ) -> None:
         """`max_policy_lag`: rows whose policy lagged more (`staleness.py`) are marked stale in the
-        catalog, or left out of it with `drop_stale`. `sampler`: whose strategy the catalog's
-        tables serve."""
+        catalog, or left out of it with `drop_stale`. `drop_idle`: rows flagged idle (a person drove
+        and held nothing) are left out of it. `sampler`: whose strategy the catalog's tables serve."""
         self.schema = schema
         self.max_policy_lag = max_policy_lag
         self.drop_stale = drop_stale
+        self.drop_idle = drop_idle
         self.segment_rows = segment_rows
         self.slots = slots + 1  # plus the spare
         # np.zeros maps pages lazily: an unused slot costs no RAM.
@@ -203,8 +205,7 @@ class SlotCache:
         rows = np.flatnonzero(valid)
         stale = stale_rows(self.arrays["policy_lag"][slot, rows], self.max_policy_lag)
         self.stale[slot * self.segment_rows + rows] = stale
-        if self.drop_stale:
-            rows = rows[~stale]
+        rows = self._droppable(slot, rows, stale)
         order, source, task = self._describe(slot, info, rows)
         tables = self.plan.prepare(rows, order, source, task)
         return PreparedBlock(rows.astype(np.int32), tables, discarded, info.rows)  # the catalog's dtype, here
@@ -218,6 +219,15 @@ class SlotCache:
         self.slot_loads += 1
         self.loaded_rows += block.looked_at
 
+    def _droppable(self, slot: int, rows: np.ndarray, stale: np.ndarray) -> np.ndarray:
+        """`rows` less those the settings leave out of sampling: stale ones, idle ones."""
+        keep = np.ones(len(rows), bool)
+        if self.drop_stale:
+            keep &= ~stale
+        if self.drop_idle:
+            keep &= ~self.arrays[IDLE][slot, rows]
+        return rows if keep.all() else rows[keep]
+
     def _describe(self, slot: int, info: SlotInfo, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each row's insertion order, source (a person's or the intervener's action makes it an
         intervention) and task: what the sampler's strategy and mix use."""
@@ -230,8 +240,7 @@ class SlotCache:
         info, base = self.info[slot], slot * self.segment_rows
         stale = stale_rows(self.arrays["policy_lag"][slot, rows], self.max_policy_lag)
         self.stale[base + rows] = stale
-        if self.drop_stale:
-            rows = rows[~stale]
+        rows = self._droppable(slot, rows, stale)
         if not len(rows):
             return
         self.entries[slot].append(rows)

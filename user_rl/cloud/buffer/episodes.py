@@ -38,6 +38,7 @@ STEP_COLUMNS = (
     "label_by",
     "sensor_time",
     "chunk_step",
+    "idle",
 )
 
 

@@ -23,9 +23,19 @@ from user_rl.cloud.buffer.commitlog import CommitLog
 from user_rl.cloud.buffer.index import BufferIndex, EpisodeRecord, StreamRecord
 from user_rl.cloud.buffer.rows import KIND_RECORD
 from user_rl.cloud.buffer.segment import CorruptSegment, read_segment
+from user_rl.wire import user_rl_pb2 as pb
+from user_rl.wire.transitions import IDLE
 
 INDEX = "index.sqlite"
 EPISODE_STATUSES = ("terminated", "truncated", "open")
+# Who acted on a row, as inspect names them: warm-up is the random actions before a policy arrived
+# (ACTOR_WARMUP, or a policy row with no version, as buffers before ACTOR_WARMUP recorded them).
+ACTED_BY = ("policy", "warmup", "person", "scripted")
+LABELLED_BY = {pb.LABEL_BY_PERSON: "person", pb.LABEL_BY_ENV: "env", pb.LABEL_BY_CLASSIFIER: "classifier"}
+NAMES_NOTE = (
+    "not recorded: a row says that a person acted or labelled, not which one (names are in the edge's "
+    "log and status, as teleop:NAME)"
+)
 _SEALED = re.compile(r"seg-(\d+)\.seg")
 _OPEN = re.compile(r"open-(\d+)\.(seg|log)")
 
@@ -56,7 +66,8 @@ def inspect_buffer(directory: Path, verify: bool = True) -> dict[str, Any]:
     unindexed = [c for c in checks if c["segment"] not in segments]
     open_segments = _open_segments(directory, listing)
 
-    mismatches = _episode_length_mismatches(directory, snap, checks)
+    lengths, intact, who = _scan_segments(directory, snap, checks)
+    mismatches = _episode_length_mismatches(snap, lengths, intact)
     problems = [f"CORRUPT {c['path']}: {c['reason']} ({c['detail']})" for c in corrupt]
     problems += [
         f"EPISODE LENGTH robot {m['robot']} epoch {m['epoch']} episode {m['episode']}: the index says "
@@ -100,7 +111,8 @@ def inspect_buffer(directory: Path, verify: bool = True) -> dict[str, Any]:
         "batches": sum(r["batches"] for r in robots.values()),
         "lost_batches": snap["lost"],
         "bytes": _sizes(directory, listing),
-        "robots": robots,
+        "robots": {name: {**r, "who": who.get(name, _who())} for name, r in robots.items()},
+        "who": _total_who(who),
         "tasks": _tasks(snap),
         "episodes": {
             "total": len(episodes),
@@ -250,15 +262,17 @@ def _result(segment_id: int, path: Path, problem: CorruptSegment | None, indexed
     }
 
 
-def _episode_length_mismatches(directory: Path, snap: dict, checks: list[dict]) -> list[dict[str, Any]]:
-    """Episodes whose length in the index differs from the step records their segments hold.
-
-    Only episodes whose every indexed segment reads back intact and whose last one is sealed are
-    compared (an episode still being written has rows in the open segment; an evicted or corrupt
-    segment's rows are gone)."""
+def _scan_segments(
+    directory: Path, snap: dict, checks: list[dict]
+) -> tuple[Counter[tuple[int, int]], set[int], dict[str, dict[str, Any]]]:
+    """One read of every indexed segment that checked intact: its step records per (stream,
+    episode), and per robot who acted on them and who labelled them (`_who`). Returns those and the
+    segments read (one evicted since its check is left out)."""
     intact = {c["segment"] for c in checks if c["indexed"] and c["status"] == "ok"}
     indexed = snap["segments"]
+    robot_of = {s.id: s.robot for s in snap["streams"]}
     rows: Counter[tuple[int, int]] = Counter()
+    who: dict[str, dict[str, Any]] = {}
     for segment_id in sorted(intact):
         try:
             segment = read_segment(directory / indexed[segment_id].file, verify=False)
@@ -266,18 +280,72 @@ def _episode_length_mismatches(directory: Path, snap: dict, checks: list[dict]) 
             intact.discard(segment_id)
             continue
         n = segment.rows
-        records = np.asarray(segment.columns["kind"][:n]) == KIND_RECORD
-        keys = np.stack(
-            [
-                np.asarray(segment.columns["stream"][:n])[records].astype(np.int64),
-                np.asarray(segment.columns["episode"][:n])[records].astype(np.int64),
-            ],
-            axis=1,
-        )
+        columns = segment.columns
+        records = np.asarray(columns["kind"][:n]) == KIND_RECORD
+        stream = np.asarray(columns["stream"][:n])[records].astype(np.int64)
+        keys = np.stack([stream, np.asarray(columns["episode"][:n])[records].astype(np.int64)], axis=1)
         found, counts = np.unique(keys, axis=0, return_counts=True) if len(keys) else ((), ())
-        for (stream, episode), count in zip(np.asarray(found).tolist(), np.asarray(counts).tolist()):
-            rows[(stream, episode)] += count
-        del segment
+        for (stream_id, episode), count in zip(np.asarray(found).tolist(), np.asarray(counts).tolist()):
+            rows[(stream_id, episode)] += count
+        picked = {
+            name: np.asarray(columns[name][:n])[records] if name in columns else np.zeros(len(stream), np.uint8)
+            for name in ("actor", "policy_version", "label", "label_by", IDLE)  # label_by, idle: newer columns
+        }
+        for stream_id in np.unique(stream).tolist():
+            mine = stream == stream_id
+            _count_who(who.setdefault(robot_of.get(stream_id, f"stream {stream_id}"), _who()), picked, mine)
+        del segment, columns
+    return rows, intact, who
+
+
+def _who() -> dict[str, Any]:
+    return {
+        "records": 0,  # step records in intact sealed segments
+        "acted": dict.fromkeys(ACTED_BY, 0),
+        "person_idle": 0,  # person rows on which they held nothing
+        "labelled": {by: {"success": 0, "failure": 0} for by in LABELLED_BY.values()},
+        "people": None,
+    }
+
+
+def _count_who(who: dict[str, Any], picked: dict[str, np.ndarray], mine: np.ndarray) -> None:
+    """Add one robot's records of a segment (`mine` of the `picked` columns) to its counts."""
+    actor, version = picked["actor"][mine], picked["policy_version"][mine]
+    who["records"] += int(mine.sum())
+    policy = actor == pb.ACTOR_POLICY
+    acted = who["acted"]
+    acted["policy"] += int(np.count_nonzero(policy & (version >= 0)))
+    acted["warmup"] += int(np.count_nonzero((actor == pb.ACTOR_WARMUP) | (policy & (version < 0))))
+    acted["person"] += int(np.count_nonzero(actor == pb.ACTOR_HUMAN))
+    acted["scripted"] += int(np.count_nonzero(actor == pb.ACTOR_SCRIPTED))
+    who["person_idle"] += int(np.count_nonzero((actor == pb.ACTOR_HUMAN) & picked[IDLE][mine].astype(bool)))
+    label, label_by = picked["label"][mine], picked["label_by"][mine]
+    for code, by in LABELLED_BY.items():
+        for value, name in ((pb.LABEL_SUCCESS, "success"), (pb.LABEL_FAILURE, "failure")):
+            who["labelled"][by][name] += int(np.count_nonzero((label == value) & (label_by == code)))
+
+
+def _total_who(per_robot: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    total = _who()
+    for who in per_robot.values():
+        total["records"] += who["records"]
+        total["person_idle"] += who["person_idle"]
+        for name, n in who["acted"].items():
+            total["acted"][name] += n
+        for by, counts in who["labelled"].items():
+            for name, n in counts.items():
+                total["labelled"][by][name] += n
+    return {**total, "people_note": NAMES_NOTE}
+
+
+def _episode_length_mismatches(snap: dict, rows: Counter[tuple[int, int]], intact: set[int]) -> list[dict[str, Any]]:
+    """Episodes whose length in the index differs from the step records their segments hold
+    (`rows`, from `_scan_segments`).
+
+    Only episodes whose every indexed segment reads back intact and whose last one is sealed are
+    compared (an episode still being written has rows in the open segment; an evicted or corrupt
+    segment's rows are gone)."""
+    indexed = snap["segments"]
     streams = {s.id: s for s in snap["streams"]}
     mismatches = []
     for ep in snap["episodes"]:
@@ -432,6 +500,43 @@ def _versions(span: list[int] | None) -> str:
     return "-" if span is None else (str(span[0]) if span[0] == span[1] else f"{span[0]}-{span[1]}")
 
 
+def _labels(labelled: dict[str, dict[str, int]]) -> str:
+    return ", ".join(f"{by} {c['success']:,} success / {c['failure']:,} failure" for by, c in labelled.items())
+
+
+def _format_who(report: dict[str, Any]) -> list[str]:
+    """Who acted on the step records and who labelled them, over the buffer and per robot."""
+    who = report["who"]
+    acted = who["acted"]
+    lines = [
+        f"acted: {who['records']:,} step records: policy {acted['policy']:,}, warm-up {acted['warmup']:,}, "
+        f"person {acted['person']:,} ({who['person_idle']:,} holding nothing), scripted {acted['scripted']:,}",
+        f"labelled: {_labels(who['labelled'])}",
+        f"people by name: {who['people_note']}",
+    ]
+    if len(report["robots"]) > 1:
+        header = ("robot", "records", "policy", "warm-up", "person", "idle", "scripted", "labels by person")
+        rows = []
+        for name, r in report["robots"].items():
+            w, a = r["who"], r["who"]["acted"]
+            counts = (w["records"], a["policy"], a["warmup"], a["person"], w["person_idle"], a["scripted"])
+            person = w["labelled"]["person"]
+            rows.append(
+                (name, *(f"{n:,}" for n in counts), f"{person['success']:,} success / {person['failure']:,} failure")
+            )
+        lines += ["", *_table(header, rows, left=1)]
+    return lines
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], left: int) -> list[str]:
+    """Aligned columns: the first `left` to the left, the rest to the right."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return [
+        "  ".join(cell.ljust(w) if i < left else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+        for row in [header, *rows]
+    ]
+
+
 def format_report(report: dict[str, Any]) -> str:
     """A readable summary: a header line, the counts, a per-robot table, then problems and notes."""
     seg, eps, size = report["segments"], report["episodes"], report["bytes"]
@@ -487,14 +592,8 @@ def format_report(report: dict[str, Any]) -> str:
             )
             for name, r in report["robots"].items()
         ]
-        widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-        lines.append("")
-        for row in [header, *rows]:
-            lines.append(
-                "  ".join(
-                    cell.ljust(w) if i < 4 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))
-                ).rstrip()
-            )
+        lines += ["", *_table(header, rows, left=4)]
+    lines += ["", *_format_who(report)]
     if report["tasks"]:
         lines.append("")
         lines.append(

@@ -25,7 +25,15 @@ import numpy as np
 from user_rl.cloud.buffer.catalog import Checked, SegmentCatalog
 from user_rl.cloud.buffer.commitlog import CommitLog
 from user_rl.cloud.buffer.index import BufferIndex, SegmentRecord, StreamRecord
-from user_rl.cloud.buffer.rows import KIND_CARRY, KIND_RECORD, StreamState, account, row_bytes, successors
+from user_rl.cloud.buffer.rows import (
+    DEFAULTED_COLUMNS,
+    KIND_CARRY,
+    KIND_RECORD,
+    StreamState,
+    account,
+    row_bytes,
+    successors,
+)
 from user_rl.cloud.buffer.sampling import SOURCES
 from user_rl.cloud.buffer.segment import CorruptSegment, read_segment, seal_open_file
 from user_rl.cloud.buffer.streams import StreamRegistry
@@ -222,6 +230,8 @@ def restore_pending(stream: StreamState, catalog: SegmentCatalog, checked: Check
         checked(record.last_segment, problem)
         return
     row = {k: np.array(v[record.last_row : record.last_row + 1]) for k, v in seg.columns.items()}
+    for name, dtype in DEFAULTED_COLUMNS.items():  # a segment written before the column existed
+        row.setdefault(name, np.zeros(1, dtype))
     episode = stream.episodes.get(int(row["episode"][0]))  # only open episodes are loaded
     if row["terminated"][0] or row["truncated"][0] or episode is None or episode.status != "open":
         return  # ended, or cut short by an edge restart: nothing may follow it

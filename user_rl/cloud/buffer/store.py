@@ -54,6 +54,7 @@ from user_rl.wire.transitions import (
     EDGE_RESTART,
     FINAL_OBS,
     FINAL_ROW,
+    IDLE,
     NEXT_OBS,
     OBS,
     POLICY_ACTION,
@@ -62,11 +63,11 @@ from user_rl.wire.transitions import (
 
 log = logging.getLogger(__name__)
 ONLINE = SOURCES.index("online")
-STALE_REDRAWS = 8  # rounds of rejection that down-weight stale transitions in a batch
+REDRAWS = 32  # rounds of rejection, at most, that down-weight stale and idle transitions in a batch
 
 
 class NothingToSample(ValueError):
-    """Nothing in RAM may be drawn now (discarded, stale or outside the mix): the learner waits."""
+    """Nothing in RAM may be drawn now (discarded, stale, idle or outside the mix): the learner waits."""
 
 
 class AllStale(NothingToSample):
@@ -110,6 +111,7 @@ class PersistentReplay:
             s.max_policy_lag,
             drop_stale=s.stale_data == "drop",
             sampler=self.sampler,
+            drop_idle=s.idle_rows == "drop",
         )
         self._lock = threading.RLock()  # the cache, its catalog and the counters: ingest vs sampler thread
         self.catalog = SegmentCatalog(self.dir)
@@ -504,14 +506,23 @@ class PersistentReplay:
         those of discarded episodes."""
         return max(0, self.transitions - self.discarded_rows)
 
+    @property
+    def idle_weight(self) -> float:
+        """What a step flagged idle (a person drove and held nothing) counts as a demonstration, against
+        another step: 1 (`idle_rows: keep`), `idle_weight` (downweight) or 0 (drop). The sampler draws
+        idle rows that much as often; an idle step inside a drawn row's chunk weighs that much
+        (`cloud/batches.training_columns`)."""
+        return {"keep": 1.0, "downweight": self.settings.idle_weight, "drop": 0.0}[self.settings.idle_rows]
+
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """A batch: obs/*, next_obs/*, action, reward, terminated, policy_version, robot, who acted
-        (actor) and what the policy proposed (policy_action), label and label_by (+ discount).
+        (actor), whether they held nothing (idle) and what the policy proposed (policy_action), label
+        and label_by (+ discount).
 
         With `action_horizon` H > 1 also each row's next H executed actions in its episode:
         action_chunk (B, H, ...), chunk_mask (B, H; False past the episode's end, where the chunk
-        repeats the last real action), chunk_actor (who executed each) and chunk_step (each one's
-        index in the policy's chunk that proposed it)."""
+        repeats the last real action), chunk_actor (who executed each), chunk_idle (whether its
+        person held nothing) and chunk_step (each one's index in the policy's chunk that proposed it)."""
         with self._lock:
             self.prefetcher.install_ready()
             cache = self.cache
@@ -527,8 +538,7 @@ class PersistentReplay:
                     f"sampler may draw; {len(self)} sampleable in the buffer)"
                 )
             position = cache.plan.draw(batch_size, rng)  # flat positions in the slot arrays
-            if self.settings.max_policy_lag is not None and self.settings.stale_data == "downweight":
-                self._redraw_stale(position, rng)
+            self._redraw_downweighted(position, rng)
             flat = self.cache.flat
             n, horizon = self.settings.n_step, self.settings.action_horizon
             # one walk serves both: a shorter walk is a prefix of a longer one
@@ -544,7 +554,7 @@ class PersistentReplay:
             batch["reward"], batch["terminated"] = reward, terminated
             batch["policy_version"] = flat["policy_version"][position]
             batch["robot"] = flat["stream"][position]
-            for name in ("actor", POLICY_ACTION, "label", "label_by"):
+            for name in ("actor", IDLE, POLICY_ACTION, "label", "label_by"):
                 batch[name] = flat[name][position]
             if n > 1:
                 batch["discount"] = discount
@@ -553,18 +563,29 @@ class PersistentReplay:
                 batch["action_chunk"] = flat["action"][rows]
                 batch["chunk_mask"] = np.arange(horizon) < steps[:, None]
                 batch["chunk_actor"], batch["chunk_step"] = flat["actor"][rows], flat["chunk_step"][rows]
+                batch["chunk_" + IDLE] = flat[IDLE][rows]
         self.prefetcher.sampled()
         return batch
 
-    def _redraw_stale(self, picked: np.ndarray, rng: np.random.Generator) -> None:
-        """Down-weight stale transitions by rejection: each drawn stale one is kept with probability
-        `stale_weight`, else its place is drawn again. A draw lays its rows out by source the same way
-        every time, so a redrawn place keeps its source. After `STALE_REDRAWS` rounds what is left stays
-        (only a buffer of almost nothing but stale data gets there)."""
-        stale, weight = self.cache.stale, self.settings.stale_weight
+    def _redraw_downweighted(self, picked: np.ndarray, rng: np.random.Generator) -> None:
+        """Down-weight stale transitions (`stale_data: downweight`) and idle ones (`idle_rows:
+        downweight`) by rejection: each drawn one is kept with probability `stale_weight` (stale),
+        `idle_weight` (idle), their product (both), else its place is drawn again. A draw lays its rows
+        out by source the same way every time, so a redrawn place keeps its source. After `REDRAWS`
+        rounds what is left stays (only a buffer of almost nothing but such rows gets there)."""
+        s = self.settings
+        stale = s.max_policy_lag is not None and s.stale_data == "downweight"
+        idle = s.idle_rows == "downweight"
+        if not stale and not idle:
+            return
         undecided = np.ones(len(picked), bool)  # places whose draw has not been kept or rejected yet
-        for _ in range(STALE_REDRAWS):
-            rejected = undecided & stale[picked] & (rng.random(len(picked)) >= weight)
+        for _ in range(REDRAWS):
+            keep = np.ones(len(picked))
+            if stale:
+                keep[self.cache.stale[picked]] *= s.stale_weight
+            if idle:
+                keep[self.cache.flat[IDLE][picked]] *= s.idle_weight
+            rejected = undecided & (rng.random(len(picked)) >= keep)
             if not rejected.any():
                 return
             picked[rejected] = self.cache.plan.draw(len(picked), rng)[rejected]

@@ -59,6 +59,8 @@ def make_source(
         settings.command_timeout_s,
         Motion.for_robot(robot, max_action_delta, control_hz),
         settings.hand_back_after_s,
+        settings.idle_hand_back_s,
+        getattr(robot, "gripper_index", None),
     )
 
 

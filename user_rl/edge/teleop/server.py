@@ -8,7 +8,9 @@ through the intervention source (`WebTeleop`), `OperatorRequests` and the e-stop
 Every request needs the token (query `token=`, or an `Authorization: Bearer` header): without it
 401, with a wrong one 403. The token makes a viewer; re-arming an e-stop needs an operator's
 credential and a confirmation on top (`authority.py`). A driver whose page loses its connection
-leaves the robot holding still for `teleop.hand_back_after_s` (`WebTeleop.lost`).
+leaves the robot holding still for `teleop.hand_back_after_s` (`WebTeleop.lost`); one who commands
+no motion for `teleop.idle_hand_back_s` is handed back, and their page gets a `handed_back` message
+that says why.
 
     GET /?token=T              the robot's page
     GET /teleop.js|teleop.css  the page's script and style
@@ -38,7 +40,7 @@ from aiohttp import WSMsgType, web
 from user_rl.edge.operator import StepRecord
 from user_rl.edge.teleop.authority import PAGE_SOURCE, NotAllowed, check_rearm, read_operators
 from user_rl.edge.teleop.controls import control_map, mapping_for_page
-from user_rl.edge.teleop.source import AppliedCommand, NotYourTurn, WebTeleop
+from user_rl.edge.teleop.source import AppliedCommand, IdleHandBack, NotYourTurn, WebTeleop
 from user_rl.robots.estop import EStopLatch
 from user_rl.wire import user_rl_pb2 as pb
 
@@ -196,6 +198,16 @@ class TeleopServer:
         applied = self.source.applied(record)
         if applied is not None and self._loop is not None:
             asyncio.run_coroutine_threadsafe(self._tell_applied(applied), self._loop)
+        handed = self.source.took_back()
+        if handed is not None:
+            log.warning(
+                "%s: %s held nothing for %.1f s: handed back, the policy acts",
+                self.robot_id,
+                handed.person or handed.client,
+                handed.idle_s,
+            )
+            if self._loop is not None:
+                asyncio.run_coroutine_threadsafe(self._tell_handed_back(handed), self._loop)
         if (
             self.renders and self._frame_seq == 0
         ):  # a renderer's first frame is slow (GL set-up): not when someone looks
@@ -274,6 +286,7 @@ class TeleopServer:
             "estop_by": stop["by"] if stop else None,
             "rearmed": edge.estop.last_rearm(),
             "holding_s": self.source.holding,
+            "idle_s": None if (idle := self.source.idle_s) is None else round(idle, 1),  # driver commanding nothing
             "reward": round(record.reward, 4) if record else 0.0,
             "steps": edge.steps,
             "actor": pb.Actor.Name(record.actor).removeprefix("ACTOR_").lower() if record else "",
@@ -321,6 +334,21 @@ class TeleopServer:
                         ]
             await asyncio.gather(*jobs)
 
+    async def _tell_handed_back(self, handed: IdleHandBack) -> None:
+        client = self._clients.get(handed.client)
+        if client is not None:
+            await self._send(
+                client,
+                {
+                    "type": "handed_back",
+                    "reason": "idle",
+                    "idle_s": round(handed.idle_s, 1),
+                    "message": f"handed back: you held nothing for {self.settings.idle_hand_back_s:g} s "
+                    "(teleop.idle_hand_back_s), so the policy drives again; take over to drive",
+                },
+            )
+            await self._send_state(client)
+
     async def _tell_applied(self, applied: AppliedCommand) -> None:
         client = self._clients.get(applied.client)
         if client is not None:
@@ -356,6 +384,7 @@ class TeleopServer:
                 "control_hz": self.edge.settings.control_hz,
                 "command_timeout_s": self.settings.command_timeout_s,
                 "hand_back_after_s": self.settings.hand_back_after_s,
+                "idle_hand_back_s": self.settings.idle_hand_back_s,
                 "operators": bool(self.settings.operators_file),
             },
         )

@@ -11,6 +11,17 @@ rather than let the robot run on. A driver whose connection drops does not hand 
 holds still (`_still`) for `hand_back_after_s`, so that a person who reconnects (or anyone else)
 can take over again where it stopped; only then does the policy act again.
 
+Idle drivers: a step on which the driver holds nothing (no key, stick or button: the command moves
+no dimension) only holds the robot still, so it is flagged `idle` (the mux records it in the row:
+`wire/transitions.IDLE`), as are the steps held for a lost connection. A gripper is the exception
+the page makes: its open / close setting is latched (it stays in every command once set), so it
+counts as held only while it changes: for the steps the gripper needs to cross its range after a
+new setting (a grasp is a demonstration; keeping it closed afterwards is not). A driver who has
+commanded no motion for `idle_hand_back_s` (0: never) is handed back: the policy acts from the next
+step, and the page is told why (`idle_hand_back`). Like any hand-back it moves nothing by itself:
+the policy's first action is inferred from where the robot is, and the safety filter bounds how far
+it may go from the current pose in a step (an absolute-position arm never jumps).
+
 Latency: the first step that uses a new command is remembered, and the control loop's step
 watcher reports it with the time the action was handed to the robot (`StepRecord.sent_at`),
 so the page can show key press -> robot.
@@ -18,6 +29,7 @@ so the page can show key press -> robot.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -47,6 +59,15 @@ class AppliedCommand:
     step: int
 
 
+@dataclass(frozen=True)
+class IdleHandBack:
+    """A driver handed back for holding nothing too long: for the page's message."""
+
+    client: str
+    person: str
+    idle_s: float  # how long they had commanded no motion
+
+
 class WebTeleop:
     """An `InterventionSource` driven by one person at a time from the teleop page."""
 
@@ -60,13 +81,31 @@ class WebTeleop:
         command_timeout_s: float = 0.5,
         motion: Motion | None = None,
         hand_back_after_s: float = 10.0,
+        idle_hand_back_s: float = 0.0,
+        gripper_index: int | None = None,
     ) -> None:
         """`motion`: how commands become this robot's actions (`Motion.for_robot`); default: a
-        delta robot over [low, high]."""
+        delta robot over [low, high]. `gripper_index`: the robot's gripper dimension, whose
+        setting the page latches."""
         self.low, self.high = np.asarray(low, np.float32), np.asarray(high, np.float32)
         self.motion = motion or Motion(ActionMode.DELTA, self.low, self.high, None)
         self.command_timeout_s = command_timeout_s
         self.hand_back_after_s = hand_back_after_s
+        self.idle_hand_back_s = idle_hand_back_s
+        self._moving = np.ones(action_shape, bool)  # the dimensions whose command is motion (not a latched setting)
+        self._gripper_steps = 0  # steps a new gripper setting counts as held: the gripper's whole range
+        if gripper_index is not None:
+            self._moving[gripper_index] = False
+            span = float(self.motion.high[gripper_index] - self.motion.low[gripper_index])
+            step = float(self.motion.step[gripper_index])
+            self._gripper_steps = math.ceil(span / step) if step > 0 and math.isfinite(span) else 1
+        self._gripper = gripper_index
+        self._active_at = 0.0  # time.monotonic() the driver last commanded motion (or took over)
+        self._gripper_left = 0  # steps a new gripper setting still counts as held
+        self.idle = False  # the last `act` only held the robot still: its driver held nothing
+        self._idle_hand_back: IdleHandBack | None = None  # not yet told to the page
+        self._idled: str | None = None  # the client handed back for idling, until anyone takes over
+        self.idle_hand_backs = 0
         self._lost_at: float | None = None  # time.monotonic() the driver's connection dropped
         self._zero = np.zeros(action_shape, np.float32)  # the motion command "nothing held"
         self._lock = threading.Lock()
@@ -98,14 +137,23 @@ class WebTeleop:
         lost_at = self._lost_at
         return None if lost_at is None else max(0.0, self.hand_back_after_s - (time.monotonic() - lost_at))
 
+    @property
+    def idle_s(self) -> float | None:
+        """Seconds the driver has commanded no motion (None: nobody drives, moving, or their connection is lost)."""
+        with self._lock:
+            if self._driver is None or self._lost_at is not None or self._moves(self._action):
+                return None
+            return time.monotonic() - self._active_at
+
     def take_over(self, client: str, person: str) -> None:
         with self._lock:
             if self._driver not in (None, client) and self._lost_at is None:  # a held robot is free to take
                 raise NotYourTurn(f"{self._person} is driving; wait until they hand back")
-            self._driver, self._person, self._lost_at = client, person, None
+            self._driver, self._person, self._lost_at, self._idled = client, person, None, None
             self._set(self._zero, -1, time.time())
             self.motion.release()
             self._last_used, self._pending = -1, None
+            self._active_at, self._gripper_left = time.monotonic(), 0  # taking over counts as acting
 
     def hand_back(self, client: str) -> bool:
         """The client stops driving (False if it was not driving)."""
@@ -134,11 +182,26 @@ class WebTeleop:
             raise ValueError(f"a command must be {self._zero.shape[0]} finite numbers, got {action!r}")
         with self._lock:
             if self._driver != client:
+                if client == self._idled:  # a refresh its page sent before it knew: an error would hide why
+                    return
                 raise NotYourTurn(f"{self._person} is driving" if self._driver else "take over before you drive")
+            now = time.monotonic()
             if command_id == self._command_id:
-                self._refreshed = time.monotonic()
+                self._refreshed = now
+                if self._moves(self._action):  # a held key, refreshed
+                    self._active_at = now
                 return
-            self._set(np.clip(values, -1.0, 1.0), command_id, time.time())
+            values = np.clip(values, -1.0, 1.0)
+            g = self._gripper
+            if g is not None and values[g] != self._action[g]:  # a new gripper setting: it moves now
+                self._gripper_left, self._active_at = self._gripper_steps, now
+            if self._moves(values):
+                self._active_at = now
+            self._set(values, command_id, time.time())
+
+    def _moves(self, command: np.ndarray) -> bool:
+        """Whether a command moves the robot (a latched gripper setting alone does not)."""
+        return bool(command[self._moving].any())
 
     def _set(self, action: np.ndarray, command_id: int, received_at: float) -> None:
         self._action, self._command_id, self._received_at = action, command_id, received_at
@@ -147,22 +210,48 @@ class WebTeleop:
     # -- on the control loop's thread ----------------------------------------------------------
     def act(self, view: StepView) -> np.ndarray | None:
         with self._lock:
+            self.idle = False
             if self._driver is None:
                 return None
+            now = time.monotonic()
             if self._lost_at is not None:  # the driver's page lost its connection
-                if time.monotonic() - self._lost_at < self.hand_back_after_s:
+                if now - self._lost_at < self.hand_back_after_s:
+                    self.idle = True  # nobody holds anything
                     return self._still(view)
                 self._driver, self._person, self._lost_at = None, "", None
                 self.motion.release()
                 return None  # held long enough: the policy acts again
-            if self._command_id >= 0 and time.monotonic() - self._refreshed > self.command_timeout_s:
+            if self._command_id >= 0 and now - self._refreshed > self.command_timeout_s:
                 if self._action is not self._zero:
                     self.stale_commands += 1
                 self._action = self._zero  # stale: hold still; the next command moves again
+            moving = self._moves(self._action)
+            if not moving and 0 < self.idle_hand_back_s <= now - self._active_at:
+                return self._hand_back_idle(now)
             if self._command_id >= 0 and self._command_id != self._last_used:
                 self._last_used = self._command_id
                 self._pending = (self._driver, self._command_id, self._received_at)
+            gripping = self._gripper_left > 0 and bool(self._action[self._gripper])
+            self._gripper_left = max(0, self._gripper_left - 1)
+            self.idle = not moving and not gripping
             return self.motion.action(self._action, view.obs, view.episode)
+
+    def _hand_back_idle(self, now: float) -> None:
+        """The driver commanded nothing for `idle_hand_back_s`: the policy acts from this step on."""
+        assert self._driver is not None
+        self._idle_hand_back = IdleHandBack(self._driver, self._person, now - self._active_at)
+        self._idled = self._driver
+        self.idle_hand_backs += 1
+        self._driver, self._person = None, ""
+        self._set(self._zero, -1, time.time())
+        self.motion.release()
+        return None
+
+    def took_back(self) -> IdleHandBack | None:
+        """An idle driver's hand-back not yet told to their page (once)."""
+        with self._lock:
+            handed, self._idle_hand_back = self._idle_hand_back, None
+            return handed
 
     def _still(self, view: StepView) -> np.ndarray:
         """The action that holds the robot still where it is (what "nothing held" commands)."""

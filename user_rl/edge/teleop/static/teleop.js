@@ -173,6 +173,7 @@ const handlers = {
     if (rtt <= teleop.bestRtt) { teleop.bestRtt = rtt; teleop.clockOffset = m.server - (m.t + rtt / 2); }
   },
   error(m) { say(m.message); },
+  handed_back(m) { say(m.message); },  // the robot took itself back from an idle driver
   ok(m) {
     if (m.for === "estop") { teleop.estopPending = null; showConnection(); }
     if (m.for === "rearm") $("rearm-dialog").hidden = true;
