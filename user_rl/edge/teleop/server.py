@@ -17,6 +17,10 @@ that says why.
     GET /api/state             where the robot is (JSON)
     GET /api/frame/CAMERA      the newest camera frame (JPEG)
     GET /ws                    websocket: state and frames out; take over, commands, labels, e-stop in
+
+A camera frame on the websocket is one binary message: the camera's index in the welcome's
+`cameras` (1 byte), when the robot captured it (float64 little-endian, ms since the epoch on the
+robot's clock: the page's ping gives the offset, so it shows the frame's age), then the JPEG.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import itertools
 import json
 import logging
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -111,6 +116,7 @@ class TeleopServer:
         self._latest: StepRecord | None = None
         self._frames: dict[str, np.ndarray] = {}
         self._frame_seq = 0
+        self._frame_time_ms = 0.0  # time.time() * 1000 when the frames were captured
         self._jpegs: tuple[int, dict[str, bytes]] = (-1, {})
         self._next_frame = 0.0
         self._frames_wanted_until = 0.0
@@ -221,6 +227,7 @@ class TeleopServer:
                 self._frames = {"view": self.edge.robot.render(size=self.settings.view_size)}
             else:
                 self._frames = {key: np.array(record.obs[key]) for key in self.camera_keys}
+            self._frame_time_ms = time.time() * 1000.0
             self._frame_seq += 1
 
     # -- HTTP --------------------------------------------------------------------------------------
@@ -324,11 +331,12 @@ class TeleopServer:
             jobs = [self._send_state(c) for c in clients]
             if self._frames:
                 encoded, seq = self._encoded(), self._jpegs[0]
+                captured = struct.pack("<d", self._frame_time_ms)
                 for client in clients:
                     if client.sent_frame != seq:
                         client.sent_frame = seq
                         jobs += [
-                            self._send(client, bytes([i]) + encoded[key])
+                            self._send(client, bytes([i]) + captured + encoded[key])
                             for i, key in enumerate(self.cameras)
                             if key in encoded
                         ]

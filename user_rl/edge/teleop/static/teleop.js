@@ -16,6 +16,7 @@ const teleop = {
   clockOffset: 0, bestRtt: Infinity,                     // robot clock - page clock (ms)
   latencies: [],                                         // {id, total_ms, server_ms}
   frames: {},                                            // camera -> frames received
+  frameAges: {},                                         // camera -> last 200 camera -> screen ages (ms)
   connected: false, attempts: 0, lastMessage: 0,         // reconnection with backoff
   drops: 0,                                              // connections lost since the page opened
   estopPending: null,                                    // when an e-stop not yet acknowledged was pressed
@@ -209,13 +210,24 @@ function buildViews(cameras) {
   }
 }
 
+// A frame: camera index (1 byte), captured at (float64 ms, robot clock), JPEG (server.py says so too).
 function showFrame(buffer) {
   const camera = teleop.welcome.cameras[new Uint8Array(buffer, 0, 1)[0]];
   const img = $(`view-${camera}`);
   if (!img) return;
-  const url = URL.createObjectURL(new Blob([buffer.slice(1)], {type: "image/jpeg"}));
+  const capturedAt = new DataView(buffer, 1, 8).getFloat64(0, true);
+  const url = URL.createObjectURL(new Blob([buffer.slice(9)], {type: "image/jpeg"}));
   const old = img.src;
-  img.onload = () => { if (old) URL.revokeObjectURL(old); };
+  img.onload = () => {
+    if (old) URL.revokeObjectURL(old);
+    const age = now() + teleop.clockOffset - capturedAt;  // camera -> screen, on the robot's clock
+    const ages = teleop.frameAges[camera] || (teleop.frameAges[camera] = []);
+    ages.push(age);
+    if (ages.length > 200) ages.shift();
+    const sorted = ages.slice().sort((a, b) => a - b);
+    img.nextSibling.textContent = `${camera} · ${age.toFixed(0)} ms old (p50 ${quantile(sorted, 0.5).toFixed(0)}, ` +
+      `p99 ${quantile(sorted, 0.99).toFixed(0)})`;
+  };
   img.src = url;
   teleop.frames[camera] = (teleop.frames[camera] || 0) + 1;
 }
