@@ -213,6 +213,11 @@ class DataLink:
         self._reintroduce()
 
     @property
+    def connected(self) -> bool:
+        """Whether the TCP connection to the learner is up (as of the last `poll`)."""
+        return self._connected
+
+    @property
     def lost_batches(self) -> int:
         """Batches the spool could not read back, sent to the learner as explicit gaps."""
         return self.spool.lost_batches

@@ -46,6 +46,7 @@ from user_rl.edge.operator import StepRecord
 from user_rl.edge.teleop.authority import PAGE_SOURCE, NotAllowed, check_rearm, read_operators
 from user_rl.edge.teleop.controls import control_map, mapping_for_page
 from user_rl.edge.teleop.source import AppliedCommand, IdleHandBack, NotYourTurn, WebTeleop
+from user_rl.edge.teleop.tiles import TileTracker
 from user_rl.robots.estop import EStopLatch
 from user_rl.wire import user_rl_pb2 as pb
 
@@ -121,6 +122,7 @@ class TeleopServer:
         self._next_frame = 0.0
         self._frames_wanted_until = 0.0
         self.last_label: dict | None = None
+        self.tiles = TileTracker(edge)  # what a console's tile shows beyond this state (tiles.py)
         self.estop_requests: list[float] = []  # time.monotonic() of each e-stop pressed on a page
         self.bad_messages = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -199,6 +201,7 @@ class TeleopServer:
     def on_step(self, record: StepRecord) -> None:
         """After each step: keep it for the pages, report a command's first step, grab frames while watched."""
         self._latest = record
+        self.tiles.on_step(record)
         if record.label != pb.LABEL_NONE:
             self.last_label = {"episode": record.episode, "step": record.step, "label": pb.Label.Name(record.label)}
         applied = self.source.applied(record)
@@ -303,6 +306,7 @@ class TeleopServer:
             "viewers": len(self._clients),
             "estop": self.latch.tripped(),
             "last_label": self.last_label,
+            **self.tiles.state(),
         }
         if record is not None and not self.cameras:  # no picture: show the robot's state instead
             state["observation"] = {k: [round(float(x), 3) for x in np.ravel(v)[:24]] for k, v in record.obs.items()}
