@@ -239,7 +239,8 @@ def _estop(args: argparse.Namespace) -> int:
 
 
 def _teleop(args: argparse.Namespace) -> int:
-    from user_rl.edge.teleop.fleet import read_pages, serve_fleet_page
+    from user_rl.edge.teleop.console import serve_console
+    from user_rl.edge.teleop.fleet import read_pages
 
     if args.list:
         pages = [page for target in args.targets for page in read_pages(target)]
@@ -247,8 +248,8 @@ def _teleop(args: argparse.Namespace) -> int:
             print(f"{page.robot_id}  {page.url}")
         return 0 if pages else 1
     if len(args.targets) != 1:
-        raise ConfigError("the fleet page serves one run directory or one page address; --list takes several")
-    serve_fleet_page(args.targets[0], args.host, args.port)
+        raise ConfigError("the fleet console serves one run directory or one page address; --list takes several")
+    serve_console(args.targets[0], args.host, args.port, url_file=args.url_file)
     return 0
 
 
@@ -458,7 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     teleop = sub.add_parser(
         "teleop",
-        help="the fleet page: every robot with a link to its teleop page (runs launched with teleop.enabled=true)",
+        help="the fleet console: every robot's cameras and state, stop-all, and each robot's page "
+        "(runs launched with teleop.enabled=true)",
     )
     teleop.add_argument(
         "targets",
@@ -467,8 +469,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a run directory, or a robot page's address as its edge printed it (http://HOST:PORT/?token=...)",
     )
     teleop.add_argument("--list", action="store_true", help="print each robot's page address and exit")
-    teleop.add_argument("--host", default="127.0.0.1", help="where the fleet page listens")
-    teleop.add_argument("--port", type=int, default=0, help="the fleet page's port (default: a free one)")
+    teleop.add_argument("--host", default="127.0.0.1", help="where the console listens")
+    teleop.add_argument("--port", type=int, default=0, help="the console's port (default: a free one)")
+    teleop.add_argument(
+        "--url-file",
+        help="the owner-only file the console's address with its token goes to "
+        "(default: RUN_DIR/console.url; for a page address, $XDG_STATE_HOME/user-rl/console.url)",
+    )
     teleop.set_defaults(func=_teleop)
 
     status = sub.add_parser(

@@ -1,0 +1,344 @@
+// The fleet console: a tile per robot, fed by one websocket per robot straight to that robot's own
+// page server (the robot page's protocol: welcome, state at 10 Hz, binary camera frames). Focusing a
+// robot (a click, or its number key) shows that robot's own page beside the grid and gives it the
+// keyboard, so every control there (take over, driving, labels, e-stop) is the robot page's own code.
+// Stop all sends every robot an e-stop (again on reconnect until acknowledged); re-arming all needs
+// an operator's credential and the "I checked the robots" tick, as a robot's page asks.
+"use strict";
+
+const params = new URLSearchParams(location.search);
+const token = params.get("token") || "";
+const person = params.get("name") || document.body.dataset.name || "operator";
+const $ = (id) => document.getElementById(id);
+const now = () => performance.timeOrigin + performance.now();  // wall clock, sub-millisecond
+const STALE_MS = 3000;                                         // no message this long: reconnect
+const BACKOFF_MS = [250, 500, 1000, 2000, 4000, 8000];
+const AGES = 600;                                              // frame ages kept per robot
+const quantile = (sorted, q) => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))];
+const pct = (x) => `${Math.round(100 * x)}%`;
+
+const fleetConsole = {links: [], focused: null, focusReady: false, person};
+window.fleetConsole = fleetConsole;
+
+class RobotLink {
+  constructor(page) {
+    Object.assign(this, {page, ws: null, welcome: null, state: null, connected: false, attempts: 0,
+      lastMessage: 0, lastFrameAt: 0, lastAge: 0, clockOffset: 0, bestRtt: Infinity, synced: false, frames: 0, skipped: 0, ages: [],
+      views: {}, estopPending: null, camera: "all"});
+    this.tile = buildTile(this);
+    this.connect();
+  }
+  connect() {
+    const url = new URL(this.page.address);
+    const ws = new WebSocket(`${url.protocol === "https:" ? "wss" : "ws"}://${url.host}/ws?token=` +
+      encodeURIComponent(this.page.token));
+    ws.binaryType = "arraybuffer";
+    this.ws = ws;
+    this.lastMessage = Date.now() + 2000;
+    ws.onopen = () => {
+      this.send({type: "hello", name: `console:${person}`});
+      if (this.estopPending !== null) this.send({type: "estop"});  // stop all pressed while it was away
+      this.ping();
+    };
+    ws.onclose = () => this.disconnected(ws);
+    ws.onmessage = (event) => {
+      if (ws !== this.ws) return;
+      this.lastMessage = Date.now();
+      if (typeof event.data !== "string") return this.frame(event.data);
+      const message = JSON.parse(event.data);
+      if (this[`on_${message.type}`]) this[`on_${message.type}`](message);
+    };
+  }
+  disconnected(ws) {
+    if (ws !== this.ws) return;
+    ws.onclose = ws.onmessage = null;
+    try { ws.close(); } catch (e) { /* closed already */ }
+    this.ws = null;
+    this.connected = false;
+    const delay = BACKOFF_MS[Math.min(this.attempts, BACKOFF_MS.length - 1)] * (0.8 + 0.4 * Math.random());
+    this.attempts += 1;
+    this.say(`connection lost: reconnecting (attempt ${this.attempts})`);
+    redraw();
+    setTimeout(() => this.connect(), delay);
+  }
+  send(message) {
+    if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(message));
+  }
+  ping() { this.send({type: "ping", t: now()}); }
+  say(text) { this.tile.querySelector(".message").textContent = text; }
+  moved(page) {  // its edge restarted somewhere else (teleop.json is read again)
+    this.page = page;
+    if (this.ws) this.disconnected(this.ws);
+  }
+  on_welcome(m) {
+    this.welcome = m;
+    this.connected = true;
+    this.attempts = 0;
+    this.say("");
+    buildViews(this);
+  }
+  on_state(m) { this.state = m; redraw(); }
+  on_pong(m) {
+    const rtt = now() - m.t;
+    if (rtt <= this.bestRtt) { this.bestRtt = rtt; this.clockOffset = m.server - (m.t + rtt / 2); this.synced = true; }
+  }
+  on_ok(m) {
+    if (m.for === "estop") { this.estopPending = null; redraw(); }
+    if (m.message) this.say(m.message);
+  }
+  on_error(m) { this.say(m.message); }
+  // A frame: camera index (1 byte), captured at (float64 ms, robot clock), JPEG. A camera's frame is
+  // shown once the one before it is; one that comes meanwhile replaces the waiting one (`skipped`).
+  frame(buffer) {
+    const camera = this.welcome && this.welcome.cameras[new Uint8Array(buffer, 0, 1)[0]];
+    const view = this.views[camera];
+    if (!view) return;
+    if (view.next) this.skipped += 1;
+    view.next = {capturedAt: new DataView(buffer, 1, 8).getFloat64(0, true), jpeg: buffer.slice(9)};
+    if (!view.loading) this.load(view);
+  }
+  load(view) {
+    const {capturedAt, jpeg} = view.next;
+    view.next = null;
+    view.loading = true;
+    const url = URL.createObjectURL(new Blob([jpeg], {type: "image/jpeg"}));
+    const old = view.img.src;
+    view.img.onload = view.img.onerror = (event) => {
+      if (old) URL.revokeObjectURL(old);
+      view.loading = false;
+      if (event.type === "load") {
+        this.frames += 1;
+        const age = now() + this.clockOffset - capturedAt;  // camera -> screen, on the robot's clock
+        this.lastAge = age;
+        this.lastFrameAt = Date.now();
+        if (this.synced) { this.ages.push(age); if (this.ages.length > AGES) this.ages.shift(); }
+      }
+      if (view.next) this.load(view);
+    };
+    view.img.src = url;
+  }
+}
+
+// A silent socket is as good as closed. Silence counts only while the page itself runs (a page
+// starved of CPU wakes before its queued messages, as the robot page's watchdog knows).
+let lastWatchdog = Date.now();
+setInterval(() => {
+  const late = Date.now() - lastWatchdog - 500;
+  lastWatchdog = Date.now();
+  for (const link of fleetConsole.links) {
+    if (late > 500) link.lastMessage += late;
+    if (link.ws && Date.now() - link.lastMessage > STALE_MS) link.disconnected(link.ws);
+  }
+}, 500);
+setInterval(() => fleetConsole.links.forEach((link) => link.ping()), 2000);
+
+// -- tiles ----------------------------------------------------------------------------------------
+// Tiles are drawn at most every REDRAW_MS, not on each of the robots' state messages (8 robots: 80 a
+// second), and only what changed is written: the page's main thread also shows every camera frame.
+const REDRAW_MS = 200;
+let redrawDue = false;
+function redraw() {
+  if (redrawDue) return;
+  redrawDue = true;
+  setTimeout(() => { redrawDue = false; fleetConsole.links.forEach(showTile); showFleet(); }, REDRAW_MS);
+}
+
+function buildTile(link) {
+  const tile = document.createElement("article");
+  tile.className = "tile offline";
+  tile.innerHTML = `<header><span class="number"></span><span class="name"></span><select hidden></select></header>
+    <div class="stop-banner" hidden></div><div class="views"></div>
+    <dl><dt>acting</dt><dd class="acting">-</dd><dt>episode</dt><dd class="episode">-</dd>
+    <dt>success</dt><dd class="success">-</dd><dt>interventions</dt><dd class="interventions">-</dd>
+    <dt>link</dt><dd class="link">-</dd><dt>policy</dt><dd class="policy">-</dd>
+    <dt>frames</dt><dd class="frame-age">-</dd></dl><p class="message"></p>`;
+  tile.querySelector(".name").textContent = link.page.robot;
+  tile.querySelector("select").onchange = (event) => { link.camera = event.target.value; showViews(link); };
+  tile.querySelector("select").onclick = (event) => event.stopPropagation();
+  tile.onclick = () => focusRobot(fleetConsole.links.indexOf(link));
+  $("grid").append(tile);
+  return tile;
+}
+
+function buildViews(link) {
+  const views = link.tile.querySelector(".views");
+  views.textContent = link.welcome.cameras.length ? "" : "no camera";
+  link.views = {};
+  for (const camera of link.welcome.cameras) {
+    const figure = document.createElement("figure");
+    const img = document.createElement("img");
+    img.alt = camera;
+    const caption = document.createElement("figcaption");
+    caption.textContent = camera;
+    figure.append(img, caption);
+    views.append(figure);
+    link.views[camera] = {img, figure, next: null, loading: false};
+  }
+  const select = link.tile.querySelector("select");
+  select.hidden = link.welcome.cameras.length < 2;
+  select.textContent = "";
+  for (const choice of ["all", ...link.welcome.cameras]) select.add(new Option(choice, choice));
+  if (!(link.camera in link.views)) link.camera = "all";
+  select.value = link.camera;
+  showViews(link);
+}
+
+function showViews(link) {
+  const all = link.camera === "all";
+  link.tile.querySelector(".views").classList.toggle("all", all && Object.keys(link.views).length > 1);
+  for (const [camera, view] of Object.entries(link.views)) view.figure.hidden = !all && camera !== link.camera;
+}
+
+function showTile(link) {
+  const {tile, state: s} = link;
+  const set = (cls, text, bad = false) => {
+    const el = tile.querySelector(`.${cls}`);
+    if (el.textContent !== text) el.textContent = text;
+    if (el.classList.contains("bad") !== bad) el.classList.toggle("bad", bad);
+  };
+  tile.querySelector(".number").textContent = fleetConsole.links.indexOf(link) < 9 ? fleetConsole.links.indexOf(link) + 1 : "";
+  tile.classList.toggle("offline", !link.connected);
+  tile.classList.toggle("focused", fleetConsole.focused === link.page.robot);
+  if (!s) return;
+  tile.classList.toggle("stopped", Boolean(s.estop));
+  const banner = tile.querySelector(".stop-banner");
+  banner.hidden = !s.estop && link.estopPending === null;
+  banner.textContent = s.estop ? `STOPPED: ${s.estop}` : "STOP NOT DELIVERED YET";
+  const acting = {policy: "policy", warmup: "policy (warm-up: random)", human: "person", scripted: "scripted"}[s.actor];
+  set("acting", s.estop ? "nobody (stopped)" : s.teleop_driver ? `person: ${s.teleop_driver}` : acting || s.actor || "-");
+  tile.querySelector(".acting").classList.toggle("driving", Boolean(s.teleop_driver));
+  set("episode", `${s.episode} · step ${s.episode_steps}${s.episode_limit ? ` of ${s.episode_limit}` : ""}`);
+  set("success", s.success_rate === null || s.success_rate === undefined ? "- (no episode labelled yet)" :
+    `${pct(s.success_rate)} of last ${s.success_of} episodes`);
+  set("interventions", s.intervention_rate === null || s.intervention_rate === undefined ? "-" :
+    `${pct(s.intervention_rate)} of last ${s.intervention_of} steps`);
+  if (s.link) set("link", `${s.link.state} · ${s.link.backlog} batches unacked`, s.link.state !== "ok");
+  if (s.policy) {
+    set("policy", s.policy.lag === null ? "none yet (warm-up)" : `v${s.policy.acting}, ` +
+      `${s.policy.lag} behind v${s.policy.published}`, s.policy.lag !== null && s.policy.lag > 1);
+  }
+  const ages = link.ages.slice(-100).sort((a, b) => a - b);
+  const silent = (Date.now() - link.lastFrameAt) / 1000;
+  if (!Object.keys(link.views).length) set("frame-age", "no camera");
+  else if (!link.lastFrameAt || silent > 2) set("frame-age", link.lastFrameAt ? `none for ${silent.toFixed(0)} s` : "none yet", true);
+  else if (ages.length) set("frame-age", `${Math.round(link.lastAge)} ms old (p99 ${Math.round(quantile(ages, 0.99))} ms)`);
+}
+
+// -- the fleet: robots from /api/robots, stop all, re-arm all -------------------------------------
+async function loadRobots() {
+  try {
+    const response = await fetch(`/api/robots?token=${encodeURIComponent(token)}`);
+    const answer = await response.json();
+    $("fleet-message").textContent = answer.error || "";
+    for (const page of answer.robots) {
+      const link = fleetConsole.links.find((l) => l.page.robot === page.robot);
+      if (!link) fleetConsole.links.push(new RobotLink(page));
+      else if (link.page.address !== page.address || link.page.token !== page.token) link.moved(page);
+    }
+    redraw();
+  } catch (e) {
+    $("fleet-message").textContent = `the console server does not answer (${e}); the robots' tiles go on`;
+  }
+}
+
+function showFleet() {
+  const links = fleetConsole.links;
+  const stopped = links.filter((l) => l.state && l.state.estop);
+  const away = links.filter((l) => !l.connected);
+  $("fleet-summary").textContent = `${links.length} robots · ${stopped.length} stopped` +
+    (away.length ? ` · ${away.length} not connected` : "");
+  $("rearm-all").disabled = stopped.length === 0;
+  const pending = links.filter((l) => l.estopPending !== null);
+  $("fleet-status").textContent = pending.length ? `STOP NOT DELIVERED to ${pending.map((l) => l.page.robot).join(", ")}: ` +
+    "sent when each reconnects; stop them another way now (user-rl estop, or their hardware stop)" :
+    stopped.length ? `${stopped.length} of ${links.length} robots stopped` : "";
+  $("fleet-status").className = pending.length ? "undelivered" : "";
+}
+
+function stopAll() {
+  for (const link of fleetConsole.links) {
+    if (link.estopPending === null) link.estopPending = Date.now();
+    link.send({type: "estop"});
+  }
+  redraw();
+}
+
+$("stop-all").onclick = stopAll;
+$("rearm-all").onclick = () => {
+  const list = $("rearm-stops");
+  list.textContent = "";
+  for (const link of fleetConsole.links.filter((l) => l.state && l.state.estop)) {
+    const item = document.createElement("li");
+    const s = link.state;
+    item.textContent = `${link.page.robot}: ${s.estop} (set by the ${s.estop_source}${s.estop_by ? ": " + s.estop_by : ""})` +
+      (s.estop_source === "page" ? "" : " — not from a page: re-arm it on its own page, typing its reason");
+    list.append(item);
+  }
+  $("rearm-safe").checked = false;
+  $("rearm-dialog").hidden = false;
+};
+$("rearm-cancel").onclick = () => { $("rearm-dialog").hidden = true; };
+$("rearm-dialog").onsubmit = (event) => {
+  event.preventDefault();
+  if (!$("rearm-safe").checked) {
+    $("fleet-message").textContent = "not re-armed: tick that you checked the robots first";
+    return;
+  }
+  const credential = $("operator-credential").value;
+  for (const link of fleetConsole.links) {
+    const s = link.state;
+    if (!s || !s.estop) continue;
+    if (s.estop_source !== "page") { link.say("not re-armed: its stop was not set on a page (type its reason on its own page)"); continue; }
+    link.send({type: "rearm", credential, confirm: s.estop});  // the stop's reason: what the tick confirms
+  }
+  $("rearm-dialog").hidden = true;
+  $("fleet-message").textContent = "re-arm sent: each robot's tile says whether it was re-armed";
+};
+
+// -- focus: the robot's own page beside the grid ---------------------------------------------------
+function focusRobot(index) {
+  const link = fleetConsole.links[index];
+  if (!link) return;
+  const frame = $("robot-page");
+  $("focus").hidden = false;
+  $("focus-title").textContent = `${index + 1}: ${link.page.robot}`;
+  if (fleetConsole.focused === link.page.robot && fleetConsole.focusReady) {
+    frame.contentWindow.focus();
+  } else {
+    fleetConsole.focused = link.page.robot;
+    fleetConsole.focusReady = false;
+    frame.onload = () => { fleetConsole.focusReady = true; frame.contentWindow.focus(); };
+    frame.src = `${link.page.url}&name=${encodeURIComponent(person)}`;
+  }
+  redraw();
+}
+$("unfocus").onclick = () => {
+  $("focus").hidden = true;
+  $("robot-page").src = "about:blank";
+  fleetConsole.focused = null;
+  redraw();
+};
+
+// Keys on the console: 1-9 focus a robot; Escape stops them all. The focused robot's page has the
+// keyboard and passes its digit keys up (postMessage), so 1-9 switch robots from there too.
+function onKey(code) {
+  const digit = /^(?:Digit|Numpad)([1-9])$/.exec(code);
+  if (digit) { focusRobot(Number(digit[1]) - 1); return true; }
+  return false;
+}
+window.addEventListener("keydown", (event) => {
+  if (event.target instanceof HTMLInputElement || event.repeat) return;
+  if (event.code === "Escape") { stopAll(); event.preventDefault(); return; }
+  if (onKey(event.code)) event.preventDefault();
+});
+window.addEventListener("message", (event) => {
+  const m = event.data;
+  if (event.source === $("robot-page").contentWindow && m && m.type === "user-rl-key") onKey(String(m.code));
+});
+
+// For tests and the curious: each robot's frame ages (camera -> screen, ms; the last AGES shown).
+fleetConsole.frameAges = () => Object.fromEntries(fleetConsole.links.map((l) => [l.page.robot, l.ages.slice()]));
+fleetConsole.clearAges = () => fleetConsole.links.forEach((l) => { l.ages = []; l.skipped = 0; });
+
+loadRobots();
+setInterval(loadRobots, 3000);
