@@ -1,20 +1,19 @@
-"""`user-rl teleop`: the fleet page lists every robot with a link to its own page, from what the
-launch recorded (teleop.json in the run directory) or from a page's address."""
+"""`user-rl teleop`: every robot's page, from what the launch recorded (teleop.json in the run
+directory) or from a page's address (the console that shows them: test_teleop_console.py)."""
 
 from __future__ import annotations
 
 import stat
-import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from tests.support.teleop import teleop_fleet
 from user_rl.cli import main
-from user_rl.edge.teleop.fleet import read_pages, serve_fleet_page, write_pages
-from user_rl.testing.wait import wait_until
+from user_rl.edge.teleop.fleet import read_pages, write_pages
 
 TOKEN = "fleet-test-token-0123456789"
 REACH = {"type": "mujoco_reach", "options": {"obs_mode": "state", "control_hz": 20}}
@@ -28,7 +27,7 @@ def get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def test_the_fleet_page_links_every_robots_page(running, tmp_path: Path, capsys) -> None:
+def test_the_run_records_every_robots_page_and_list_prints_them(running, tmp_path: Path, capsys) -> None:
     learner, edges = running(
         teleop_fleet(2, 20, f"teleop.token={TOKEN}"),
         REACH,
@@ -55,26 +54,6 @@ def test_the_fleet_page_links_every_robots_page(running, tmp_path: Path, capsys)
     assert main(["teleop", edges[1].teleop.address, "--list"]) == 2  # no token: said, not a traceback
     assert "needs its token" in capsys.readouterr().err
 
-    # The fleet page itself: token required, a row and a link per robot, and where each one is.
-    stop, urls = threading.Event(), []
-    thread = threading.Thread(
-        target=serve_fleet_page,
-        args=(str(run_dir),),
-        kwargs={"out": lambda line: None, "ready": urls.append, "stop": stop},
-        daemon=True,
-    )
-    thread.start()
-    try:
-        wait_until(lambda: urls, 10, "the fleet page")
-        assert get(urls[0].partition("?")[0])[0] == 401
-        status, page = get(urls[0])
-        assert status == 200
-        for edge in edges:
-            assert f'href="{edge.teleop.url}"' in page and ">policy<" in page
-    finally:
-        stop.set()
-        thread.join(5)
-
 
 def test_a_run_without_teleop_pages_is_named_in_the_error(tmp_path: Path, capsys) -> None:
     assert main(["teleop", str(tmp_path), "--list"]) == 2
@@ -100,3 +79,31 @@ def test_a_robot_with_cameras_shows_its_camera_observations(running) -> None:
         assert response.headers["Content-Type"] == "image/jpeg"
         frame = cv2.imdecode(np.frombuffer(response.read(), np.uint8), cv2.IMREAD_COLOR)
     assert frame.shape == (32, 32, 3) and frame.std() > 0
+
+
+def test_the_launch_prints_every_robots_page_itself(tmp_path: Path) -> None:
+    """The edges' own "teleop page for ROBOT: ADDRESS" lines reach the launch's output through Ray, which
+    merges lines that differ only in words with digits (robot ids, ports): robot 0's page went unshown.
+    The launch prints each new page's address itself (never the token), and the console's command."""
+    from pydantic import SecretStr
+
+    from user_rl.launch.training import _record_teleop_pages
+
+    lines: list[str] = []
+    addresses = {f"arm-{i}": f"http://127.0.0.1:{41000 + i}/" for i in range(3)}
+    run = SimpleNamespace(
+        cfg=SimpleNamespace(teleop=SimpleNamespace(enabled=True, token=SecretStr(TOKEN))),
+        fleet=SimpleNamespace(active=list(addresses), last={r: {"teleop": a} for r, a in addresses.items()}),
+        run_dir=tmp_path,
+        out=lines.append,
+    )
+    _record_teleop_pages(run)
+    assert lines[:3] == [f"teleop page for {r}: {a}" for r, a in addresses.items()]
+    assert f"`user-rl teleop {tmp_path}` serves the fleet console" in lines[3] and len(lines) == 4
+    assert not any(TOKEN in line for line in lines)
+    lines.clear()
+    _record_teleop_pages(run)  # nothing changed: nothing printed
+    assert lines == []
+    run.fleet.last["arm-1"] = {"teleop": "http://127.0.0.1:42001/"}  # arm-1's edge restarted
+    _record_teleop_pages(run)
+    assert lines[0] == "teleop page for arm-1: http://127.0.0.1:42001/" and len(lines) == 2

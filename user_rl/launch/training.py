@@ -446,15 +446,27 @@ def _write_fleet_status(run_dir: Path, learner_status: dict, fleet: FleetHealth)
 
 
 def _record_teleop_pages(run: FleetRun) -> None:
-    """`teleop.json`: each edge's teleop page, for `user-rl teleop RUN_DIR` (a restarted edge's new one too)."""
+    """`teleop.json`: each edge's teleop page, for `user-rl teleop RUN_DIR` (a restarted edge's new one too).
+
+    The launch itself prints each new page's address (never the token): the edges print theirs too,
+    but into Ray's worker logs, which Ray forwards here de-duplicated: lines that differ only in
+    words with digits (robot ids, ports) are merged into one "[repeated Nx across cluster]" line
+    with only the newest address, so robot 0's page was never shown while the run was live."""
     if not run.cfg.teleop.enabled:
         return
-    from user_rl.edge.teleop.fleet import write_pages
+    from user_rl.edge.teleop.fleet import recorded_addresses, write_pages
 
     fleet = run.fleet
     pages = {robot_id: fleet.last[robot_id].get("teleop") for robot_id in fleet.active if robot_id in fleet.last}
+    before = recorded_addresses(run.run_dir)
     if write_pages(run.run_dir, run.cfg.teleop.token.get_secret_value(), pages):
-        run.out("teleop pages: `user-rl teleop " + str(run.run_dir) + "` lists them")
+        for robot_id, address in sorted(pages.items()):
+            if address and before.get(robot_id) != address:
+                run.out(f"teleop page for {robot_id}: {address}")
+        run.out(
+            f"teleop: `user-rl teleop {run.run_dir}` serves the fleet console "
+            f"(the pages' token is in {run.run_dir / 'teleop.json'}, owner-only)"
+        )
 
 
 def _evaluate_snapshot(run: FleetRun, started: float) -> EvalResult:
