@@ -120,10 +120,10 @@ def test_eight_robots_on_one_console_and_robot_5_taken_over_in_two_key_presses(r
         assert [t.find_element(By.CSS_SELECTOR, ".name").text for t in tiles] == [e.robot.descriptor.id for e in edges]
         assert [t.find_element(By.CSS_SELECTOR, ".number").text for t in tiles] == [str(i) for i in range(1, 9)]
         # Each tile's state, from the robot page's state message and the tile fields beside it (tiles.py).
-        wait_until(lambda: "of last" in tiles[0].find_element(By.CSS_SELECTOR, ".interventions").text, 10, "rates")
+        wait_until(lambda: "steps" in tiles[0].find_element(By.CSS_SELECTOR, ".interventions").text, 10, "rates")
         assert tiles[0].find_element(By.CSS_SELECTOR, ".link").text.startswith("ok")
-        assert tiles[0].find_element(By.CSS_SELECTOR, ".policy").text == "none yet (warm-up)"
-        assert "of 100" in tiles[0].find_element(By.CSS_SELECTOR, ".episode").text
+        assert tiles[0].find_element(By.CSS_SELECTOR, ".policy").text == "none yet"  # random warm-up actions
+        assert tiles[0].find_element(By.CSS_SELECTOR, ".episode").text.endswith("/100")
 
         # Every tile keeps getting frames: camera -> screen age measured in the page, over a window.
         driver.execute_script("fleetConsole.clearAges()")

@@ -23,8 +23,8 @@ window.fleetConsole = fleetConsole;
 class RobotLink {
   constructor(page) {
     Object.assign(this, {page, ws: null, welcome: null, state: null, connected: false, attempts: 0,
-      lastMessage: 0, lastFrameAt: 0, lastAge: 0, clockOffset: 0, bestRtt: Infinity, synced: false, frames: 0, skipped: 0, ages: [],
-      views: {}, estopPending: null, camera: "all"});
+      lastMessage: 0, clockOffset: 0, bestRtt: Infinity, synced: false, views: {}, camera: "all",
+      frames: 0, skipped: 0, ages: [], lastFrameAt: 0, lastAge: 0, estopPending: null});
     this.tile = buildTile(this);
     this.connect();
   }
@@ -147,11 +147,15 @@ function buildTile(link) {
   const tile = document.createElement("article");
   tile.className = "tile offline";
   tile.innerHTML = `<header><span class="number"></span><span class="name"></span><select hidden></select></header>
-    <div class="stop-banner" hidden></div><div class="views"></div>
-    <dl><dt>acting</dt><dd class="acting">-</dd><dt>episode</dt><dd class="episode">-</dd>
-    <dt>success</dt><dd class="success">-</dd><dt>interventions</dt><dd class="interventions">-</dd>
-    <dt>link</dt><dd class="link">-</dd><dt>policy</dt><dd class="policy">-</dd>
-    <dt>frames</dt><dd class="frame-age">-</dd></dl><p class="message"></p>`;
+    <div class="stop-banner" hidden></div><div class="body"><div class="views"></div><dl>
+    <dt>acting</dt><dd class="acting">-</dd><dt>episode</dt><dd class="episode">-</dd>
+    <dt title="labelled success, of its last labelled episodes">success</dt><dd class="success">-</dd>
+    <dt title="steps a person or the scripted expert acted, of its last steps">interv.</dt>
+    <dd class="interventions">-</dd>
+    <dt title="its data link to the learner; batches not yet acknowledged as stored">link</dt><dd class="link">-</dd>
+    <dt title="the version it acts with; versions the learner published since">policy</dt><dd class="policy">-</dd>
+    <dt title="camera -> screen: the newest frame's age, p99 of the last 100">frame</dt><dd class="frame-age">-</dd>
+    </dl></div><p class="message"></p>`;
   tile.querySelector(".name").textContent = link.page.robot;
   tile.querySelector("select").onchange = (event) => { link.camera = event.target.value; showViews(link); };
   tile.querySelector("select").onclick = (event) => event.stopPropagation();
@@ -196,32 +200,36 @@ function showTile(link) {
     if (el.textContent !== text) el.textContent = text;
     if (el.classList.contains("bad") !== bad) el.classList.toggle("bad", bad);
   };
-  tile.querySelector(".number").textContent = fleetConsole.links.indexOf(link) < 9 ? fleetConsole.links.indexOf(link) + 1 : "";
+  const index = fleetConsole.links.indexOf(link);
+  tile.querySelector(".number").textContent = index < 9 ? index + 1 : "";  // keys 1-9
   tile.classList.toggle("offline", !link.connected);
   tile.classList.toggle("focused", fleetConsole.focused === link.page.robot);
-  if (!s) return;
-  tile.classList.toggle("stopped", Boolean(s.estop));
+  const stopped = Boolean(s && s.estop);
   const banner = tile.querySelector(".stop-banner");
-  banner.hidden = !s.estop && link.estopPending === null;
-  banner.textContent = s.estop ? `STOPPED: ${s.estop}` : "STOP NOT DELIVERED YET";
-  const acting = {policy: "policy", warmup: "policy (warm-up: random)", human: "person", scripted: "scripted"}[s.actor];
-  set("acting", s.estop ? "nobody (stopped)" : s.teleop_driver ? `person: ${s.teleop_driver}` : acting || s.actor || "-");
+  banner.hidden = !stopped && link.estopPending === null;
+  banner.textContent = stopped ? `STOPPED: ${s.estop}` : "STOP NOT DELIVERED YET";
+  tile.classList.toggle("stopped", stopped);
+  if (!s) return;
+  const acting = {policy: "policy", warmup: "warm-up (random)", human: "person", scripted: "scripted"}[s.actor];
+  set("acting", stopped ? "nobody (stopped)" : s.teleop_driver ? `person: ${s.teleop_driver}` : acting || s.actor);
   tile.querySelector(".acting").classList.toggle("driving", Boolean(s.teleop_driver));
-  set("episode", `${s.episode} · step ${s.episode_steps}${s.episode_limit ? ` of ${s.episode_limit}` : ""}`);
-  set("success", s.success_rate === null || s.success_rate === undefined ? "- (no episode labelled yet)" :
-    `${pct(s.success_rate)} of last ${s.success_of} episodes`);
+  set("episode", `${s.episode}, step ${s.episode_steps}${s.episode_limit ? `/${s.episode_limit}` : ""}`);
+  set("success", s.success_rate === null || s.success_rate === undefined ? "none labelled" :
+    `${pct(s.success_rate)} of ${s.success_of} ep.`);
   set("interventions", s.intervention_rate === null || s.intervention_rate === undefined ? "-" :
-    `${pct(s.intervention_rate)} of last ${s.intervention_of} steps`);
-  if (s.link) set("link", `${s.link.state} · ${s.link.backlog} batches unacked`, s.link.state !== "ok");
+    `${pct(s.intervention_rate)} of ${s.intervention_of} steps`);
+  if (s.link) set("link", `${s.link.state} · ${s.link.backlog} unacked`, s.link.state !== "ok");
   if (s.policy) {
-    set("policy", s.policy.lag === null ? "none yet (warm-up)" : `v${s.policy.acting}, ` +
-      `${s.policy.lag} behind v${s.policy.published}`, s.policy.lag !== null && s.policy.lag > 1);
+    set("policy", s.policy.lag === null ? "none yet" : `v${s.policy.acting} · ${s.policy.lag} behind`,
+      s.policy.lag !== null && s.policy.lag > 1);
   }
   const ages = link.ages.slice(-100).sort((a, b) => a - b);
   const silent = (Date.now() - link.lastFrameAt) / 1000;
   if (!Object.keys(link.views).length) set("frame-age", "no camera");
-  else if (!link.lastFrameAt || silent > 2) set("frame-age", link.lastFrameAt ? `none for ${silent.toFixed(0)} s` : "none yet", true);
-  else if (ages.length) set("frame-age", `${Math.round(link.lastAge)} ms old (p99 ${Math.round(quantile(ages, 0.99))} ms)`);
+  else if (!link.lastFrameAt || silent > 2) {
+    set("frame-age", link.lastFrameAt ? `none for ${silent.toFixed(0)} s` : "none yet", true);
+  }
+  else if (ages.length) set("frame-age", `${Math.round(link.lastAge)} ms (p99 ${Math.round(quantile(ages, 0.99))})`);
 }
 
 // -- the fleet: robots from /api/robots, stop all, re-arm all -------------------------------------
@@ -249,8 +257,9 @@ function showFleet() {
     (away.length ? ` · ${away.length} not connected` : "");
   $("rearm-all").disabled = stopped.length === 0;
   const pending = links.filter((l) => l.estopPending !== null);
-  $("fleet-status").textContent = pending.length ? `STOP NOT DELIVERED to ${pending.map((l) => l.page.robot).join(", ")}: ` +
-    "sent when each reconnects; stop them another way now (user-rl estop, or their hardware stop)" :
+  $("fleet-status").textContent = pending.length ? "STOP NOT DELIVERED to " +
+    `${pending.map((l) => l.page.robot).join(", ")}: sent when each reconnects; stop them another way now ` +
+    "(user-rl estop, or their hardware stop)" :
     stopped.length ? `${stopped.length} of ${links.length} robots stopped` : "";
   $("fleet-status").className = pending.length ? "undelivered" : "";
 }
@@ -270,7 +279,8 @@ $("rearm-all").onclick = () => {
   for (const link of fleetConsole.links.filter((l) => l.state && l.state.estop)) {
     const item = document.createElement("li");
     const s = link.state;
-    item.textContent = `${link.page.robot}: ${s.estop} (set by the ${s.estop_source}${s.estop_by ? ": " + s.estop_by : ""})` +
+    const by = `${s.estop_source}${s.estop_by ? ": " + s.estop_by : ""}`;
+    item.textContent = `${link.page.robot}: ${s.estop} (set by the ${by})` +
       (s.estop_source === "page" ? "" : " — not from a page: re-arm it on its own page, typing its reason");
     list.append(item);
   }
@@ -288,7 +298,10 @@ $("rearm-dialog").onsubmit = (event) => {
   for (const link of fleetConsole.links) {
     const s = link.state;
     if (!s || !s.estop) continue;
-    if (s.estop_source !== "page") { link.say("not re-armed: its stop was not set on a page (type its reason on its own page)"); continue; }
+    if (s.estop_source !== "page") {
+      link.say("not re-armed: its stop was not set on a page (type its reason on its own page)");
+      continue;
+    }
     link.send({type: "rearm", credential, confirm: s.estop});  // the stop's reason: what the tick confirms
   }
   $("rearm-dialog").hidden = true;
@@ -314,6 +327,7 @@ function focusRobot(index) {
 }
 $("unfocus").onclick = () => {
   $("focus").hidden = true;
+  $("robot-page").onload = null;
   $("robot-page").src = "about:blank";
   fleetConsole.focused = null;
   redraw();
@@ -327,8 +341,8 @@ function onKey(code) {
   return false;
 }
 window.addEventListener("keydown", (event) => {
-  if (event.target instanceof HTMLInputElement || event.repeat) return;
-  if (event.code === "Escape") { stopAll(); event.preventDefault(); return; }
+  if (event.code === "Escape") { stopAll(); event.preventDefault(); return; }  // stopping is never wrong
+  if (event.target instanceof HTMLInputElement || event.repeat) return;  // typing a credential
   if (onKey(event.code)) event.preventDefault();
 });
 window.addEventListener("message", (event) => {
