@@ -69,7 +69,10 @@ def test_a_launched_fleet_records_each_robots_teleop_page(tmp_path: Path) -> Non
         assert train.wait(400) == 0, "".join(lines[-40:])
         reader.join(10)
         output = "".join(lines)
-        assert "teleop page for " in output and "`user-rl teleop " in output
+        assert "`user-rl teleop " in output
+        # Every robot's page, printed by the launch itself: Ray merges the edges' own similar lines.
+        for robot_id, url in robots.items():
+            assert f"teleop page for {robot_id}: {url.partition('?')[0]}\n" in output
         # The token is in the owner-only page list and nowhere else: not in the launch's output, not in
         # config.yaml or checkpoint.pt, not in any of Ray's logs (0644: any local user reads them).
         assert (run_dir / "checkpoint.pt").is_file() and list(ray_tmp.rglob("worker-*.out"))
