@@ -21,6 +21,7 @@ from selenium.webdriver.common.keys import Keys
 
 from tests.edge.test_teleop_authority import ALICE, operators_file
 from tests.edge.test_teleop_browser import browser, text  # noqa: F401  (a fixture)
+from tests.support.teleop import teleop_fleet
 from user_rl.cloud.buffer.rows import KIND_RECORD
 from user_rl.testing.wait import wait_until
 from user_rl.wire import user_rl_pb2 as pb
@@ -150,3 +151,42 @@ def test_a_keyboard_only_session_takes_over_drives_labels_undoes_discards_stops_
     alice.save_screenshot(str(shot))
     print(f"screenshot: {shot}")
     assert shot.stat().st_size > 10_000
+
+
+def test_a_gamepad_takes_over_drives_labels_and_stops(running, browser) -> None:  # noqa: F811
+    """The same actions from a standard gamepad: headless Chromium has no gamepad, so the page's
+    `navigator.getGamepads` is given one whose buttons and sticks the test sets (the page polls it
+    every frame, as it polls a real one)."""
+    _, (edge,) = running(
+        teleop_fleet(1, 20.0, "teleop.frame_hz=2", "teleop.view_size=32", "teleop.speed=1.0"),
+        {"type": "mujoco_reach", "options": {"obs_mode": "state", "episode_steps": 400, "control_hz": 20.0}},
+    )
+    server = edge.teleop
+    page = browser()
+    page.get(server.url + "&name=pat")
+    wait_until(lambda: text(page, "connection") == "connected", 30, "the page to connect")
+    page.execute_script(
+        "window.pad = {axes: [0, 0, 0, 0], buttons: Array.from({length: 17}, () => ({value: 0}))};"
+        "navigator.getGamepads = () => [window.pad];"
+    )
+
+    def tap(button: int) -> None:
+        page.execute_script(f"window.pad.buttons[{button}].value = 1")
+        time.sleep(0.3)
+        page.execute_script(f"window.pad.buttons[{button}].value = 0")
+        time.sleep(0.3)
+
+    tap(3)  # Y: take over
+    wait_until(lambda: server.source.driver[1] == "pat", 10, "pat to drive")
+    before = float(edge.robot.data.qpos[0])
+    page.execute_script("window.pad.axes[0] = 1")  # left stick right: the first joint turns
+    wait_until(lambda: float(edge.robot.data.qpos[0]) > before + 0.2, 10, "the stick to move the first joint")
+    page.execute_script("window.pad.axes[0] = 0")
+    wait_until(lambda: edge._episode_step < 250, 30, "an episode with time left")
+    episode = edge.episodes
+    tap(9)  # Start: success, after its undo window
+    wait_until(lambda: page.find_element(By.ID, "pending-label").is_displayed(), 5, "the undo window")
+    wait_until(lambda: edge.episodes > episode, 10, "the success to end the episode")
+    assert server.last_label == {"episode": episode, "step": server.last_label["step"], "label": "LABEL_SUCCESS"}
+    tap(16)  # Home: e-stop
+    wait_until(lambda: edge.estop.tripped() == "teleop page: pat", 5, "the e-stop")
