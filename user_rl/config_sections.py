@@ -196,6 +196,18 @@ class TeleopConfig(Section):
         description="a driver who commands no motion (holds no key, stick or button) this long is handed "
         "back: the policy acts again and the page says why; 0: never",
     )
+    label_undo_s: float = Field(
+        2.0,
+        ge=0,
+        le=10,
+        description="a success or failure pressed on the page is sent this long after (Z or the gamepad's X undoes "
+        "it meanwhile), or at once when the episode would end first; 0: sent at once",
+    )
+    slow_loop_hz: float = Field(
+        10.0,
+        ge=0,
+        description="the page warns when the robot's loop steps slower than this (a person cannot drive it smoothly)",
+    )
     idle_rows: Literal["keep", "downweight", "drop"] = Field(
         "drop",
         description="steps on which the driver held nothing (the robot only held still): sampled as "

@@ -21,8 +21,11 @@ def running(tmp_path: Path):
     run and closed in its own thread, as the edge service does (GL contexts are per thread)."""
     started: list = []
 
-    def start(overrides: list[str], robot: dict) -> tuple[Learner, list[EdgeDaemon]]:
-        cfg = build_config({"robot": robot}, overrides)
+    def start(
+        overrides: list[str], robot: dict | None = None, base: dict | None = None
+    ) -> tuple[Learner, list[EdgeDaemon]]:
+        """`overrides` on `base` (a config file's tree; none: defaults), with `robot` when given."""
+        cfg = build_config({**(base or {}), **({"robot": robot} if robot else {})}, overrides)
         learner = Learner(cfg, tmp_path)
         threading.Thread(target=learner.run, daemon=True).start()
         serving = contextlib.ExitStack()

@@ -120,7 +120,7 @@ def test_a_person_drives_labels_and_stops_the_robot_from_the_page(running, brows
     first = view_pixels(alice)
     wait_until(lambda: np.abs(view_pixels(alice) - first).mean() > 0.5, 20, "the camera image to change")
     # The key mapping is on the page (reach: three joints, no gripper).
-    assert "D" in text(alice, "mapping") and "action[2]" in text(alice, "mapping")
+    assert "D" in text(alice, "mapping") and "elbow_pitch" in text(alice, "mapping")
     assert not alice.find_element(By.ID, "gripper").is_displayed()
 
     # Alice takes over; Bob watches and cannot drive while she does.

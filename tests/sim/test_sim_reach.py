@@ -82,7 +82,7 @@ def test_target_does_not_collide(robot):
     "bad",
     [
         {"episode_steps": 0},
-        {"episode_steps": 101},
+        {"episode_steps": 1001},
         {"obs_mode": "depth"},
         {"control_hz": 0},
         {"arm": "9dof"},

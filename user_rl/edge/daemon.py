@@ -217,13 +217,15 @@ class EdgeDaemon:
         self._rate_window = (now, self.steps)
 
     def _wait_for_credit(self) -> None:
-        """A paced sim holds between steps until the learner grants more steps (0: no limit)."""
+        """A paced sim holds between steps until the learner grants more steps (0: no limit). A person
+        driving it is never made to wait: their keys would reach the robot late (the learner's credit
+        catches up after they hand back)."""
         if not self.settings.pace_to_learner:
             return
         while not self._stop.is_set() and not self.link.stop_requested:
             self._check_refused()
             credit = self.link.step_credit
-            if self.link.welcomed and (credit == 0 or self.steps < credit):
+            if self.link.welcomed and (credit == 0 or self.steps < credit or self.interventions.person_driving):
                 self.watchdog.due()
                 return
             self.watchdog.pause()  # waiting for the learner on purpose: the robot is not stepping

@@ -92,6 +92,17 @@ class InterventionMux:
         return driver.name if driver is not None else ""
 
     @property
+    def person_driving(self) -> bool:
+        """A person acts, or has just taken over (a page's take-over counts before its first step):
+        a sim paced to the learner must not make them wait."""
+        driver = self.driver
+        if driver is not None and driver.actor == pb.ACTOR_HUMAN:
+            return True
+        with self._lock:
+            sources = list(self.sources)
+        return any(s.actor == pb.ACTOR_HUMAN and getattr(s, "engaged", False) for s in sources)
+
+    @property
     def rate(self) -> float:
         """The fraction of the last `RATE_WINDOW_STEPS` steps on which someone intervened."""
         return sum(self._recent) / len(self._recent) if self._recent else 0.0

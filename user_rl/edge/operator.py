@@ -94,10 +94,12 @@ class OperatorRequests:
             if self._reset is None:
                 self._reset = Request("reset", episode, step, by, done)
 
-    def discard(self) -> None:
-        """End the episode in progress, marked as one to leave out, and start a new one."""
+    def discard(
+        self, episode: int | None = None, step: int | None = None, by: str = "", done: Done | None = None
+    ) -> None:
+        """End `episode` (None: the one in progress), marked as one to leave out, and start a new one."""
         with self._lock:
-            self._reset = Request(DISCARD)
+            self._reset = Request(DISCARD, episode, step, by, done)
 
     def take_label(self, episode: int | None = None, step: int | None = None) -> int:
         """The label asked for `episode` (the one in progress, now at `step`), else LABEL_NONE; a
@@ -116,7 +118,7 @@ class OperatorRequests:
         """The end reason of the reset asked for `episode` since the last call ("reset" / "discard"), or ""."""
         with self._lock:
             request, self._reset = self._reset, None
-        if request is None or not self._for(request, episode, "reset", "reset"):
+        if request is None or not self._for(request, episode, "reset", str(request.value)):
             return ""
         request.answer(True, f"episode {episode} ended ({request.value})")
         return str(request.value)

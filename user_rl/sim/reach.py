@@ -35,7 +35,7 @@ ACTION_SCALE = 0.1  # rad of joint motion per unit action per control step
 SUCCESS_DISTANCE = 0.02  # m between fingertip and target centre
 SUCCESS_BONUS = 1.0
 QVEL_SCALE = 0.2  # joint velocities (rad/s) are a few units; scale them to about [-1, 1]
-MAX_EPISODE_STEPS = 100
+MAX_EPISODE_STEPS = 1000  # 50 s at 20 Hz: long enough for a person driving from the teleop page
 
 # Where targets appear: a slice of a cylinder around the base axis, 0.30+ m across.
 TARGET_YAW = (-np.pi / 3, np.pi / 3)
@@ -210,6 +210,7 @@ class ReachRobot(Robot):
                 spaces[key] = gym.spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
         self.observation_space = gym.spaces.Dict(spaces)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (self.model.nu,), np.float32)
+        self.action_names, self.state_names = self._names()
         self.descriptor = DeviceDescriptor(
             kind="sim",
             model=f"reach_arm_{arm}",
@@ -366,6 +367,20 @@ class ReachRobot(Robot):
         self.data.mocap_pos[self._goal_mocap] = position
         mujoco.mj_forward(self.model, self.data)
         return self._observation()
+
+    def _names(self) -> tuple[list[str], list[str]]:
+        """The actuators' names and each entry of `state` by name, in `_observation`'s order (what the
+        teleop page shows a person instead of `action[0]` and bare numbers)."""
+        joints = [mujoco.mj_id2name(self.model, mujoco.mjtObj.mjOBJ_JOINT, j) for j in range(self.model.nq)]
+        actuators = [mujoco.mj_id2name(self.model, mujoco.mjtObj.mjOBJ_ACTUATOR, a) for a in range(self.model.nu)]
+        xyz = lambda what: [f"{what}.{axis}" for axis in "xyz"]  # noqa: E731
+        state = [f"{j}.sin" for j in joints] + [f"{j}.cos" for j in joints] + [f"{j}.vel" for j in joints]
+        state += xyz("fingertip")
+        if self.obs_mode != "image" and self.targets == "two_colours":
+            state += xyz("red_target") + xyz("green_target")
+        elif self.obs_mode != "image":
+            state += xyz("target") + xyz("to_target")
+        return actuators, state
 
     def _observation(self) -> Observation:
         d = self.data

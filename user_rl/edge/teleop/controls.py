@@ -34,6 +34,30 @@ GRIPPER_BUTTONS = (0, 1)  # A closes, B opens
 
 
 @dataclass(frozen=True)
+class OperatorKey:
+    """A key (and gamepad button) for one of a person's actions other than driving: no mouse needed."""
+
+    action: str  # what the page does: the message it sends, or a page-side action (undo, rearm)
+    key: str  # KeyboardEvent.code
+    button: int | None  # standard gamepad button
+    label: str  # what the page shows
+
+
+# None of these keys drives (KEY_PAIRS, GRIPPER_KEYS), so a person can hold a motion key and label.
+# Escape is the e-stop, from anywhere on the page (a text field too), like a physical button.
+OPERATOR_KEYS = [
+    OperatorKey("take_over", "Space", 3, "take over / hand back"),  # Y
+    OperatorKey("success", "Enter", 9, "mark success (ends the episode)"),  # Start
+    OperatorKey("failure", "Backspace", 8, "mark failure (ends the episode)"),  # Back
+    OperatorKey("undo", "KeyZ", 2, "undo the label not yet sent"),  # X
+    OperatorKey("discard", "KeyX", None, "discard the episode (re-record)"),
+    OperatorKey("reset", "KeyN", None, "reset: end the episode, start a new one"),
+    OperatorKey("estop", "Escape", 16, "EMERGENCY STOP"),  # Home / guide
+    OperatorKey("rearm", "KeyG", None, "re-arm… (asks for the operator credential)"),
+]
+
+
+@dataclass(frozen=True)
 class DimensionControl:
     """How one action dimension is driven."""
 
@@ -51,8 +75,8 @@ def key_label(code: str | None) -> str:
     """ "KeyD" -> "D", "ArrowUp" -> "↑" (what a person reads on the page)."""
     if code is None:
         return "-"
-    arrows = {"ArrowUp": "↑", "ArrowDown": "↓", "ArrowLeft": "←", "ArrowRight": "→"}
-    return arrows.get(code, code.removeprefix("Key"))
+    named = {"ArrowUp": "↑", "ArrowDown": "↓", "ArrowLeft": "←", "ArrowRight": "→", "Escape": "Esc"}
+    return named.get(code, code.removeprefix("Key"))
 
 
 def control_map(
@@ -85,9 +109,10 @@ def control_map(
 
 
 def mapping_for_page(controls: list[DimensionControl], speed: float) -> dict:
-    """What the page needs to drive and to show the mapping."""
+    """What the page needs to drive and to show the mapping (driving and the operator's keys)."""
     return {
         "speed": speed,
+        "operator": [{**asdict(k), "key_label": key_label(k.key)} for k in OPERATOR_KEYS],
         "dimensions": [
             {**asdict(c), "plus_label": key_label(c.plus_key), "minus_label": key_label(c.minus_key)} for c in controls
         ],

@@ -13,7 +13,7 @@ no motion for `teleop.idle_hand_back_s` is handed back, and their page gets a `h
 that says why.
 
     GET /?token=T              the robot's page
-    GET /teleop.js|teleop.css  the page's script and style
+    GET /teleop.js|input.js|teleop.css  the page's scripts and style
     GET /api/state             where the robot is (JSON)
     GET /api/frame/CAMERA      the newest camera frame (JPEG)
     GET /ws                    websocket: state and frames out; take over, commands, labels, e-stop in
@@ -30,6 +30,7 @@ import hmac
 import itertools
 import json
 import logging
+import math
 import socket
 import struct
 import threading
@@ -38,13 +39,14 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-import cv2
 import numpy as np
 from aiohttp import WSMsgType, web
 
 from user_rl.edge.operator import StepRecord
 from user_rl.edge.teleop.authority import PAGE_SOURCE, NotAllowed, check_rearm, read_operators
 from user_rl.edge.teleop.controls import control_map, mapping_for_page
+from user_rl.edge.teleop.latency import KeyLatency
+from user_rl.edge.teleop.robot_view import episode_limit, image_keys, jpeg, named_state
 from user_rl.edge.teleop.source import AppliedCommand, IdleHandBack, NotYourTurn, WebTeleop
 from user_rl.edge.teleop.tiles import TileTracker
 from user_rl.robots.estop import EStopLatch
@@ -60,28 +62,6 @@ STATE_HZ = 10.0  # state messages per second to each page
 SEND_TIMEOUT_S = 1.0  # a page that does not take a message this fast misses it
 FRAME_ON_REQUEST_S = 2.0  # /api/frame keeps frames coming this long
 STATIC = resources.files("user_rl.edge.teleop") / "static"
-
-
-def image_keys(obs_space: Any) -> list[str]:
-    """Observation keys that are camera images (uint8 HWC)."""
-    spaces = getattr(obs_space, "spaces", {})
-    return [k for k, s in spaces.items() if s.dtype == np.uint8 and len(s.shape) == 3 and s.shape[-1] in (1, 3)]
-
-
-def episode_limit(robot: Any) -> int | None:
-    """The steps after which the robot's episodes end by themselves, where the robot says (None: it does not)."""
-    limit = getattr(robot, "episode_steps", None)
-    if limit is None:
-        limit = getattr(getattr(getattr(robot, "env", None), "spec", None), "max_episode_steps", None)
-    return int(limit) if isinstance(limit, (int, np.integer)) and limit > 0 else None
-
-
-def jpeg(image: np.ndarray, quality: int = 80) -> bytes:
-    bgr = cv2.cvtColor(image, cv2.COLOR_RGB2BGR) if image.shape[-1] == 3 else image
-    ok, data = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, quality])
-    if not ok:
-        raise ValueError(f"could not encode a {image.shape} frame as JPEG")
-    return data.tobytes()
 
 
 @dataclass
@@ -122,6 +102,7 @@ class TeleopServer:
         self._next_frame = 0.0
         self._frames_wanted_until = 0.0
         self.last_label: dict | None = None
+        self.key_latency = KeyLatency()  # key -> robot of every driver, shown to everyone watching
         self.tiles = TileTracker(edge)  # what a console's tile shows beyond this state (tiles.py)
         self.estop_requests: list[float] = []  # time.monotonic() of each e-stop pressed on a page
         self.bad_messages = 0
@@ -174,6 +155,7 @@ class TeleopServer:
                 web.get("/", self._page),
                 web.get("/teleop.js", self._static),
                 web.get("/teleop.css", self._static),
+                web.get("/input.js", self._static),
                 web.get("/api/state", self._api_state),
                 web.get("/api/frame/{camera}", self._api_frame),
                 web.get("/ws", self._websocket),
@@ -300,7 +282,11 @@ class TeleopServer:
             "reward": round(record.reward, 4) if record else 0.0,
             "steps": edge.steps,
             "actor": pb.Actor.Name(record.actor).removeprefix("ACTOR_").lower() if record else "",
-            "action": [round(float(a), 3) for a in record.action] if record else [],
+            "action": [round(float(a), 3) for a in record.action] if record else [],  # what the robot was sent
+            "proposal": [round(float(a), 3) for a in record.proposal] if record else [],  # what the policy wanted
+            "remaining_steps": None if not (record and self.episode_limit) else self.episode_limit - record.step - 1,
+            "loop_hz": round(edge.steps_per_second, 1),  # how fast the robot's loop really steps
+            "key_latency": self.key_latency.summary(),
             "driver": edge.interventions.driver_name or "policy",
             "teleop_driver": person or None,
             "viewers": len(self._clients),
@@ -308,8 +294,8 @@ class TeleopServer:
             "last_label": self.last_label,
             **self.tiles.state(),
         }
-        if record is not None and not self.cameras:  # no picture: show the robot's state instead
-            state["observation"] = {k: [round(float(x), 3) for x in np.ravel(v)[:24]] for k, v in record.obs.items()}
+        if record is not None:
+            state["observation"] = named_state(edge.robot, record.obs, self.camera_keys)
         return state
 
     async def _send(self, client: Client, message: dict | bytes) -> None:
@@ -362,6 +348,10 @@ class TeleopServer:
             await self._send_state(client)
 
     async def _tell_applied(self, applied: AppliedCommand) -> None:
+        rearmed = self.edge.estop.last_rearm()
+        self.key_latency.applied(
+            applied.client, applied.command_id, applied.sent_at, rearmed["time"] if rearmed else None
+        )
         client = self._clients.get(applied.client)
         if client is not None:
             await self._send(
@@ -397,6 +387,8 @@ class TeleopServer:
                 "command_timeout_s": self.settings.command_timeout_s,
                 "hand_back_after_s": self.settings.hand_back_after_s,
                 "idle_hand_back_s": self.settings.idle_hand_back_s,
+                "label_undo_s": self.settings.label_undo_s,
+                "slow_loop_hz": self.settings.slow_loop_hz,
                 "operators": bool(self.settings.operators_file),
             },
         )
@@ -435,6 +427,9 @@ class TeleopServer:
             return {"type": "pong", "t": message["t"], "server": time.time() * 1000.0}
         if kind == "command":
             self.source.command(client.id, int(message["id"]), message["action"])
+            pressed_at = message.get("pressed_at")  # ms on the robot's clock, for the latency everyone sees
+            if isinstance(pressed_at, (int, float)) and math.isfinite(pressed_at):
+                self.key_latency.pressed(client.id, int(message["id"]), pressed_at)
             return None
         if kind == "hello":
             client.name = str(message.get("name") or client.name)[:40]
@@ -450,7 +445,7 @@ class TeleopServer:
             log.warning("%s: EMERGENCY STOP pressed on the page by %s", self.robot_id, client.name)
         elif kind == "rearm":
             return self._rearm(client, message)
-        elif kind in ("mark", "reset"):
+        elif kind in ("mark", "reset", "discard"):
             return self._request(client, kind, message)
         else:
             raise ValueError(f"unknown message type {kind!r}")
@@ -472,7 +467,7 @@ class TeleopServer:
         return {"type": "ok", "for": "rearm", "message": f"re-armed by {by}"}
 
     def _request(self, client: Client, kind: str, message: dict) -> None:
-        """A mark or reset for the episode (and step) the page showed: the loop applies it to that
+        """A mark, reset or discard for the episode (and step) the page showed: the loop applies it to that
         episode only, and tells the page whether it did (a refusal is an error on the page)."""
         driver, person = self.source.driver
         if driver not in (None, client.id) and self.source.holding is None:
@@ -494,6 +489,8 @@ class TeleopServer:
 
         if kind == "mark":
             self.edge.requests.mark(bool(message["success"]), episode, step, by=client.name, done=done)
+        elif kind == "discard":
+            self.edge.requests.discard(episode, step, by=client.name, done=done)
         else:
             self.edge.requests.reset(episode, step, by=client.name, done=done)
         return None

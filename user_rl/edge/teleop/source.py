@@ -132,6 +132,11 @@ class WebTeleop:
             return self._driver, self._person
 
     @property
+    def engaged(self) -> bool:
+        """Someone has taken over (and has not handed back): the loop is theirs from its next step."""
+        return self._driver is not None
+
+    @property
     def holding(self) -> float | None:
         """Seconds left holding still for a driver whose connection dropped, None when not holding."""
         lost_at = self._lost_at

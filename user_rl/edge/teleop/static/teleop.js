@@ -20,6 +20,7 @@ const teleop = {
   connected: false, attempts: 0, lastMessage: 0,         // reconnection with backoff
   drops: 0,                                              // connections lost since the page opened
   estopPending: null,                                    // when an e-stop not yet acknowledged was pressed
+  pendingLabel: null, labelsUndone: 0,                   // a label in its undo window (input.js)
 };
 const STALE_MS = 3000;                                   // no message this long: the connection is gone
 const BACKOFF_MS = [250, 500, 1000, 2000, 4000, 8000];
@@ -92,7 +93,7 @@ function showConnection() {
   const up = teleop.connected;
   $("offline").hidden = up;
   if (teleop.welcome) $("offline-hold").textContent = `${teleop.welcome.hand_back_after_s} s`;
-  const byState = new Set(["take-over", "hand-back", "mark-success", "mark-failure", "reset", "rearm"]);
+  const byState = new Set(["take-over", "hand-back", "mark-success", "mark-failure", "discard", "reset", "rearm"]);
   for (const button of document.querySelectorAll("#panel button")) {
     if (button.id === "estop") continue;
     if (!up) button.disabled = true;
@@ -148,7 +149,7 @@ const handlers = {
     const someoneElse = m.teleop_driver !== null && !m.you_drive && m.holding_s === null;
     $("take-over").disabled = m.you_drive || someoneElse;
     $("hand-back").disabled = !m.you_drive;
-    for (const id of ["mark-success", "mark-failure", "reset"]) $(id).disabled = someoneElse || m.episode_ended;
+    for (const id of ["mark-success", "mark-failure", "discard", "reset"]) $(id).disabled = someoneElse || m.episode_ended;
     $("estop-banner").hidden = !m.estop;
     $("estop-banner").textContent = m.estop ? `EMERGENCY STOP: ${m.estop} (set by the ${m.estop_source}` +
       `${m.estop_by ? ": " + m.estop_by : ""})` : "";
@@ -156,10 +157,18 @@ const handlers = {
     $("rearm").title = teleop.welcome.operators ? "needs an operator credential" :
       "no operators for this robot: re-arm with user-rl rearm on its controller";
     if (!m.estop) $("rearm-dialog").hidden = true;
-    if (m.observation) {
-      $("observation").hidden = false;
-      $("observation").textContent = JSON.stringify(m.observation, null, 1);
-    }
+    $("remaining").textContent = m.remaining_steps === null ? "no step limit" : m.remaining_steps;
+    // Only while a person drives: a sim paced to its learner may step slowly when nobody does.
+    const slow = m.teleop_driver !== null && m.loop_hz > 0 && m.loop_hz < teleop.welcome.slow_loop_hz;
+    $("loop-rate").textContent = `${m.loop_hz.toFixed(1)} steps/s`;
+    $("slow-loop").hidden = !slow;
+    $("slow-loop").textContent = slow ? `This robot steps ${m.loop_hz.toFixed(1)} times a second: too slow to drive ` +
+      `smoothly (under ${teleop.welcome.slow_loop_hz}). Set fleet.control_hz (docs/people.md).` : "";
+    const k = m.key_latency;
+    $("key-latency").textContent = k ? `p50 ${k.p50_ms.toFixed(0)} ms, p99 ${k.p99_ms.toFixed(0)} ms over ${k.n} ` +
+      `commands` + (k.left_out_estop ? ` (${k.left_out_estop} held by an e-stop left out)` : "") : "no command yet";
+    showCommand(m);
+    showObservation(m.observation || []);
   },
   applied(m) {
     const pressed = teleop.keyTimes.get(m.id);
@@ -192,6 +201,30 @@ function showLatency() {
   const last = teleop.latencies[teleop.latencies.length - 1].total_ms;
   $("latency").textContent = `${last.toFixed(0)} ms (p50 ${quantile(all, 0.5).toFixed(0)}, ` +
     `p99 ${quantile(all, 0.99).toFixed(0)} over ${all.length})`;
+}
+
+// What the robot is sent beside what its policy proposes (a person driving sees both), by name.
+function showCommand(m) {
+  const body = $("command").querySelector("tbody");
+  const names = teleop.welcome.mapping.dimensions.map((d) => d.name);
+  fillRows(body, names.map((name, i) => [name, fmt(m.action[i]), fmt(m.proposal[i])]));
+  $("command").className = m.actor === "human" ? "driving-table" : "";
+}
+
+function showObservation(pairs) {
+  $("observation").hidden = !pairs.length;
+  fillRows($("observation").querySelector("tbody"), pairs.map(([name, value]) => [name, fmt(value)]));
+}
+
+function fmt(x) { return x === undefined ? "-" : x.toFixed(3); }
+
+// Rows updated in place (10 times a second: no new elements each time).
+function fillRows(body, rows) {
+  while (body.rows.length > rows.length) body.deleteRow(-1);
+  rows.forEach((cells, i) => {
+    const tr = body.rows[i] || body.insertRow();
+    cells.forEach((text, j) => { (tr.cells[j] || tr.insertCell()).textContent = text; });
+  });
 }
 
 // -- views ----------------------------------------------------------------------------------------
@@ -232,128 +265,4 @@ function showFrame(buffer) {
   teleop.frames[camera] = (teleop.frames[camera] || 0) + 1;
 }
 
-// -- controls -------------------------------------------------------------------------------------
-function buildMapping(mapping) {
-  const body = $("mapping").querySelector("tbody");
-  body.textContent = "";
-  for (const d of mapping.dimensions) {
-    const row = document.createElement("tr");
-    const pad = d.axis !== null ? `stick axis ${d.axis}${d.axis_sign < 0 ? " (up = +)" : ""}` :
-      d.plus_button !== null ? `buttons ${d.plus_button} / ${d.minus_button}` : "-";
-    for (const text of [d.name, d.plus_label, d.minus_label, pad]) {
-      const cell = document.createElement("td");
-      cell.textContent = text;
-      row.append(cell);
-    }
-    body.append(row);
-  }
-}
-
-function keyAction() {
-  const {dimensions, speed} = teleop.welcome.mapping;
-  return dimensions.map((d) => d.name === "gripper" ? teleop.gripper :
-    ((teleop.held.has(d.plus_key) ? speed : 0) - (teleop.held.has(d.minus_key) ? speed : 0)));
-}
-
-function sendCommand(pressedAt) {
-  if (!teleop.driving || !teleop.welcome) return;
-  const action = teleop.held.size || !teleop.gamepadAction ? keyAction() : teleop.gamepadAction;
-  const same = teleop.lastAction && action.every((a, i) => a === teleop.lastAction[i]);
-  if (same) return;
-  teleop.commandId += 1;
-  teleop.keyTimes.set(teleop.commandId, pressedAt);
-  if (teleop.keyTimes.size > 500) teleop.keyTimes.delete(teleop.keyTimes.keys().next().value);
-  teleop.lastAction = action;
-  send({type: "command", id: teleop.commandId, action});
-}
-
-// A held command is refreshed, so that a page that freezes stops the robot (command_timeout_s).
-setInterval(() => {
-  if (teleop.driving && teleop.lastAction && teleop.lastAction.some((a) => a !== 0)) {
-    send({type: "command", id: teleop.commandId, action: teleop.lastAction});
-  }
-}, 100);
-
-function mappedKey(code) {
-  return teleop.welcome && teleop.welcome.mapping.dimensions.some((d) => d.plus_key === code || d.minus_key === code);
-}
-
-window.addEventListener("keydown", (event) => {
-  if (!mappedKey(event.code) || event.target instanceof HTMLInputElement) return;  // typing is not driving
-  event.preventDefault();
-  if (event.repeat || teleop.held.has(event.code)) return;
-  teleop.held.add(event.code);
-  const gripper = teleop.welcome.mapping.dimensions.find((d) => d.name === "gripper");
-  if (gripper && event.code === gripper.plus_key) teleop.gripper = 1;
-  if (gripper && event.code === gripper.minus_key) teleop.gripper = -1;
-  sendCommand(performance.timeOrigin + event.timeStamp);
-});
-
-window.addEventListener("keyup", (event) => {
-  if (!teleop.held.delete(event.code)) return;
-  event.preventDefault();
-  sendCommand(performance.timeOrigin + event.timeStamp);
-});
-
-window.addEventListener("blur", () => { teleop.held.clear(); sendCommand(now()); });  // keys let go elsewhere
-
-function pollGamepad() {
-  const pad = [...(navigator.getGamepads ? navigator.getGamepads() : [])].find((p) => p);
-  if (pad && teleop.welcome) {
-    const {dimensions} = teleop.welcome.mapping;
-    const deadzone = (v) => Math.abs(v) < 0.15 ? 0 : Math.round(v * 20) / 20;
-    const pressed = (i) => i !== null && pad.buttons[i] ? pad.buttons[i].value : 0;
-    const action = dimensions.map((d) => d.axis !== null ? deadzone((pad.axes[d.axis] || 0) * d.axis_sign) :
-      deadzone(pressed(d.plus_button) - pressed(d.minus_button)));
-    const moved = action.some((a) => a !== 0);
-    if (moved || teleop.gamepadAction) {
-      teleop.gamepadAction = moved ? action : null;
-      sendCommand(now());
-    }
-  }
-  requestAnimationFrame(pollGamepad);
-}
-requestAnimationFrame(pollGamepad);
-
-$("take-over").onclick = () => { teleop.lastAction = null; send({type: "take_over"}); };
-$("hand-back").onclick = () => { teleop.held.clear(); send({type: "hand_back"}); };
-// A mark or reset names the episode and step shown: it never lands on the next episode.
-function request(message) {
-  const s = teleop.state;
-  if (!s) return;
-  say(`${message.type} sent for episode ${s.episode} (step ${s.step})…`);
-  send({...message, episode: s.episode, step: s.step});
-}
-$("mark-success").onclick = () => request({type: "mark", success: true});
-$("mark-failure").onclick = () => request({type: "mark", success: false});
-$("reset").onclick = () => request({type: "reset"});
-$("estop").onclick = pressEstop;
-$("offline-estop").onclick = pressEstop;
-// Re-arming: an operator's credential, and a confirmation of the stop cleared (its reason, typed
-// for a stop set from the robot's controller or its watchdog).
-$("rearm").onclick = () => {
-  const s = teleop.state;
-  if (!s || !s.estop) return;
-  const fromPage = s.estop_source === "page";
-  $("rearm-stop").textContent = `${s.estop} (set by the ${s.estop_source}${s.estop_by ? ": " + s.estop_by : ""})`;
-  $("rearm-safe-row").hidden = !fromPage;
-  $("rearm-reason-row").hidden = fromPage;
-  $("rearm-safe").checked = false;
-  $("rearm-reason").value = "";
-  $("rearm-dialog").hidden = false;
-};
-$("rearm-cancel").onclick = () => { $("rearm-dialog").hidden = true; };
-$("rearm-dialog").onsubmit = (event) => {
-  event.preventDefault();
-  const s = teleop.state;
-  if (!s || !s.estop) return;
-  const fromPage = s.estop_source === "page";
-  if (fromPage && !$("rearm-safe").checked) return say("tick that the robot is safe to move first");
-  send({type: "rearm", credential: $("operator-credential").value,
-        confirm: fromPage ? s.estop : $("rearm-reason").value});
-};
-for (const [id, value] of [["gripper-close", 1], ["gripper-open", -1]]) {
-  $(id).onclick = () => { teleop.gripper = value; sendCommand(now()); };
-}
-
-connect();
+document.addEventListener("DOMContentLoaded", connect);  // after input.js too (its handlers take the welcome)
