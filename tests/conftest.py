@@ -25,6 +25,8 @@ NOT_FAST = (
     "tests/wire/test_wire_weight_integrity.py::test_hung_edges_lose_their_claim_so_publishing_goes_on_and_they_catch_up",
     "tests/edge/test_edge_async_chunks.py::test_slow_inference_never_stalls_a_50_hz_control_loop",
     "tests/edge/test_teleop_browser.py",
+    "tests/edge/test_teleop_console.py::test_eight_robots_on_one_console_and_robot_5_taken_over_in_two_key_presses",
+    "tests/edge/test_teleop_console.py::test_stop_all_stops_every_robot_and_rearming_all_needs_the_confirmation",
     "tests/policies/test_policies_flow.py::test_q_chunking_values_chunks_by_their_reward_and_picks_the_best",
     "tests/hal/test_hal_cluster.py",  # a two-node Ray cluster
     "tests/hal/test_hal_discovery.py::test_entry_point_driver_is_launched",
