@@ -13,7 +13,7 @@ the console prints its address without it and writes the full address to an owne
 A request without the token, or with a wrong one, gets 401 and the path of that file.
 
     GET /?token=T                  the console page (`&name=NAME`: who you are on the robots' pages)
-    GET /console.js|console.css    its script and style
+    GET /console.js|console_tiles.js|console.css   its scripts and style
     GET /api/robots                [{robot, number, address, token, url}] (JSON)
 """
 
@@ -124,6 +124,7 @@ class Console:
             [
                 web.get("/", page),
                 web.get("/console.js", static),
+                web.get("/console_tiles.js", static),
                 web.get("/console.css", static),
                 web.get("/api/robots", api_robots),
             ]
