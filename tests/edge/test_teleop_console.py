@@ -5,6 +5,7 @@ printed. Screenshots are saved under the test's run directory and kept (their pa
 
 from __future__ import annotations
 
+import os
 import stat
 import threading
 import time
@@ -27,7 +28,7 @@ from user_rl.testing.wait import wait_until
 
 TOKEN = "console-test-token-0123456789"
 OPERATOR = "alice-operator-credential-0123"
-HZ = 10  # control steps a second: eight control loops, their pages and a learner share the test's process
+HZ = 20  # control steps a second: eight control loops, their pages and a learner share the test's process
 WINDOW_S = 10.0  # frame ages are measured over this long
 
 
@@ -107,12 +108,16 @@ def open_console(browser, console: Console, robots: int):
 
 
 def screenshot(driver, path: Path) -> None:
+    """Saved under the test's run directory; with $USER_RL_DOCS_IMAGES also there (docs/images: the
+    console docs/people.md shows is this test's)."""
     driver.save_screenshot(str(path))
     print(f"\nscreenshot: {path}")
+    if os.environ.get("USER_RL_DOCS_IMAGES"):
+        driver.save_screenshot(str(Path(os.environ["USER_RL_DOCS_IMAGES"]) / path.name))
 
 
 def test_eight_robots_on_one_console_and_robot_5_taken_over_in_two_key_presses(running, browser, tmp_path) -> None:
-    _, edges, run_dir = fleet_run(running, tmp_path, 8, "teleop.frame_hz=5", "teleop.view_size=32")
+    _, edges, run_dir = fleet_run(running, tmp_path, 8, "teleop.frame_hz=10", "teleop.view_size=64")
     lines: list[str] = []
     with console_for(run_dir, lines) as console:
         driver = open_console(browser, console, 8)
@@ -134,7 +139,7 @@ def test_eight_robots_on_one_console_and_robot_5_taken_over_in_two_key_presses(r
         every = np.concatenate([np.array(a) for a in ages.values()])
         p50, p99 = np.percentile(every, 50), np.percentile(every, 99)
         print(
-            f"frame age, camera -> screen, 8 robots at {HZ} Hz, 5 frames/s, 32 px, over {WINDOW_S:g} s: "
+            f"frame age, camera -> screen, 8 robots at {HZ} Hz, 10 frames/s, 64 px, over {WINDOW_S:g} s: "
             f"p50 {p50:.0f} ms, p99 {p99:.0f} ms, max {every.max():.0f} ms ({len(every)} frames: {counts})"
         )
         assert min(counts.values()) >= 0.5 * 5 * WINDOW_S, counts  # every tile updates

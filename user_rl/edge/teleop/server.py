@@ -138,6 +138,7 @@ class TeleopServer:
             self._ready.set()
             loop.close()
             return
+        self._frame_ready = asyncio.Event()  # the loop captured a frame (set from its thread)
         self._loop = loop
         broadcaster = loop.create_task(self._broadcast())
         self._ready.set()
@@ -214,6 +215,8 @@ class TeleopServer:
                 self._frames = {key: np.array(record.obs[key]) for key in self.camera_keys}
             self._frame_time_ms = time.time() * 1000.0
             self._frame_seq += 1
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._frame_ready.set)  # send it now
 
     # -- HTTP --------------------------------------------------------------------------------------
     @web.middleware
@@ -312,14 +315,22 @@ class TeleopServer:
         await self._send(client, {**self.state(), "you": client.name, "you_drive": driver == client.id})
 
     async def _broadcast(self) -> None:
-        period = 1.0 / max(STATE_HZ, self.settings.frame_hz)
+        """State to every page `STATE_HZ` times a second; a camera frame as soon as the loop captured
+        it (waiting for the next state tick would add up to a tick to its age)."""
+        loop = asyncio.get_running_loop()
+        next_state = loop.time()
         while True:
-            await asyncio.sleep(period)
+            try:
+                await asyncio.wait_for(self._frame_ready.wait(), max(0.0, next_state - loop.time()))
+            except asyncio.TimeoutError:
+                pass
+            self._frame_ready.clear()
             clients = list(self._clients.values())
-            if not clients:
-                continue
-            jobs = [self._send_state(c) for c in clients]
-            if self._frames:
+            jobs = []
+            if loop.time() >= next_state:
+                next_state = loop.time() + 1.0 / STATE_HZ
+                jobs += [self._send_state(c) for c in clients]
+            if self._frames and clients:
                 encoded, seq = self._encoded(), self._jpegs[0]
                 captured = struct.pack("<d", self._frame_time_ms)
                 for client in clients:
