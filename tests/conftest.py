@@ -27,6 +27,8 @@ NOT_FAST = (
     "tests/edge/test_teleop_browser.py",
     "tests/edge/test_teleop_console.py::test_eight_robots_on_one_console_and_robot_5_taken_over_in_two_key_presses",
     "tests/edge/test_teleop_console.py::test_stop_all_stops_every_robot_and_rearming_all_needs_the_confirmation",
+    "tests/edge/test_teleop_keyboard.py::test_a_keyboard_only_session_takes_over_drives_labels_undoes_discards_stops_and_rearms",
+    "tests/edge/test_teleop_keyboard.py::test_a_gamepad_takes_over_drives_labels_and_stops",
     "tests/policies/test_policies_flow.py::test_q_chunking_values_chunks_by_their_reward_and_picks_the_best",
     "tests/hal/test_hal_cluster.py",  # a two-node Ray cluster
     "tests/hal/test_hal_discovery.py::test_entry_point_driver_is_launched",
