@@ -37,10 +37,10 @@ def cli(*args: str) -> str:
     return done.stdout
 
 
-def rearm(driver, credential: str, tick: bool = False, reason: str | None = None) -> None:
-    """Open the page's re-arm dialog and submit it."""
-    wait_until(lambda: driver.find_element(By.ID, "rearm").is_enabled(), 10, "the re-arm button (the robot is stopped)")
-    driver.find_element(By.ID, "rearm").click()
+def rearm(driver, credential: str, tick: bool = False, reason: str | None = None, button: str = "rearm") -> None:
+    """Open the page's re-arm dialog (a robot's page; the console's with button="rearm-all") and submit it."""
+    wait_until(lambda: driver.find_element(By.ID, button).is_enabled(), 10, "the re-arm button (the robot is stopped)")
+    driver.find_element(By.ID, button).click()
     wait_until(lambda: driver.find_element(By.ID, "rearm-dialog").is_displayed(), 5, "the re-arm dialog")
     field = driver.find_element(By.ID, "operator-credential")
     field.clear()

@@ -9,8 +9,6 @@ import os
 import stat
 import threading
 import time
-import urllib.error
-import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -20,6 +18,8 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
+from tests.edge.test_teleop_authority import rearm
+from tests.edge.test_teleop_browser import http_status
 from tests.edge.test_teleop_takeover import chromium_driver
 from tests.support.teleop import teleop_fleet
 from user_rl.edge.teleop.console import Console, serve_console
@@ -44,14 +44,6 @@ def browser():
     yield start
     for driver in started:
         driver.quit()
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 @contextmanager
@@ -181,14 +173,7 @@ def test_stop_all_stops_every_robot_and_rearming_all_needs_the_confirmation(runn
         assert [e.steps for e in edges] == steps
 
         def rearm_all(credential: str, tick: bool) -> None:
-            driver.find_element(By.ID, "rearm-all").click()
-            wait_until(lambda: driver.find_element(By.ID, "rearm-dialog").is_displayed(), 5, "the re-arm dialog")
-            field = driver.find_element(By.ID, "operator-credential")
-            field.clear()
-            field.send_keys(credential)
-            if tick:
-                driver.find_element(By.ID, "rearm-safe").click()
-            driver.find_element(By.ID, "rearm-confirm").click()
+            rearm(driver, credential, tick, button="rearm-all")
 
         def messages() -> list[str]:
             return [m.text for m in driver.find_elements(By.CSS_SELECTOR, ".tile .message")]
@@ -224,12 +209,12 @@ def test_the_console_prints_no_token_and_keeps_it_in_an_owner_only_file(tmp_path
         assert url == console.url and console.token in url
         for wrong in ("", "?token=wrong-token-0123456789"):
             for path in ("", "api/robots", "console.js"):
-                status, body = get(console.address + path + wrong)
+                status, body = http_status(console.address + path + wrong)
                 assert status == 401 and str(url_file) in body, (path, wrong, status, body)
-        status, page = get(url)
+        status, page = http_status(url)
         assert status == 200 and "console.js" in page
-        status, body = get(url.replace("/?", "/api/robots?"))
+        status, body = http_status(url.replace("/?", "/api/robots?"))
         assert status == 200 and '"robot": "arm-0", "number": 1' in body and TOKEN in body
         # teleop.json is read again on each request: a restarted edge shows with its new address.
         write_pages(run_dir, TOKEN, {"arm-0": "http://127.0.0.1:11/", "arm-1": "http://127.0.0.1:10/"})
-        assert "127.0.0.1:11" in get(url.replace("/?", "/api/robots?"))[1]
+        assert "127.0.0.1:11" in http_status(url.replace("/?", "/api/robots?"))[1]

@@ -11,20 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.edge.test_teleop_browser import http_status
 from tests.support.teleop import teleop_fleet
 from user_rl.cli import main
 from user_rl.edge.teleop.fleet import read_pages, write_pages
 
 TOKEN = "fleet-test-token-0123456789"
 REACH = {"type": "mujoco_reach", "options": {"obs_mode": "state", "control_hz": 20}}
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def test_the_run_records_every_robots_page_and_list_prints_them(running, tmp_path: Path, capsys) -> None:
@@ -46,7 +39,7 @@ def test_the_run_records_every_robots_page_and_list_prints_them(running, tmp_pat
     for line, edge in zip(lines, edges):
         url = line.split()[1]
         assert url == edge.teleop.url
-        status, page = get(url)
+        status, page = http_status(url)
         assert status == 200 and edge.robot.descriptor.id in page
     # A robot's page given by the address its edge printed: the robot's id is asked for.
     assert main(["teleop", edges[1].teleop.url, "--list"]) == 0
@@ -73,7 +66,7 @@ def test_a_robot_with_cameras_shows_its_camera_observations(running) -> None:
     server = edge.teleop
     assert server.cameras == ["image"] and not server.renders
     token = f"?token={server.token}"
-    status, _ = get(f"{server.address}api/frame/view{token}")
+    status, _ = http_status(f"{server.address}api/frame/view{token}")
     assert status == 404
     with urllib.request.urlopen(f"{server.address}api/frame/image{token}", timeout=10) as response:
         assert response.headers["Content-Type"] == "image/jpeg"

@@ -24,18 +24,16 @@ from selenium.webdriver.common.by import By
 from tests.edge.test_teleop_browser import browser, text  # noqa: F401  (a fixture)
 from tests.edge.test_teleop_connection import take_over
 from tests.edge.test_teleop_takeover import HZ as ARM_HZ
-from tests.edge.test_teleop_takeover import START, ServoArm, Step
+from tests.edge.test_teleop_takeover import START, ServoArm, Step, edge_without_learner
 from tests.support.teleop import teleop_fleet
 from user_rl.algos.base import imitation_weights
 from user_rl.algos.bc import BehaviourCloning
 from user_rl.cloud.batches import training_columns
 from user_rl.cloud.buffer.rows import KIND_RECORD
 from user_rl.config_sections import TeleopConfig
-from user_rl.edge.daemon import EdgeDaemon, EdgeSettings
-from user_rl.edge.intervention import InterventionMux
+from user_rl.edge.daemon import EdgeSettings
 from user_rl.edge.teleop import make_source, start_server
 from user_rl.hal.lerobot.robot import LeRobotRobot
-from user_rl.policies import make_actor
 from user_rl.robots.safety import SafetySettings
 from user_rl.testing.wait import wait_until
 from user_rl.wire import user_rl_pb2 as pb
@@ -80,16 +78,8 @@ def test_an_idle_driver_of_a_position_arm_is_handed_back_without_a_jump() -> Non
     teleop = TeleopConfig(enabled=True, speed=0.5, idle_hand_back_s=IDLE_S)
     source = make_source(robot, teleop, None, ARM_HZ)
     context = zmq.Context()
-    actor = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
-    edge = EdgeDaemon(
-        robot,
-        actor,
-        "tcp://127.0.0.1:1",
-        "tcp://127.0.0.1:1",
-        EdgeSettings(control_hz=ARM_HZ, safety=SafetySettings()),
-        context,
-        interventions=InterventionMux([source]),
-    )  # no learner: the policy acts randomly (warm-up), anywhere in the joints' range
+    settings = EdgeSettings(control_hz=ARM_HZ, safety=SafetySettings())
+    edge = edge_without_learner(robot, source, settings, context)  # random goals anywhere in the joints' range
     steps: list[tuple[float, bool, Step]] = []  # (time.monotonic(), idle, the step)
     pose = [np.array(list(START.values()))]
 

@@ -96,6 +96,20 @@ def chromium():
     driver.quit()
 
 
+def edge_without_learner(robot, source, settings: EdgeSettings, context: zmq.Context) -> EdgeDaemon:
+    """An edge whose learner never answers: its policy acts at random (warm-up), a person may take over."""
+    actor = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
+    return EdgeDaemon(
+        robot,
+        actor,
+        "tcp://127.0.0.1:1",
+        "tcp://127.0.0.1:1",
+        settings,
+        context,
+        interventions=InterventionMux([source]),
+    )
+
+
 @dataclass
 class Step:
     actor: int
@@ -112,16 +126,7 @@ def take_over(robot: LeRobotRobot, chromium: webdriver.Chrome) -> tuple[list[Ste
     teleop = TeleopConfig(enabled=True, speed=0.5, command_timeout_s=0.5)
     source = make_source(robot, teleop, None, HZ)
     context = zmq.Context()
-    actor = make_actor("mlp", robot.observation_space, robot.action_space, hidden=[16])
-    edge = EdgeDaemon(
-        robot,
-        actor,
-        "tcp://127.0.0.1:1",
-        "tcp://127.0.0.1:1",
-        settings,
-        context,
-        interventions=InterventionMux([source]),
-    )  # no learner: the policy would act randomly
+    edge = edge_without_learner(robot, source, settings, context)  # the policy would act randomly
     steps: list[Step] = []
     pose = [np.array(list(START.values()))]  # the joints now (reset drives to START)
 
