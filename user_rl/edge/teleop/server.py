@@ -35,6 +35,7 @@ import socket
 import struct
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -102,6 +103,7 @@ class TeleopServer:
         self._next_frame = 0.0
         self._frames_wanted_until = 0.0
         self.last_label: dict | None = None
+        self._step_times: deque[float] = deque(maxlen=41)  # time.monotonic() of the latest steps
         self.key_latency = KeyLatency()  # key -> robot of every driver, shown to everyone watching
         self.tiles = TileTracker(edge)  # what a console's tile shows beyond this state (tiles.py)
         self.estop_requests: list[float] = []  # time.monotonic() of each e-stop pressed on a page
@@ -184,6 +186,7 @@ class TeleopServer:
     def on_step(self, record: StepRecord) -> None:
         """After each step: keep it for the pages, report a command's first step, grab frames while watched."""
         self._latest = record
+        self._step_times.append(time.monotonic())
         self.tiles.on_step(record)
         if record.label != pb.LABEL_NONE:
             self.last_label = {"episode": record.episode, "step": record.step, "label": pb.Label.Name(record.label)}
@@ -217,6 +220,14 @@ class TeleopServer:
             self._frame_seq += 1
             if self._loop is not None:
                 self._loop.call_soon_threadsafe(self._frame_ready.set)  # send it now
+
+    def _loop_hz(self) -> float:
+        """Steps a second over the latest 40 steps (0 when the robot has not stepped for a second:
+        stopped, held, or waiting for its learner)."""
+        times = list(self._step_times)
+        if len(times) < 2 or time.monotonic() - times[-1] > 1.0:
+            return 0.0
+        return round((len(times) - 1) / max(times[-1] - times[0], 1e-6), 1)
 
     # -- HTTP --------------------------------------------------------------------------------------
     @web.middleware
@@ -288,7 +299,7 @@ class TeleopServer:
             "action": [round(float(a), 3) for a in record.action] if record else [],  # what the robot was sent
             "proposal": [round(float(a), 3) for a in record.proposal] if record else [],  # what the policy wanted
             "remaining_steps": None if not (record and self.episode_limit) else self.episode_limit - record.step - 1,
-            "loop_hz": round(edge.steps_per_second, 1),  # how fast the robot's loop really steps
+            "loop_hz": self._loop_hz(),  # how fast the robot's loop really steps
             "key_latency": self.key_latency.summary(),
             "driver": edge.interventions.driver_name or "policy",
             "teleop_driver": person or None,

@@ -73,8 +73,11 @@ class TileTracker:
             "intervention_of": steps,
         }
 
-    def link(self) -> dict:
-        link = self.edge.link
+    def link(self) -> dict | None:
+        """None for a robot with no learner to stream to (`user-rl record`'s recorder)."""
+        link = getattr(self.edge, "link", None)
+        if link is None:
+            return None
         if link.refused:
             state = f"refused: {link.refused}"
         elif link.handshake_error:
@@ -87,7 +90,10 @@ class TileTracker:
             state = "ok"
         return {"state": state, "backlog": link.unacked, "reconnects": link.reconnects}
 
-    def policy(self) -> dict:
+    def policy(self) -> dict | None:
+        """None for a robot with no learner (no versions to lag behind)."""
+        if getattr(self.edge, "link", None) is None:
+            return None
         acting, published = self.edge.acting_version, self.edge.link.learner_version
         lag = None if acting < 0 else max(0, published - acting)
         return {"acting": acting, "published": published, "lag": lag}
