@@ -298,7 +298,7 @@ def _scan_segments(
             _count_who(robot, picked, mine, snap["people"])
         del segment, columns
     for counts in who.values():
-        counts["people"] = dict(sorted(counts["people"].items()))
+        counts["people"] = _by_name(counts["people"])
     return rows, intact, who
 
 
@@ -362,6 +362,11 @@ def _count_people(who: dict[str, Any], picked: dict[str, np.ndarray], mine: np.n
                 counted["labelled"][what] += count
 
 
+def _by_name(people: dict[str, Any]) -> dict[str, Any]:
+    """People in the order a reader looks for them: by name, case aside."""
+    return dict(sorted(people.items(), key=lambda item: (item[0].casefold(), item[0])))
+
+
 def _add_person(into: dict[str, Any], counts: dict[str, Any]) -> None:
     into["acted"] += counts["acted"]
     into["idle"] += counts["idle"]
@@ -382,7 +387,7 @@ def _total_who(per_robot: dict[str, dict[str, Any]]) -> dict[str, Any]:
         for name, counts in who["people"].items():
             _add_person(total["people"].setdefault(name, _person()), counts)
         _add_person(total["unnamed"], who["unnamed"])
-    total["people"] = dict(sorted(total["people"].items()))
+    total["people"] = _by_name(total["people"])
     return total
 
 
