@@ -397,3 +397,19 @@ def test_a_batch_whose_names_break_the_rules_is_refused_and_its_stream_goes_on(
         assert ingest.buffer.records == STEPS  # the next batch was stored
     finally:
         link.close()
+
+
+def test_a_batch_names_each_person_once_and_never_drops_names_silently() -> None:
+    builder = BatchBuilder(OBS_SPACE, ACTION_SPACE, capacity=4)
+    obs = {"image": np.zeros((4, 4, 3), np.uint8), "state": np.zeros(3, np.float32)}
+    for person, label_person in (("  alice ", ""), ("alice", "bob"), ("", "al\tice"), ("", "")):
+        builder.add(
+            obs, np.zeros(2, np.float32), 0.0, False, False, episode=0, step=0, policy_version=0,
+            actor=pb.ACTOR_HUMAN, label=pb.LABEL_NONE, sensor_time=0.0, person=person, label_person=label_person,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="take_batch"):
+        builder.take()  # (count, columns) would lose the names
+    taken = builder.take_batch()
+    assert taken.people == ("alice", "bob", "al?ice")
+    assert taken.columns[ACTOR_PERSON].tolist() == [1, 1, 0, 0] and taken.columns[LABEL_PERSON].tolist() == [0, 2, 3, 0]
+    assert builder.take_batch().people == ()  # the next batch starts with nobody
