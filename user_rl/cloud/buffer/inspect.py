@@ -593,7 +593,7 @@ def _format_people(report: dict[str, Any]) -> list[str]:
     if has_unnamed:
         lines[-1] += (
             f"; {unnamed['acted']:,} person rows and {sum(unnamed['labelled'].values()):,} person labels name "
-            f"nobody: {UNNAMED} (written before names were recorded, or past the name limits)"
+            f"nobody (shown as {UNNAMED}: from before names were recorded, or past the name limits)"
         )
     header = ("person", "acted", "idle", "labels")
     lines += ["", *_people_table(header, [((), who)])]
