@@ -19,7 +19,7 @@ from user_rl.cloud.buffer.inspect import format_report, inspect_buffer
 from user_rl.cloud.buffer.segment import ALIGNMENT, read_layout
 from user_rl.cloud.buffer.store import PersistentReplay
 from user_rl.config import BufferConfig
-from user_rl.edge.batching import BatchBuilder
+from user_rl.edge.batching import BatchBuilder, TakenBatch
 from user_rl.wire import user_rl_pb2 as pb
 
 OBS_SPACE = gym.spaces.Dict(
@@ -373,10 +373,12 @@ def test_evicted_and_unindexed_segments(tmp_path: Path) -> None:
     ]
 
 
-def who_batch(robot: int, episodes: int) -> dict[str, np.ndarray]:
+def who_batch(robot: int, episodes: int) -> TakenBatch:
     """Episodes of 10 steps: warm-up (ACTOR_WARMUP, then a policy row without a version, as buffers
     before ACTOR_WARMUP wrote it), the policy, a person (holding nothing on 2 steps), the scripted
-    intervener; each labelled at its end by a person, the env or a classifier in turn."""
+    intervener; each labelled at its end by a person, the env or a classifier in turn. By name: alice
+    drives 2 steps on each robot, then bob holds nothing on arm-0 and someone unnamed on arm-1 (an
+    edge from before names); carol gives arm-0's person labels, nobody named arm-1's."""
     actors = [pb.ACTOR_WARMUP, pb.ACTOR_POLICY, pb.ACTOR_POLICY, pb.ACTOR_POLICY] + [pb.ACTOR_HUMAN] * 4
     actors += [pb.ACTOR_SCRIPTED] * 2
     label_by = [pb.LABEL_BY_PERSON, pb.LABEL_BY_ENV, pb.LABEL_BY_CLASSIFIER]
@@ -400,18 +402,21 @@ def who_batch(robot: int, episodes: int) -> dict[str, np.ndarray]:
                 sensor_time=0.0,
                 final_obs=obs if ends else None,
                 idle=actor == pb.ACTOR_HUMAN and step >= 6,
+                person=("alice" if step < 6 else "bob" if robot == 0 else "") if actor == pb.ACTOR_HUMAN else "",
+                label_person="carol" if robot == 0 and ends and (episode + robot) % 3 == 0 else "",
             )
-    return builder.take()[1]
+    return builder.take_batch()
 
 
 def test_who_acted_and_who_labelled_by_kind_and_robot(tmp_path: Path) -> None:
     """Rows by who acted (policy, warm-up, person and how many of theirs held nothing, scripted) and
-    labels by who gave them, for the buffer and per robot; people's names are not recorded, and the
-    report says so."""
+    labels by who gave them, for the buffer and per robot, and both by person name (those that name
+    nobody apart)."""
     store = PersistentReplay(tmp_path / "buf", OBS_SPACE, ACTION_SPACE, SMALL)
     for robot in range(2):
         stream = store.open_stream(f"arm-{robot}", 1, "reach")
-        assert store.add(stream, 1, who_batch(robot, 6))
+        taken = who_batch(robot, 6)
+        assert store.add(stream, 1, taken.columns, taken.people)
     store.close()
     result = cli(str(tmp_path / "buf"), "--json")
     assert result.returncode == 0, result.stderr
@@ -425,13 +430,42 @@ def test_who_acted_and_who_labelled_by_kind_and_robot(tmp_path: Path) -> None:
         "env": {"success": 2, "failure": 2},
         "classifier": {"success": 2, "failure": 2},
     }
-    assert who["people"] is None and "not recorded" in who["people_note"]
+    none = {"success": 0, "failure": 0}
+    assert who["people"] == {
+        "alice": {"acted": 24, "idle": 0, "labelled": none},
+        "bob": {"acted": 12, "idle": 12, "labelled": none},
+        "carol": {"acted": 0, "idle": 0, "labelled": {"success": 1, "failure": 1}},
+    }
+    assert who["unnamed"] == {"acted": 12, "idle": 12, "labelled": {"success": 1, "failure": 1}}
     arm0 = report["robots"]["arm-0"]["who"]
     assert arm0["records"] == 60 and arm0["acted"]["person"] == 24 and arm0["person_idle"] == 12
     assert arm0["labelled"]["person"] == {"success": 1, "failure": 1}  # episodes 0 (success) and 3 (failure)
+    assert arm0["people"] == {
+        "alice": {"acted": 12, "idle": 0, "labelled": none},
+        "bob": {"acted": 12, "idle": 12, "labelled": none},
+        "carol": {"acted": 0, "idle": 0, "labelled": {"success": 1, "failure": 1}},
+    }
+    arm1 = report["robots"]["arm-1"]["who"]
+    assert arm1["people"] == {"alice": {"acted": 12, "idle": 0, "labelled": none}}
+    assert arm1["unnamed"] == who["unnamed"]
     text = cli(str(tmp_path / "buf")).stdout
     assert "acted: 120 step records: policy 24, warm-up 24, person 48 (24 holding nothing), scripted 24" in text
     assert "labelled: person 2 success / 2 failure, env 2 success / 2 failure, classifier 2 success / 2 failure" in text
-    assert "people by name: not recorded" in text
+    assert "people by name: 3 people named; 12 person rows and 2 person labels name nobody" in text
     table = text[text.index("robot  records") :].splitlines()
     assert table[1].split() == ["arm-0", "60", "12", "12", "24", "12", "12", "1", "success", "/", "1", "failure"]
+    people = text[text.index("person     acted") :].splitlines()
+    assert [row.split() for row in people[1:5]] == [
+        ["alice", "24", "0", "0", "success", "/", "0", "failure"],
+        ["bob", "12", "12", "0", "success", "/", "0", "failure"],
+        ["carol", "0", "0", "1", "success", "/", "1", "failure"],
+        ["(no", "name)", "12", "12", "1", "success", "/", "1", "failure"],
+    ]
+    by_robot = text[text.index("robot  person") :].split("\n\n")[0].splitlines()
+    assert [row.split()[:3] for row in by_robot[1:]] == [
+        ["arm-0", "alice", "12"],
+        ["arm-0", "bob", "12"],
+        ["arm-0", "carol", "0"],
+        ["arm-1", "alice", "12"],
+        ["arm-1", "(no", "name)"],
+    ]

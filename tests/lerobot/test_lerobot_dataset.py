@@ -26,6 +26,7 @@ from user_rl.config import BufferConfig
 from user_rl.edge.batching import BatchBuilder
 from user_rl.extras import LEROBOT_ENV_COMMAND
 from user_rl.wire import user_rl_pb2 as pb
+from user_rl.wire.transitions import ACTOR_PERSON, PERSON_COLUMNS
 
 OBS_SPACE = gym.spaces.Dict(
     {"top": gym.spaces.Box(0, 255, (8, 8, 3), np.uint8), "state": gym.spaces.Box(-10.0, 10.0, (3,), np.float32)}
@@ -44,7 +45,8 @@ def write_buffer(
     directory: Path, obs_space: gym.spaces.Dict = OBS_SPACE, observe: Callable = observation, segment_mb: float = 0.01
 ) -> None:
     """Two robots, 4 episodes each; a person takes over in some steps of odd episodes (holding
-    nothing in some of them) and labels the successes; steps carry the robot's timestamps at 20 Hz."""
+    nothing in some of them; alice on arm-0, bob on arm-1) and carol labels the successes; steps
+    carry the robot's timestamps at 20 Hz."""
     rng = np.random.default_rng(0)
     store = PersistentReplay(directory, obs_space, ACTION_SPACE, BufferConfig(segment_mb=segment_mb), gamma=0.9)
     try:
@@ -74,8 +76,11 @@ def write_buffer(
                         policy_action=proposal,
                         final_obs=observe(rng) if last else None,
                         idle=person and step % 3 == 0,  # the person held nothing then
+                        person=("alice" if robot == "arm-0" else "bob") if person else "",
+                        label_person="carol" if terminated else "",
                     )
-                assert store.add(stream, episode + 1, builder.take()[1])
+                taken = builder.take_batch()
+                assert store.add(stream, episode + 1, taken.columns, taken.people)
                 store.commit()
     finally:
         store.close()
@@ -87,6 +92,10 @@ def assert_same_episodes(ours: list, theirs: list) -> None:
     ]
     for a, b in zip(ours, theirs):
         for name, column in a.steps.items():
+            if name in PERSON_COLUMNS:  # ids of each buffer's own people: the same names
+                names = [a.people.get(int(i), "") for i in column]
+                assert names == [b.people.get(int(i), "") for i in b.steps[name]], f"{a.robot} {a.number}: {name}"
+                continue
             np.testing.assert_array_equal(column, b.steps[name], err_msg=f"{a.robot} episode {a.number}: {name}")
         assert (a.final_obs is None) == (b.final_obs is None)
         for key in a.final_obs or {}:
@@ -156,7 +165,13 @@ def test_a_buffer_round_trips_through_lerobots_own_loader(lerobot_python: Path, 
     )
     assert frames["episode_index"].max() == 2 * EPISODES - 1
 
-    # ... and our import gives back the same episodes, down to the flags and the final observations.
+    # Who acted and labelled by name: an id per frame, the names in the sidecar.
+    people = json.loads((tmp_path / "dataset" / "meta" / "user_rl.json").read_text())["people"]
+    assert sorted(people.values()) == ["alice", "bob", "carol"]
+    acted_by = [people.get(str(int(i)), "") for i in frames["user_rl." + ACTOR_PERSON].reshape(-1)]
+    assert acted_by == [original[0].people.get(int(i), "") for i in steps[ACTOR_PERSON]]
+    assert {"alice", "bob", ""} == set(acted_by)
+    # ... and our import gives back the same episodes, down to the flags, names and the final observations.
     imported = run_in_lerobot(
         lerobot_python, "-m", "user_rl.cli", "buffer", "import", str(tmp_path / "dataset"), str(tmp_path / "imported")
     )

@@ -36,6 +36,7 @@ from user_rl.robots.estop import EStopLatch
 from user_rl.robots.safety import ActionFilter, SafetySettings
 from user_rl.testing.wait import wait_until
 from user_rl.wire import user_rl_pb2 as pb
+from user_rl.wire.transitions import ACTOR_PERSON, LABEL_PERSON
 
 HZ = 100.0
 
@@ -161,6 +162,10 @@ def test_episodes_are_kept_discarded_and_labelled_as_people_ask_and_reset_time_i
     assert success.status == "terminated" and success.steps["label"][-1] == pb.LABEL_SUCCESS
     assert success.steps["label_by"][-1] == pb.LABEL_BY_PERSON and success.steps["reward"].tolist() == [0] * 4 + [1]
     assert recorded_rates(tmp_path / "buffer") == {"arm-0": HZ}
+    # Who drove and who labelled, by name: the teleoperator by its source's name.
+    for episode in (dropped, timed_out, success):
+        assert {episode.people[int(i)] for i in episode.steps[ACTOR_PERSON]} == {"pad"}
+    assert success.people[int(success.steps[LABEL_PERSON][-1])] == "pad" and not success.steps[LABEL_PERSON][:-1].any()
 
 
 def test_re_record_in_the_reset_time_discards_the_episode_just_recorded(tmp_path: Path) -> None:

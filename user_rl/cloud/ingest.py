@@ -389,12 +389,12 @@ class Ingest:
             arrays = decode_columns(
                 msg.arrays, self.obs_space, body.count, DECODED_PER_MESSAGE * self.max_message_bytes
             )
-            validate_batch(arrays, body.count, self.obs_space, self.action_space)
+            validate_batch(arrays, body.count, self.obs_space, self.action_space, body.people)
         except WireError as exc:  # its content: sent again it would be refused again
             self._quarantine(session, stream, msg, exc, identity)
             return
         arrays["policy_lag"] = row_lags(arrays, self.published)
-        self.buffer.add(stream, body.seq, arrays)
+        self.buffer.add(stream, body.seq, arrays, body.people)
         self.lag_counts.add(arrays["policy_lag"], arrays)
         stale = int(np.count_nonzero(stale_rows(arrays["policy_lag"], self.buffer_settings.max_policy_lag)))
         self.stale_transitions += stale

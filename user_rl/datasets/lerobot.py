@@ -13,7 +13,10 @@ What ours carry beyond that rides in `user_rl.*` columns, which LeRobot's polici
 non-camera observation exactly as stored (`user_rl.obs.<key>`), terminated and truncated apart, who
 acted and whether they held nothing (`user_rl.idle`: such frames still count as interventions in
 `complementary_info.is_intervention`, as a person drove), the label and who gave it, the policy's
-own proposal when someone else acted, its version, the robot's timestamp, and each episode's final
+own proposal when someone else acted, its version, the robot's timestamp, who acted and labelled by
+name (`user_rl.actor_person`, `user_rl.label_person`: integer ids, 0 for nobody, named in the
+sidecar's "people", since a string per frame is not what LeRobot's features hold cheaply; exports
+from before them import as nobody named), and each episode's final
 observation (`user_rl.final.<key>`, flattened, on its last frame, zeros elsewhere; never an image
 feature, which LeRobot would take for a camera). The buffer's exact spaces, and which (robot, epoch,
 episode) each dataset episode is, are kept in `meta/user_rl.json`, so an export imports back
@@ -48,7 +51,7 @@ from user_rl.cloud.buffer.episodes import (
 from user_rl.extras import LEROBOT_MISSING
 from user_rl.policies.lerobot_policy import lerobot_keys
 from user_rl.wire.spaces import spaces_to_text
-from user_rl.wire.transitions import IDLE, OBS, intervened
+from user_rl.wire.transitions import ACTOR_PERSON, IDLE, LABEL_PERSON, OBS, intervened
 
 OURS = "user_rl."
 FINAL = OURS + "final."
@@ -65,6 +68,8 @@ SCALARS = {
     "label_by": ("int64", np.uint8),
     "policy_version": ("int64", np.int64),
     "step": ("int64", np.int64),
+    ACTOR_PERSON: ("int64", np.uint16),  # ids of the sidecar's "people" (0: nobody named)
+    LABEL_PERSON: ("int64", np.uint16),
 }
 # The robot's timestamp in integer nanoseconds: LeRobot's loader hands float64 columns back as float32,
 # which keeps ~2 minutes of precision on a Unix time.
@@ -187,6 +192,7 @@ def export_lerobot(
         vcodec=vcodec,
     )
     origins, frames = [], 0  # which (robot, epoch, episode) each dataset episode is
+    people: dict[int, str] = {}  # the names of the person ids the frames hold
     try:
         for episode in itertools.chain([first], episodes):
             for frame in _frames(episode, obs_space):
@@ -202,6 +208,8 @@ def export_lerobot(
                 }
             )
             frames += len(episode)
+            for column in (ACTOR_PERSON, LABEL_PERSON):
+                people.update({i: episode.people.get(i, "") for i in np.unique(episode.steps[column]).tolist() if i})
             if progress:
                 progress(len(origins), total)
     finally:
@@ -213,6 +221,7 @@ def export_lerobot(
                 "spaces": spaces_to_text(obs_space, action_space)["hello_hex"],
                 "source_buffer": str(Path(buffer_dir).resolve()),
                 "episodes": origins,
+                "people": {str(i): name for i, name in sorted(people.items())},
             }
         )
     )

@@ -35,7 +35,7 @@ from user_rl.datasets.lerobot import (
 from user_rl.policies.lerobot_policy import lerobot_keys
 from user_rl.wire import user_rl_pb2 as pb
 from user_rl.wire.spaces import spaces_from_text
-from user_rl.wire.transitions import IDLE
+from user_rl.wire.transitions import ACTOR_PERSON, IDLE, LABEL_PERSON
 
 if TYPE_CHECKING:
     from user_rl.cloud.buffer.rows import StreamState
@@ -73,6 +73,7 @@ def import_lerobot(
     dataset = LeRobotDataset(repo_id, root=root, video_backend=video_backend)
     obs_space, action_space, names = _spaces(root, dataset)
     origins = _origins(root, dataset.meta.total_episodes)
+    people = _people(root)
     ours = OURS + "actor" in dataset.features
     columns = _ObsColumns(obs_space, _format(root) if ours else 1, names)
     notes = _notes(dataset.features, ours)
@@ -81,7 +82,7 @@ def import_lerobot(
     store = PersistentReplay(scratch, obs_space, action_space, BufferConfig(), gamma)
     try:
         try:
-            _import_episodes(dataset, root, origins, store, columns, action_space, ours, progress)
+            _import_episodes(dataset, root, origins, store, columns, action_space, ours, people, progress)
         finally:
             store.close()
         if buffer_dir.exists():
@@ -120,6 +121,7 @@ def _import_episodes(
     columns: _ObsColumns,
     action_space: gym.spaces.Box,
     ours: bool,
+    people: dict[int, str],
     progress: Progress | None,
 ) -> None:
     from user_rl.edge.batching import BatchBuilder
@@ -136,9 +138,10 @@ def _import_episodes(
         stream, seq = streams.next_batch(number, origin, str(frames[0]["task"]))
         builder = BatchBuilder(columns.obs_space, action_space, capacity=len(frames))
         for i, frame in enumerate(frames):
-            builder.add(**_step(frame, i == len(frames) - 1, origin["episode"], columns, ours))
-        cols = builder.take()[1]
-        store.add(stream, seq, cols)
+            builder.add(**_step(frame, i == len(frames) - 1, origin["episode"], columns, ours, people))
+        taken = builder.take_batch()
+        cols = taken.columns
+        store.add(stream, seq, cols, taken.people)
         if origin.get("end_reason") and not (cols["terminated"][-1] or cols["truncated"][-1]):
             store.end_open_episodes(stream, reason=origin["end_reason"])  # ended in the index only (a cut)
         store.commit()
@@ -223,6 +226,13 @@ class _ObsColumns:
 
     def final_observation(self, frame: dict) -> dict[str, np.ndarray]:
         return {key: _from_lerobot(frame[name], self.obs_space[key]) for key, name in self.final.items()}
+
+
+def _people(root: Path) -> dict[int, str]:
+    """The names of the person ids in our export's frames (none in a dataset LeRobot recorded, or an
+    export from before they were kept)."""
+    sidecar = json.loads((root / SIDECAR).read_text()) if (root / SIDECAR).is_file() else {}
+    return {int(i): str(name) for i, name in (sidecar.get("people") or {}).items()}
 
 
 def _origins(root: Path, total: int) -> list[dict]:
@@ -336,8 +346,8 @@ def _observation_space(root: Path, name: str, spec: dict) -> gym.spaces.Box:
     return gym.spaces.Box(-np.inf, np.inf, shape, numeric)
 
 
-def _step(frame: dict, last: bool, episode: int, columns: _ObsColumns, ours: bool) -> dict:
-    """One frame as `BatchBuilder.add`'s arguments."""
+def _step(frame: dict, last: bool, episode: int, columns: _ObsColumns, ours: bool, people: dict[int, str]) -> dict:
+    """One frame as `BatchBuilder.add`'s arguments (`people`: the export's names of its person ids)."""
 
     def value(name: str) -> np.ndarray:
         return np.asarray(frame[name]).reshape(-1)
@@ -345,7 +355,7 @@ def _step(frame: dict, last: bool, episode: int, columns: _ObsColumns, ours: boo
     action = value("action").astype(np.float32)
     done = bool(value("next.done")[0]) if "next.done" in frame else False  # no word of an end: truncated
     if ours:
-        scalar = {name: value(OURS + name)[0].item() for name in SCALARS}
+        scalar = {name: value(OURS + name)[0].item() for name in SCALARS if OURS + name in frame}  # older: fewer
         terminated, truncated = bool(scalar["terminated"]), bool(scalar["truncated"])
         has_final = bool(value(OURS + "has_final")[0])
         final = columns.final_observation(frame) if has_final else None
@@ -358,6 +368,8 @@ def _step(frame: dict, last: bool, episode: int, columns: _ObsColumns, ours: boo
             "step": int(scalar["step"]),
             "policy_action": value(OURS + "policy_action").astype(np.float32),
             "idle": bool(value(OURS + IDLE)[0]) if OURS + IDLE in frame else False,  # exports before it: none
+            "person": people.get(int(scalar.get(ACTOR_PERSON, 0)), ""),  # exports before them: nobody named
+            "label_person": people.get(int(scalar.get(LABEL_PERSON, 0)), ""),
         }
     else:  # recorded by LeRobot: a person acted throughout unless the dataset says otherwise
         terminated, truncated = done and last, last and not done

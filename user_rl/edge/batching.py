@@ -1,14 +1,38 @@
 """Collects transitions into preallocated column arrays, one batch message at a time.
 
 This is the edge's "adder": the control loop calls `add` once per step and never sees a socket.
+People are named per batch: a row's person columns hold 1 + the index of a name in the batch's
+`people` (`wire/transitions.PEOPLE`), each name listed once.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gymnasium as gym
 import numpy as np
 
-from user_rl.wire.transitions import FINAL_OBS, FINAL_ROW, OBS, OPTIONAL_COLUMNS, POLICY_ACTION, SCALAR_COLUMNS
+from user_rl.wire.transitions import (
+    ACTOR_PERSON,
+    FINAL_OBS,
+    FINAL_ROW,
+    LABEL_PERSON,
+    MAX_BATCH_PEOPLE,
+    OBS,
+    OPTIONAL_COLUMNS,
+    POLICY_ACTION,
+    SCALAR_COLUMNS,
+    person_name,
+)
+
+
+@dataclass(frozen=True)
+class TakenBatch:
+    """A batch's rows as fresh arrays, and the names its person columns refer to."""
+
+    count: int
+    columns: dict[str, np.ndarray]
+    people: tuple[str, ...] = ()
 
 
 class BatchBuilder:
@@ -24,6 +48,7 @@ class BatchBuilder:
             self.cols[name] = np.zeros(capacity, dtype)
         self.final_obs: list[dict[str, np.ndarray]] = []
         self.final_rows: list[int] = []
+        self.people: dict[str, int] = {}  # the batch's names, by their id (1 + index)
         self.count = 0
 
     @property
@@ -49,11 +74,14 @@ class BatchBuilder:
         policy_action: np.ndarray | None = None,
         chunk_step: int = 0,
         idle: bool = False,
+        person: str = "",
+        label_person: str = "",
     ) -> None:
         """Record one step. `final_obs` is required when the episode ends at this step;
         `policy_action` is what the policy proposed when someone else acted (else the action);
         `chunk_step` is that proposal's index in the policy's action chunk; `idle`: a person drove
-        and held nothing (`transitions.IDLE`)."""
+        and held nothing (`transitions.IDLE`); `person`, `label_person`: the names of the person who
+        acted and of the one who labelled the row ("": nobody)."""
         if self.full:
             raise RuntimeError("batch is full; take() it first")
         i = self.count
@@ -65,6 +93,7 @@ class BatchBuilder:
         c["episode"][i], c["step"][i], c["policy_version"][i] = episode, step, policy_version
         c["actor"][i], c["label"][i], c["label_by"][i], c["sensor_time"][i] = actor, label, label_by, sensor_time
         c["chunk_step"][i], c["idle"][i] = chunk_step, idle
+        c[ACTOR_PERSON][i], c[LABEL_PERSON][i] = self._person_id(person), self._person_id(label_person)
         c[POLICY_ACTION][i] = action if policy_action is None else policy_action
         if terminated or truncated:
             if final_obs is None:
@@ -73,13 +102,33 @@ class BatchBuilder:
             self.final_rows.append(i)
         self.count += 1
 
-    def take(self) -> tuple[int, dict[str, np.ndarray]]:
-        """The filled rows as fresh arrays (safe to keep until acked), and reset."""
+    def _person_id(self, name: str) -> int:
+        """The batch's id for a person's name (made if new); 0 for nobody, and for a name past the
+        batch's MAX_BATCH_PEOPLE (a page that sends name after name costs a bounded batch)."""
+        name = person_name(name) if name else ""
+        if not name:
+            return 0
+        known = self.people.get(name)
+        if known is None and len(self.people) < MAX_BATCH_PEOPLE:
+            known = self.people[name] = len(self.people) + 1
+        return known or 0
+
+    def take_batch(self) -> TakenBatch:
+        """The filled rows as fresh arrays (safe to keep until acked) with their people's names, and reset."""
         n = self.count
         out = {name: col[:n].copy() for name, col in self.cols.items()}
         out[FINAL_ROW] = np.asarray(self.final_rows, np.int64)
         if self.final_rows:
             for k in self.obs_keys:
                 out[FINAL_OBS + k] = np.stack([f[k] for f in self.final_obs])
-        self.final_obs, self.final_rows, self.count = [], [], 0
-        return n, out
+        people = tuple(self.people)
+        self.final_obs, self.final_rows, self.people, self.count = [], [], {}, 0
+        return TakenBatch(n, out, people)
+
+    def take(self) -> tuple[int, dict[str, np.ndarray]]:
+        """`take_batch` of a batch that names nobody, as (count, columns); one that names people
+        raises (its names would be lost): take it with `take_batch`."""
+        if self.people:
+            raise ValueError(f"the batch names {len(self.people)} people: take it with take_batch() to keep them")
+        taken = self.take_batch()
+        return taken.count, taken.columns

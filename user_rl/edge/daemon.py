@@ -187,7 +187,8 @@ class EdgeDaemon:
     # -- link ---------------------------------------------------------------------------------
     def _flush(self) -> None:
         if self.batch.count:
-            self.link.send_batch(*self.batch.take())
+            taken = self.batch.take_batch()
+            self.link.send_batch(taken.count, taken.columns, taken.people)
             if self.settings.adapt:
                 self._adapt()
 
@@ -335,7 +336,7 @@ class EdgeDaemon:
                     continue
             self._maybe_swap_weights()
             chosen, actor, proposal, chunk_step = self._choose_action(obs)
-            idle = self.interventions.idle
+            idle, person = self.interventions.idle, self.interventions.person
             sent_at = time.time()
             result = self._robot_call(self.robot.step, self.safety(chosen, obs), unless_held=True)
             if result is None:  # the watchdog held the robot after `obs`: that episode is over
@@ -344,7 +345,7 @@ class EdgeDaemon:
                 continue
             self.watchdog.due()
             self.jitter.stepped()
-            step = self._outcome(result)
+            step, marked_by = self._outcome(result)
             reward, terminated, truncated, label, label_by = (
                 step.reward,
                 step.terminated,
@@ -376,6 +377,8 @@ class EdgeDaemon:
                 policy_action=proposal,
                 chunk_step=chunk_step,
                 idle=idle,
+                person=person,
+                label_person=marked_by if label != pb.LABEL_NONE and label_by == pb.LABEL_BY_PERSON else "",
             )
             self._tell_watchers(
                 StepRecord(
@@ -391,6 +394,7 @@ class EdgeDaemon:
                     label,
                     sent_at,
                     idle,
+                    person,
                 )
             )
             if bad is not None:  # this step alone in its batch (the learner quarantines it); the episode ends
@@ -416,19 +420,20 @@ class EdgeDaemon:
         self.link.poll(100)
         return self.status()
 
-    def _outcome(self, result: StepResult) -> RewardedStep:
+    def _outcome(self, result: StepResult) -> tuple[RewardedStep, str]:
         """What the row records of a step: a person's label (which ends the episode), else the env's
         success flag at an episode's end; then the run's reward decides the rest. The env's reward
-        goes no further than here."""
+        goes no further than here. With it, who marked the step ("": nobody did)."""
         terminated, truncated = result.terminated, result.truncated
-        label, label_by = self.requests.take_label(self.episodes, self._episode_step), pb.LABEL_BY_PERSON
+        label, by = self.requests.take_mark(self.episodes, self._episode_step)
+        label_by = pb.LABEL_BY_PERSON
         if label != pb.LABEL_NONE:
             terminated = terminated or label == pb.LABEL_SUCCESS
             truncated = not terminated
         elif (terminated or truncated) and "is_success" in result.info:
             label = pb.LABEL_SUCCESS if result.info["is_success"] else pb.LABEL_FAILURE
             label_by = pb.LABEL_BY_ENV
-        return self.reward(result.observation, RewardedStep(result.reward, terminated, truncated, label, label_by))
+        return self.reward(result.observation, RewardedStep(result.reward, terminated, truncated, label, label_by)), by
 
     def _tell_watchers(self, record: StepRecord) -> None:
         """Watchers run on the loop's thread (they may render the robot): one that raises is dropped."""

@@ -11,7 +11,10 @@ person at the teleop page, `ACTOR_SCRIPTED` for the scripted intervener that sta
 simulation), and `act(view) -> action | None`. A source that can tell when its person holds nothing
 (the teleop page: no key, stick or button) also has `idle`, True after an `act` whose action only
 held the robot still for that reason: the mux passes it on (`idle`) and the row is flagged, so the
-buffer does not take it for a demonstration (`wire/transitions.IDLE`).
+buffer does not take it for a demonstration (`wire/transitions.IDLE`). A person's source may name
+who acts with `person` (the teleop page: its driver's name, set by each `act`); else its `name`
+stands for them. The mux passes it on (`person`) and the row records it (`wire/transitions.PEOPLE`);
+the scripted intervener is nobody.
 
 An action a source returns is in the robot's own terms (`Robot.action_mode`): for an arm of
 absolute position goals it is a goal, so a source with nothing to do must return the robot's
@@ -78,6 +81,7 @@ class InterventionMux:
         self.intervention_steps = 0
         self.idle = False  # the step chosen last: a source drove and its person held nothing
         self.idle_steps = 0  # such steps so far
+        self.person = ""  # the step chosen last: the name of the person whose source drove ("": nobody)
         self._recent: deque[bool] = deque(maxlen=RATE_WINDOW_STEPS)
         self._lock = threading.Lock()  # sources may be added from another thread (the teleop server)
 
@@ -111,7 +115,7 @@ class InterventionMux:
         """The action to take and who chose it (`pb.Actor`): a source's, or the policy's proposal."""
         with self._lock:
             sources = list(self.sources)
-        self.idle = False
+        self.idle, self.person = False, ""
         if self.driver is not None:  # the driver alone is asked while it drives
             action = self.driver.act(view)
             if action is not None:
@@ -134,6 +138,8 @@ class InterventionMux:
         self._recent.append(True)
         self.idle = bool(getattr(source, "idle", False))
         self.idle_steps += self.idle
+        if source.actor == pb.ACTOR_HUMAN:
+            self.person = str(getattr(source, "person", "") or source.name)
         return np.asarray(action, dtype=view.proposal.dtype).reshape(view.proposal.shape), source.actor
 
     def _event(self, source: InterventionSource, view: StepView, kind: str) -> None:

@@ -32,6 +32,7 @@ import logging
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -240,12 +241,15 @@ class DataLink:
         """The older epochs whose spooled batches this link sends now (named in the hello)."""
         return sorted(e for e in self.cursors if e != self.epoch)[:MAX_ANNOUNCED_EPOCHS]
 
-    def send_batch(self, count: int, columns: dict[str, np.ndarray]) -> int | None:
-        """Spool a batch and send it when the window allows; None if the spool is full (dropped)."""
+    def send_batch(self, count: int, columns: dict[str, np.ndarray], people: Sequence[str] = ()) -> int | None:
+        """Spool a batch and send it when the window allows; None if the spool is full (dropped).
+        `people`: the names its person columns refer to (`BatchBuilder.take_batch`)."""
         if self.compression:
             columns = compress_columns(columns, self.compression)
         seq = self.seq + 1
-        body = pb.TransitionBatch(stream_epoch=self.epoch, seq=seq, count=count, send_time=time.time())
+        body = pb.TransitionBatch(
+            stream_epoch=self.epoch, seq=seq, count=count, send_time=time.time(), people=list(people)
+        )
         frames = encode(envelope(self.robot_id, batch=body), columns)
         if not self.spool.put(self.epoch, seq, frames):
             self.dropped_transitions += count

@@ -45,6 +45,7 @@ class StepRecord:
     label: int  # pb.Label on this row
     sent_at: float  # time.time() when the action was handed to the robot
     idle: bool = False  # a person drove and held nothing (the row's `idle` flag)
+    person: str = ""  # the name of the person who acted ("": nobody; the row's `actor_person`)
 
 
 Done = Callable[[bool, str], None]  # (applied, what happened): told on the loop's thread
@@ -104,15 +105,19 @@ class OperatorRequests:
     def take_label(self, episode: int | None = None, step: int | None = None) -> int:
         """The label asked for `episode` (the one in progress, now at `step`), else LABEL_NONE; a
         label asked for an episode that has ended is refused."""
+        return self.take_mark(episode, step)[0]
+
+    def take_mark(self, episode: int | None = None, step: int | None = None) -> tuple[int, str]:
+        """`take_label`, and who asked for it (the mark's `by`: the row's `label_person`; "" with none)."""
         with self._lock:
             request, self._label = self._label, None
         if request is None:
-            return pb.LABEL_NONE
+            return pb.LABEL_NONE, ""
         what = pb.Label.Name(int(request.value)).removeprefix("LABEL_").lower()
         if not self._for(request, episode, "mark", what):
-            return pb.LABEL_NONE
+            return pb.LABEL_NONE, ""
         request.answer(True, f"episode {episode} marked {what} at its step {step}")
-        return int(request.value)
+        return int(request.value), request.by
 
     def take_reset(self, episode: int | None = None) -> str:
         """The end reason of the reset asked for `episode` since the last call ("reset" / "discard"), or ""."""

@@ -84,6 +84,7 @@ class Ending:
     why: str
     label: int = pb.LABEL_NONE
     stop: bool = False
+    by: str = ""  # who labelled it (the mark's `by`)
 
 
 @dataclass
@@ -97,6 +98,7 @@ class Step:
     actor: int
     result: StepResult
     sensor_time: float
+    person: str = ""  # who drove (the row's `actor_person`)
 
 
 @dataclass
@@ -238,7 +240,8 @@ class Recorder:
                 return self._end(Ending(False, f"{bad} at step {step}: discarded; recording it again"))
             if self._pending is not None:
                 self._write(self._pending, None)
-            self._pending = Step(self.episodes, step, obs, result.action_applied, actor, result, time.time())
+            person = self.interventions.person
+            self._pending = Step(self.episodes, step, obs, result.action_applied, actor, result, time.time(), person)
             step += 1
             if ended(result, self.robot):
                 return self._end(Ending(True, "the robot ended the episode"))
@@ -347,11 +350,11 @@ class Recorder:
         if why := self._stop_asked():
             return Ending(self._quit.is_set() and not self.interrupted and not self.estop.tripped(), why, stop=True)
         reset = self.requests.take_reset(self.episodes)
-        label = self.requests.take_label(self.episodes, step - 1)
+        label, by = self.requests.take_mark(self.episodes, step - 1)
         if reset == DISCARD:
             return Ending(False, "discarded (re-record); recording it again")
         if label != pb.LABEL_NONE:
-            return Ending(True, "ended by a person", label=label)
+            return Ending(True, "ended by a person", label=label, by=by)
         if reset:
             return Ending(True, "ended early")
         return None
@@ -404,11 +407,11 @@ class Recorder:
         """One row; `ending`: it is the episode's last, ended so (None: more follow, or it is discarded)."""
         r = step.result
         terminated = truncated = False
-        label, label_by = pb.LABEL_NONE, pb.LABEL_BY_ENV
+        label, label_by, by = pb.LABEL_NONE, pb.LABEL_BY_ENV, ""
         if ending is not None:
             terminated, truncated, label = r.terminated, r.truncated, ending.label
             if label != pb.LABEL_NONE:
-                terminated, label_by = terminated or label == pb.LABEL_SUCCESS, pb.LABEL_BY_PERSON
+                terminated, label_by, by = terminated or label == pb.LABEL_SUCCESS, pb.LABEL_BY_PERSON, ending.by
             elif "is_success" in r.info:
                 label = pb.LABEL_SUCCESS if r.info["is_success"] else pb.LABEL_FAILURE
             truncated = not terminated  # a kept episode ends on its last row, with the observation after it
@@ -428,6 +431,8 @@ class Recorder:
             final_obs=r.observation if row.ended else None,
             label_by=row.label_by if row.label != pb.LABEL_NONE else pb.LABEL_BY_ENV,
             policy_action=step.action,
+            person=step.person,
+            label_person=by if row.label != pb.LABEL_NONE and row.label_by == pb.LABEL_BY_PERSON else "",
         )
 
     def _abandon(self) -> None:

@@ -66,11 +66,11 @@ class EpisodeWriter:
         """Write the rows added so far and make them durable (an episode's end does)."""
         if not self.rows.count:
             return
-        count, cols = self.rows.take()
+        taken = self.rows.take_batch()
         self.seq += 1
-        self.store.add(self.stream, self.seq, cols)
+        self.store.add(self.stream, self.seq, taken.columns, taken.people)
         self.store.commit()
-        self.written += count
+        self.written += taken.count
 
     def discard_open(self) -> None:
         """The episode in progress is over and left out: its rows stay, marked discarded."""

@@ -10,6 +10,8 @@ listed in `final_row`. Next observations never cross episodes or robots.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import gymnasium as gym
 import numpy as np
 
@@ -52,6 +54,8 @@ OPTIONAL_COLUMNS: dict[str, np.dtype] = {
     "label_by": np.dtype(np.uint8),  # LabelBy enum: who gave the row's label
     "chunk_step": np.dtype(np.uint8),  # the policy's proposal is action chunk_step of its chunk (0: a new chunk)
     "idle": np.dtype(np.bool_),  # a person drove and held nothing: the robot held still (see IDLE)
+    "actor_person": np.dtype(np.uint16),  # which person acted, by name (see PEOPLE)
+    "label_person": np.dtype(np.uint16),  # which person gave the row's label, by name (see PEOPLE)
 }
 # IDLE marks a step on which a person drove but held nothing (no key, stick or button: the teleop
 # page's source knows), so the robot only held still. Such rows are not demonstrations: the buffer
@@ -62,6 +66,46 @@ OPTIONAL_COLUMNS: dict[str, np.dtype] = {
 # sends no idle rows), and a segment written before it existed reads it as False
 # (`rows.DEFAULTED_COLUMNS`), so old buffers open and continue unchanged.
 IDLE = "idle"
+
+# PEOPLE: which person acted on a row (`actor_person`: the teleop page's driver, a LeRobot
+# teleoperator by its source name; 0 for the policy, warm-up and the scripted intervener) and which
+# person labelled it (`label_person`: a mark's `by`; 0 for the env's and a classifier's labels). Two
+# small integer columns, 0 = nobody named, 1 + i = the batch's `people[i]` (`TransitionBatch.people`,
+# a list of names beside the frames), rather than a string per row: a row stays fixed-size numbers
+# like every other column (segments, the RAM cache and a LeRobot export hold no strings), a batch
+# names each person once, and an edge or buffer from before the columns reads as nobody named. The
+# buffer maps a batch's names to run-wide ids in its index (`buffer/people.py`), durably before the
+# rows that use them are written, so a crash never leaves an id without its name. Names come from a
+# page (untrusted): each is cut to MAX_PERSON_CHARS printable characters (`person_name`, as the
+# teleop page's hello name is), a batch names at most MAX_BATCH_PEOPLE, a buffer keeps at most
+# `buffer/people.MAX_PEOPLE`; beyond either, rows read as nobody named.
+ACTOR_PERSON, LABEL_PERSON = "actor_person", "label_person"
+PERSON_COLUMNS = (ACTOR_PERSON, LABEL_PERSON)
+MAX_PERSON_CHARS = 40
+MAX_BATCH_PEOPLE = 32
+
+
+def person_name(text: str) -> str:
+    """A name as rows record it: stripped, unprintable characters as "?", at most MAX_PERSON_CHARS."""
+    name = "".join(c if c.isprintable() else "?" for c in str(text).strip()[:MAX_PERSON_CHARS])
+    return name.strip()
+
+
+def check_people(arrays: dict[str, np.ndarray], people: Sequence[str]) -> None:
+    """Raise `WireError` unless `people` is a bounded list of distinct names as `person_name` makes
+    them, and every id in the person columns names one of them (or is 0: nobody)."""
+    if len(people) > MAX_BATCH_PEOPLE:
+        raise WireError("bad_people", f"{len(people)} names in one batch (at most {MAX_BATCH_PEOPLE})")
+    for name in people:
+        if not name or name != person_name(name):
+            raise WireError("bad_people", f"name {name[:MAX_PERSON_CHARS]!r} is empty, too long or unprintable")
+    if len(set(people)) != len(people):
+        raise WireError("bad_people", "a name is listed twice")
+    for column in PERSON_COLUMNS:
+        ids = arrays.get(column)
+        if ids is not None and len(ids) and int(ids.max()) > len(people):
+            raise WireError("bad_people", f"{column} {int(ids.max())} names nobody ({len(people)} names sent)")
+
 
 MAX_BATCH_ROWS = 65536
 # The end_reason of an episode a person discarded (LeRobot's re-record): the buffer keeps its rows
@@ -83,9 +127,14 @@ def _check(name: str, array: np.ndarray | None, dtype: np.dtype, shape: tuple[in
 
 
 def validate_batch(
-    arrays: dict[str, np.ndarray], count: int, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box
+    arrays: dict[str, np.ndarray],
+    count: int,
+    obs_space: gym.spaces.Dict,
+    action_space: gym.spaces.Box,
+    people: Sequence[str] = (),
 ) -> None:
-    """Raise `WireError` unless the columns form `count` well-typed rows for these spaces."""
+    """Raise `WireError` unless the columns form `count` well-typed rows for these spaces, whose
+    person columns name only `people` (the batch's names)."""
     if not 0 < count <= MAX_BATCH_ROWS:
         raise WireError("bad_count", f"{count} rows")
     expected = set(SCALAR_COLUMNS) | set(OPTIONAL_COLUMNS) | {"action", FINAL_ROW, POLICY_ACTION}
@@ -98,6 +147,7 @@ def validate_batch(
     for name, dtype in OPTIONAL_COLUMNS.items():
         if name in arrays:
             _check(name, arrays[name], dtype, (count,))
+    check_people(arrays, people)
     if (arrays["episode"] > MAX_INDEX_INT).any():  # episodes are indexed in SQLite (signed 64-bit)
         raise WireError("bad_episode", "episode numbers must be below 2**63")
     for name in ("action", POLICY_ACTION):

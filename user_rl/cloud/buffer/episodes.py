@@ -22,7 +22,7 @@ from user_rl.cloud.buffer.recovery import open_index_read_only
 from user_rl.cloud.buffer.rows import DEFAULTED_COLUMNS, KIND_FINAL, KIND_RECORD
 from user_rl.cloud.buffer.segment import read_segment
 from user_rl.wire.spaces import spaces_from_text
-from user_rl.wire.transitions import DISCARD, OBS, intervened
+from user_rl.wire.transitions import ACTOR_PERSON, DISCARD, LABEL_PERSON, OBS, intervened
 
 # Per-step columns an episode carries besides its observations (the buffer's bookkeeping left out).
 STEP_COLUMNS = (
@@ -39,6 +39,8 @@ STEP_COLUMNS = (
     "sensor_time",
     "chunk_step",
     "idle",
+    ACTOR_PERSON,  # ids of `Episode.people`
+    LABEL_PERSON,
 )
 
 
@@ -55,6 +57,7 @@ class Episode:
     final_obs: dict[str, np.ndarray] | None = None  # the observation after the last step, when the episode ended
     end_reason: str = ""
     epoch: int = 0  # the edge life it was recorded in
+    people: dict[int, str] = field(default_factory=dict)  # the buffer's names of the person columns' ids
 
     def __len__(self) -> int:
         return len(self.steps["action"])
@@ -138,6 +141,7 @@ def read_episodes(directory: str | Path, which: EpisodeFilter | None = None) -> 
         records = {(r.stream, r.episode): r for r in index.episodes() if which.admits(r)}
         epochs = {s.id: s.epoch for s in index.streams()}
         segments = index.segments()
+        people = index.people()  # after the segments: every id their rows hold is named
     finally:
         index.close()
     obs_keys = [OBS + key for key in sorted(obs_space.spaces)]
@@ -154,9 +158,9 @@ def read_episodes(directory: str | Path, which: EpisodeFilter | None = None) -> 
         _collect(cols, records, parts, obs_keys)
         # done once a later segment is read (an episode's final row may sit one segment after its last record)
         for key in [k for k in parts if 0 <= last_segment[k] < seg_record.id]:
-            yield from _episode(records[key], parts.pop(key), epochs)
+            yield from _episode(records[key], parts.pop(key), epochs, people)
     for key in sorted(parts):  # episodes still open, or whose last segment is the newest
-        yield from _episode(records[key], parts.pop(key), epochs)
+        yield from _episode(records[key], parts.pop(key), epochs, people)
 
 
 def _collect(
@@ -174,7 +178,7 @@ def _collect(
             parts.setdefault(key, _Parts()).final = {name[len(OBS) :]: cols[name][row].copy() for name in obs_keys}
 
 
-def _episode(record: EpisodeRecord, parts: _Parts, epochs: dict[int, int]) -> Iterator[Episode]:
+def _episode(record: EpisodeRecord, parts: _Parts, epochs: dict[int, int], people: dict[int, str]) -> Iterator[Episode]:
     """The episode, unless none of its steps is left (evicted: only a final row remains)."""
     if not parts.rows:
         return
@@ -189,4 +193,5 @@ def _episode(record: EpisodeRecord, parts: _Parts, epochs: dict[int, int]) -> It
         final_obs=parts.final,
         end_reason=record.end_reason,
         epoch=epochs.get(record.stream, 0),
+        people=people,
     )

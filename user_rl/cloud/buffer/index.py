@@ -4,7 +4,8 @@ The index is what survives a crash besides the segment files themselves: which s
 segments exist, which (robot, epoch, seq) batches they hold (so a re-sent batch is never
 stored twice), where each stream's last record lives (so an episode continues across a
 restart), the batches an edge lost before sending them (so a re-sent lost seq is known) and a
-per-episode summary for filtering and `user-rl buffer inspect`. One transaction per sealed
+per-episode summary for filtering and `user-rl buffer inspect`, and the names of the people the
+rows' person columns refer to (`people.py`). One transaction per sealed
 segment keeps it consistent with the files. A lock makes the connection safe to share between
 the buffer's ingest thread and its scrubber.
 """
@@ -42,6 +43,7 @@ CREATE INDEX IF NOT EXISTS open_episodes ON episodes (stream) WHERE status = 'op
 CREATE TABLE IF NOT EXISTS lost (
     stream INTEGER NOT NULL, seq INTEGER NOT NULL, segment INTEGER NOT NULL,
     PRIMARY KEY (stream, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS people (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
 """
 
 
@@ -194,6 +196,20 @@ class BufferIndex:
     def lost_keys(self) -> list[tuple[str, int, int]]:
         sql = "SELECT s.robot, s.epoch, l.seq FROM lost l JOIN streams s ON s.id = l.stream"
         return [(r, int(e), int(q)) for r, e, q in self.db.execute(sql)]
+
+    @_locked
+    def people(self) -> dict[int, str]:
+        """The run's people by id (`people.py`); none in a buffer from before the table."""
+        try:
+            return {int(i): str(name) for i, name in self.db.execute("SELECT id, name FROM people")}
+        except sqlite3.OperationalError:  # no such table: an old buffer, opened read-only
+            return {}
+
+    @_locked
+    def add_people(self, people: dict[int, str]) -> None:
+        """Record new people's ids, durably (one transaction) before any row uses them."""
+        with self.db:
+            self.db.executemany("INSERT INTO people VALUES (?, ?)", people.items())
 
     @_locked
     def batch_count(self) -> int:

@@ -24,7 +24,7 @@ from user_rl.cloud.buffer.index import BufferIndex, EpisodeRecord, StreamRecord
 from user_rl.cloud.buffer.rows import KIND_RECORD
 from user_rl.cloud.buffer.segment import CorruptSegment, read_segment
 from user_rl.wire import user_rl_pb2 as pb
-from user_rl.wire.transitions import IDLE
+from user_rl.wire.transitions import ACTOR_PERSON, IDLE, LABEL_PERSON
 
 INDEX = "index.sqlite"
 EPISODE_STATUSES = ("terminated", "truncated", "open")
@@ -32,10 +32,10 @@ EPISODE_STATUSES = ("terminated", "truncated", "open")
 # (ACTOR_WARMUP, or a policy row with no version, as buffers before ACTOR_WARMUP recorded them).
 ACTED_BY = ("policy", "warmup", "person", "scripted")
 LABELLED_BY = {pb.LABEL_BY_PERSON: "person", pb.LABEL_BY_ENV: "env", pb.LABEL_BY_CLASSIFIER: "classifier"}
-NAMES_NOTE = (
-    "not recorded: a row says that a person acted or labelled, not which one (names are in the edge's "
-    "log and status, as teleop:NAME)"
-)
+# Person rows and person labels that name nobody: edges and buffers from before names were recorded
+# (wire/transitions.PEOPLE), or names past a batch's or the buffer's limits.
+UNNAMED = "(no name)"
+PEOPLE_SHOWN = 20  # rows of the text's people tables (--json lists everyone)
 _SEALED = re.compile(r"seg-(\d+)\.seg")
 _OPEN = re.compile(r"open-(\d+)\.(seg|log)")
 
@@ -169,6 +169,7 @@ def _read_index(path: Path) -> dict[str, Any]:
                     )
                 },
                 "lost": _lost_count(index),
+                "people": index.people(),  # after the segments: every id in their rows is named
             }
             index.db.rollback()
         except sqlite3.DatabaseError as error:
@@ -287,14 +288,17 @@ def _scan_segments(
         found, counts = np.unique(keys, axis=0, return_counts=True) if len(keys) else ((), ())
         for (stream_id, episode), count in zip(np.asarray(found).tolist(), np.asarray(counts).tolist()):
             rows[(stream_id, episode)] += count
-        picked = {
-            name: np.asarray(columns[name][:n])[records] if name in columns else np.zeros(len(stream), np.uint8)
-            for name in ("actor", "policy_version", "label", "label_by", IDLE)  # label_by, idle: newer columns
+        picked = {  # label_by, idle and the person columns are newer than the others
+            name: np.asarray(columns[name][:n])[records] if name in columns else np.zeros(len(stream), np.uint16)
+            for name in ("actor", "policy_version", "label", "label_by", IDLE, ACTOR_PERSON, LABEL_PERSON)
         }
         for stream_id in np.unique(stream).tolist():
             mine = stream == stream_id
-            _count_who(who.setdefault(robot_of.get(stream_id, f"stream {stream_id}"), _who()), picked, mine)
+            robot = who.setdefault(robot_of.get(stream_id, f"stream {stream_id}"), _who())
+            _count_who(robot, picked, mine, snap["people"])
         del segment, columns
+    for counts in who.values():
+        counts["people"] = _by_name(counts["people"])
     return rows, intact, who
 
 
@@ -304,12 +308,18 @@ def _who() -> dict[str, Any]:
         "acted": dict.fromkeys(ACTED_BY, 0),
         "person_idle": 0,  # person rows on which they held nothing
         "labelled": {by: {"success": 0, "failure": 0} for by in LABELLED_BY.values()},
-        "people": None,
+        "people": {},  # by name: rows they acted on (and held nothing), labels they gave
+        "unnamed": _person(),  # person rows and person labels that name nobody (UNNAMED)
     }
 
 
-def _count_who(who: dict[str, Any], picked: dict[str, np.ndarray], mine: np.ndarray) -> None:
-    """Add one robot's records of a segment (`mine` of the `picked` columns) to its counts."""
+def _person() -> dict[str, Any]:
+    return {"acted": 0, "idle": 0, "labelled": {"success": 0, "failure": 0}}
+
+
+def _count_who(who: dict[str, Any], picked: dict[str, np.ndarray], mine: np.ndarray, names: dict[int, str]) -> None:
+    """Add one robot's records of a segment (`mine` of the `picked` columns) to its counts; `names`:
+    the buffer's people by id."""
     actor, version = picked["actor"][mine], picked["policy_version"][mine]
     who["records"] += int(mine.sum())
     policy = actor == pb.ACTOR_POLICY
@@ -323,6 +333,45 @@ def _count_who(who: dict[str, Any], picked: dict[str, np.ndarray], mine: np.ndar
     for code, by in LABELLED_BY.items():
         for value, name in ((pb.LABEL_SUCCESS, "success"), (pb.LABEL_FAILURE, "failure")):
             who["labelled"][by][name] += int(np.count_nonzero((label == value) & (label_by == code)))
+    _count_people(who, picked, mine, names)
+
+
+def _count_people(who: dict[str, Any], picked: dict[str, np.ndarray], mine: np.ndarray, names: dict[int, str]) -> None:
+    """Rows and labels by person name; a person row or label that names nobody (an id 0, or one the
+    buffer has no name for) counts as `unnamed`."""
+    actor, acted_by, labelled_by = picked["actor"][mine], picked[ACTOR_PERSON][mine], picked[LABEL_PERSON][mine]
+    label, label_by, idle = picked["label"][mine], picked["label_by"][mine], picked[IDLE][mine].astype(bool)
+    known = np.array(sorted(names), np.int64)
+    acted_named, labelled_named = np.isin(acted_by, known), np.isin(labelled_by, known)
+    counts = [(acted_named, "acted", acted_by), (acted_named & idle, "idle", acted_by)]
+    unnamed = who["unnamed"]
+    person = actor == pb.ACTOR_HUMAN
+    unnamed["acted"] += int(np.count_nonzero(person & ~acted_named))
+    unnamed["idle"] += int(np.count_nonzero(person & ~acted_named & idle))
+    for value, name in ((pb.LABEL_SUCCESS, "success"), (pb.LABEL_FAILURE, "failure")):
+        given = label == value
+        counts.append((given & labelled_named, name, labelled_by))
+        unnamed["labelled"][name] += int(np.count_nonzero(given & (label_by == pb.LABEL_BY_PERSON) & ~labelled_named))
+    for rows, what, ids in counts:
+        found, n = np.unique(ids[rows], return_counts=True)
+        for i, count in zip(found.tolist(), n.tolist()):
+            counted = who["people"].setdefault(names[i], _person())
+            if what in ("acted", "idle"):
+                counted[what] += count
+            else:
+                counted["labelled"][what] += count
+
+
+def _by_name(people: dict[str, Any]) -> dict[str, Any]:
+    """People in the order a reader looks for them: by name, case aside."""
+    return dict(sorted(people.items(), key=lambda item: (item[0].casefold(), item[0])))
+
+
+def _add_person(into: dict[str, Any], counts: dict[str, Any]) -> None:
+    into["acted"] += counts["acted"]
+    into["idle"] += counts["idle"]
+    for name, n in counts["labelled"].items():
+        into["labelled"][name] += n
 
 
 def _total_who(per_robot: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -335,7 +384,11 @@ def _total_who(per_robot: dict[str, dict[str, Any]]) -> dict[str, Any]:
         for by, counts in who["labelled"].items():
             for name, n in counts.items():
                 total["labelled"][by][name] += n
-    return {**total, "people_note": NAMES_NOTE}
+        for name, counts in who["people"].items():
+            _add_person(total["people"].setdefault(name, _person()), counts)
+        _add_person(total["unnamed"], who["unnamed"])
+    total["people"] = _by_name(total["people"])
+    return total
 
 
 def _episode_length_mismatches(snap: dict, rows: Counter[tuple[int, int]], intact: set[int]) -> list[dict[str, Any]]:
@@ -512,7 +565,6 @@ def _format_who(report: dict[str, Any]) -> list[str]:
         f"acted: {who['records']:,} step records: policy {acted['policy']:,}, warm-up {acted['warmup']:,}, "
         f"person {acted['person']:,} ({who['person_idle']:,} holding nothing), scripted {acted['scripted']:,}",
         f"labelled: {_labels(who['labelled'])}",
-        f"people by name: {who['people_note']}",
     ]
     if len(report["robots"]) > 1:
         header = ("robot", "records", "policy", "warm-up", "person", "idle", "scripted", "labels by person")
@@ -525,7 +577,54 @@ def _format_who(report: dict[str, Any]) -> list[str]:
                 (name, *(f"{n:,}" for n in counts), f"{person['success']:,} success / {person['failure']:,} failure")
             )
         lines += ["", *_table(header, rows, left=1)]
+    return lines + _format_people(report)
+
+
+def _format_people(report: dict[str, Any]) -> list[str]:
+    """Rows and labels by person name, over the buffer and (with several robots) per robot; the most
+    active `PEOPLE_SHOWN` of each, the rest counted."""
+    who = report["who"]
+    unnamed = who["unnamed"]
+    has_unnamed = unnamed["acted"] or any(unnamed["labelled"].values())
+    if not who["people"] and not has_unnamed:
+        return ["", "people by name: nobody acted or labelled"]
+    named = len(who["people"])
+    lines = ["", f"people by name: {named:,} {'person' if named == 1 else 'people'} named"]
+    if has_unnamed:
+        lines[-1] += (
+            f"; {unnamed['acted']:,} person rows and {sum(unnamed['labelled'].values()):,} person labels name "
+            f"nobody (shown as {UNNAMED}: from before names were recorded, or past the name limits)"
+        )
+    header = ("person", "acted", "idle", "labels")
+    lines += ["", *_people_table(header, [((), who)])]
+    if len(report["robots"]) > 1:
+        robots = [((robot,), r["who"]) for robot, r in report["robots"].items()]
+        lines += ["", *_people_table(("robot", *header), robots)]
     return lines
+
+
+def _people_table(header: tuple[str, ...], groups: list[tuple[tuple[str, ...], dict[str, Any]]]) -> list[str]:
+    """A table of each group's people (after the group's leading cells, e.g. its robot), in group
+    order, the busiest first within a group (and the rows that name nobody last); `PEOPLE_SHOWN` rows,
+    then how many more there are."""
+    rows = []
+    for group, (lead, who) in enumerate(groups):
+        people = [(False, name, c) for name, c in who["people"].items()]
+        if who["unnamed"]["acted"] or any(who["unnamed"]["labelled"].values()):
+            people.append((True, UNNAMED, who["unnamed"]))
+        for unnamed, name, c in people:
+            labels = c["labelled"]
+            cells = (
+                f"{c['acted']:,}",
+                f"{c['idle']:,}",
+                f"{labels['success']:,} success / {labels['failure']:,} failure",
+            )
+            rows.append(((group, unnamed, -(c["acted"] + sum(labels.values()))), (*lead, name, *cells)))
+    rows.sort(key=lambda row: row[0])  # stable: by name among equals; nobody named last
+    table = _table(header, [cells for _, cells in rows[:PEOPLE_SHOWN]], left=len(header) - 3)
+    if len(rows) > PEOPLE_SHOWN:
+        table.append(f"... and {len(rows) - PEOPLE_SHOWN:,} more (--json lists them all)")
+    return table
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], left: int) -> list[str]:

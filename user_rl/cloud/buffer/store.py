@@ -30,7 +30,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import gymnasium as gym
@@ -41,6 +41,7 @@ from user_rl.cloud.buffer.catalog import SegmentCatalog
 from user_rl.cloud.buffer.commitlog import CommitLog
 from user_rl.cloud.buffer.disk import BufferWriteError, DiskLatch
 from user_rl.cloud.buffer.index import CONTROL_HZ, BufferIndex, SegmentRecord
+from user_rl.cloud.buffer.people import PeopleTable
 from user_rl.cloud.buffer.prefetch import Prefetcher
 from user_rl.cloud.buffer.recovery import attach_history, fill_cache, load_existing, open_meta, restore_pending
 from user_rl.cloud.buffer.rows import KIND_RECORD, StreamState, layout, row_bytes, segment_schema
@@ -101,6 +102,7 @@ class PersistentReplay:
         self.obs_keys = sorted(obs_space.spaces)
         self.schema = segment_schema(obs_space, action_space)
         self.index = BufferIndex(self.dir / "index.sqlite")
+        self.people = PeopleTable(self.index)  # the names the rows' person columns refer to
         self.segment_rows = open_meta(self.index, obs_space, action_space, self.schema, s.segment_mb)
         slot_bytes = self.segment_rows * row_bytes(self.schema)
         self.sampler = Sampler(SamplerSettings(s.strategy, s.recency_half_life, s.mix))
@@ -257,8 +259,10 @@ class PersistentReplay:
         restore_pending(stream, self.catalog, self.segment_checked)
 
     # -- writing -----------------------------------------------------------------------------------
-    def add(self, stream: StreamState, seq: int, cols: dict[str, np.ndarray]) -> bool:
+    def add(self, stream: StreamState, seq: int, cols: dict[str, np.ndarray], people: Sequence[str] = ()) -> bool:
         """Append one validated batch (seq must follow the stream's last); False if a duplicate.
+        `people`: the names its person columns refer to (`wire/transitions.PEOPLE`); new ones are
+        recorded in the index before a row is written (`people.py`).
 
         All or nothing: if it raises, the stream is as before the call (and after a disk error,
         BufferWriteError, the buffer takes no more data)."""
@@ -266,6 +270,8 @@ class PersistentReplay:
         if seq <= stream.record.last_seq:
             self.duplicates += 1
             return False
+        with self._disk.writing("name people"):
+            cols = self.people.stored(cols, people)
         saved = stream.snapshot(np.unique(cols["episode"]).tolist())
         try:
             with self._disk.writing("append"):
@@ -618,6 +624,8 @@ class PersistentReplay:
                 "dropped_unpaired": dropped_unpaired,
                 "scrub": self.catalog.scrub_progress(),
                 "failure": self.failure,
+                "people": len(self.people.names),  # named in the rows (`people.py`)
+                "unnamed_person_rows": self.people.unnamed_rows,  # past the buffer's MAX_PEOPLE names
                 "thread_errors": self.thread_errors(),
             }
 

@@ -6,7 +6,7 @@ stay with the owner. `PersistentReplay` is the one implementation."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -43,7 +43,7 @@ class BufferWriter(Protocol):
 
     def end_open_episodes(self, stream: StreamState, reason: str) -> None: ...
 
-    def add(self, stream: StreamState, seq: int, cols: dict[str, np.ndarray]) -> bool: ...
+    def add(self, stream: StreamState, seq: int, cols: dict[str, np.ndarray], people: Sequence[str] = ()) -> bool: ...
 
     def record_lost(self, stream: StreamState, seq: int, counted: bool = True) -> bool: ...
 

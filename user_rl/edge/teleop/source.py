@@ -103,6 +103,7 @@ class WebTeleop:
         self._active_at = 0.0  # time.monotonic() the driver last commanded motion (or took over)
         self._gripper_left = 0  # steps a new gripper setting still counts as held
         self.idle = False  # the last `act` only held the robot still: its driver held nothing
+        self.person = ""  # the name of the driver whose action the last `act` returned (the row's person)
         self._idle_hand_back: IdleHandBack | None = None  # not yet told to the page
         self._idled: str | None = None  # the client handed back for idling, until anyone takes over
         self.idle_hand_backs = 0
@@ -215,7 +216,7 @@ class WebTeleop:
     # -- on the control loop's thread ----------------------------------------------------------
     def act(self, view: StepView) -> np.ndarray | None:
         with self._lock:
-            self.idle = False
+            self.idle, self.person = False, self._person
             if self._driver is None:
                 return None
             now = time.monotonic()
