@@ -28,10 +28,11 @@ from tests.cloud.test_cloud_ingest import ACTION_SPACE, OBS_SPACE, wait_until, w
 from user_rl.cloud.buffer import store as store_module
 from user_rl.cloud.buffer.episodes import read_episodes
 from user_rl.cloud.buffer.index import BufferIndex
-from user_rl.cloud.buffer.inspect import PEOPLE_SHOWN, UNNAMED, format_report, inspect_buffer
+from user_rl.cloud.buffer.inspect import format_report, inspect_buffer
 from user_rl.cloud.buffer.people import MAX_PEOPLE
 from user_rl.cloud.buffer.segment import read_layout
 from user_rl.cloud.buffer.store import PersistentReplay
+from user_rl.cloud.buffer.who import PEOPLE_SHOWN, UNNAMED
 from user_rl.cloud.ingest import Ingest
 from user_rl.edge.batching import BatchBuilder, TakenBatch
 from user_rl.edge.intervention import InterventionMux, StepView
