@@ -321,9 +321,10 @@ class TeleopServer:
         except (asyncio.TimeoutError, ConnectionError, RuntimeError):
             pass  # a slow or closing page misses this one
 
-    async def _send_state(self, client: Client) -> None:
+    async def _send_state(self, client: Client, state: dict | None = None) -> None:
+        """`state` (one made for every page of a tick: its latch files are read once) as this page sees it."""
         driver, _ = self.source.driver
-        await self._send(client, {**self.state(), "you": client.name, "you_drive": driver == client.id})
+        await self._send(client, {**(state or self.state()), "you": client.name, "you_drive": driver == client.id})
 
     async def _broadcast(self) -> None:
         """State to every page `STATE_HZ` times a second; a camera frame as soon as the loop captured
@@ -340,7 +341,8 @@ class TeleopServer:
             jobs = []
             if loop.time() >= next_state:
                 next_state = loop.time() + 1.0 / STATE_HZ
-                jobs += [self._send_state(c) for c in clients]
+                state = self.state() if clients else None
+                jobs += [self._send_state(c, state) for c in clients]
             if self._frames and clients:
                 encoded, seq = self._encoded(), self._jpegs[0]
                 captured = struct.pack("<d", self._frame_time_ms)
