@@ -19,8 +19,10 @@ each published version carries to an edge are counted from the method's actor (w
 first version: the frozen base goes once).
 
 Prints the table for docs/benchmarks.md (success per method at each point, mean and range over the
-seeds) and writes every point to `--out`. Each run is `user-rl train` in a process of its own, so a
-stopped bench resumes where it was with the same line (finished runs are kept in `--runs-dir`).
+seeds) and writes every point to `--out` after each run. Each run is `user-rl train` in a process of
+its own, so a stopped bench resumes where it was with the same line (finished runs are kept in
+`--runs-dir`). `--out` keeps what earlier benches of the same settings measured: seeds not run now
+stay, and running some methods of a seed again keeps the others' points if its base is the same run.
 
     python bench/steering.py                                   # 3 seeds, 20,000 steps (about 5 h on 2 cores)
     python bench/steering.py --quick                           # 1 seed, 2,000 steps: a smoke check
@@ -84,6 +86,26 @@ def train(config: str, run_root: Path, overrides: list[str]) -> dict:
     return summary
 
 
+def earlier_result(out: str, args: argparse.Namespace) -> dict:
+    """What an earlier bench wrote to `out` with the same settings (a runs directory can be lost
+    between sessions; the measured points are not); {} if nothing, or other settings."""
+    path = Path(out)
+    if not path.is_file():
+        return {}
+    earlier = json.loads(path.read_text())
+    settings = {"steps": args.steps, "every": args.every, "utd_ratio": args.utd, "overrides": args.set}
+    if any(earlier.get(key) != value for key, value in settings.items()):
+        return {}
+    return earlier
+
+
+def same_base(one: dict, other: dict) -> bool:
+    """Whether two seeds' base entries are the same cloned run (its checkpoint; older entries: its numbers)."""
+    if "checkpoint" in one and "checkpoint" in other:
+        return one["checkpoint"] == other["checkpoint"]
+    return (one["success_rate"], one["env_steps"]) == (other["success_rate"], other["env_steps"])
+
+
 def points(summary: dict) -> list[dict]:
     return [
         {"env_steps": e["env_steps"], "updates": e["updates"], "success_rate": e["success_rate"]}
@@ -123,13 +145,17 @@ def main() -> None:
     if args.quick:
         args.seeds, args.steps, args.every = args.seeds[:1], 2000, 1000
     runs = Path(args.runs_dir).resolve()
+    earlier = earlier_result(args.out, args)
     result: dict = {
         "steps": args.steps,
         "every": args.every,
         "utd_ratio": args.utd,
         "overrides": args.set,
-        "bytes_per_version": {method: published_bytes(METHODS[method]) for method in args.methods},
-        "seeds": {},
+        "bytes_per_version": {
+            **earlier.get("bytes_per_version", {}),
+            **{method: published_bytes(METHODS[method]) for method in args.methods},
+        },
+        "seeds": {seed: found for seed, found in earlier.get("seeds", {}).items() if int(seed) not in args.seeds},
     }
     print("bytes per published version: " + ", ".join(f"{m} {b:,}" for m, b in result["bytes_per_version"].items()))
     for seed in args.seeds:
@@ -140,8 +166,15 @@ def main() -> None:
         )
         base_dir = Path(base["run_dir"])
         found = {
-            "base": {"success_rate": base["final_eval"]["success_rate"], "env_steps": base["learner"]["env_steps"]}
+            "base": {
+                "success_rate": base["final_eval"]["success_rate"],
+                "env_steps": base["learner"]["env_steps"],
+                "checkpoint": base["checkpoint"],
+            }
         }
+        before = earlier.get("seeds", {}).get(str(seed))
+        if before and same_base(before["base"], found["base"]):  # the same base: its other methods' points stay
+            found.update({m: v for m, v in before.items() if m != "base" and m not in args.methods})
         print(
             f"seed {seed}: base {found['base']['success_rate']:.2f} after {found['base']['env_steps']:,} env steps",
             flush=True,
@@ -171,15 +204,17 @@ def main() -> None:
             }
             curve = ", ".join(f"{p['success_rate']:.2f} at {p['env_steps']:,}" for p in found[method]["points"])
             print(f"seed {seed}: {method} {curve}", flush=True)
-        result["seeds"][str(seed)] = found
-        write_result(args.out, result)
+            result["seeds"][str(seed)] = found  # written after every run: a stopped bench keeps what it measured
+            write_result(args.out, result)
     print_table(result, args.methods)
 
 
 def print_table(result: dict, methods: list[str]) -> None:
     """Success on 100 fresh episodes per method and point: the mean over seeds, then each seed's."""
     seeds = result["seeds"]
-    steps = sorted({p["env_steps"] for found in seeds.values() for m in methods for p in found[m]["points"]})
+    steps = sorted(
+        {p["env_steps"] for found in seeds.values() for m in methods for p in found.get(m, {}).get("points", [])}
+    )
     bases = [found["base"]["success_rate"] for found in seeds.values()]
     base_cell = f"{sum(bases) / len(bases):.2f} ({', '.join(f'{b:.2f}' for b in bases)})"
     print(f"\n| method | {' | '.join(f'{s:,} env steps' for s in steps)} |")
@@ -189,7 +224,10 @@ def print_table(result: dict, methods: list[str]) -> None:
         cells = []
         for step in steps:
             at = [
-                p["success_rate"] for found in seeds.values() for p in found[method]["points"] if p["env_steps"] == step
+                p["success_rate"]
+                for found in seeds.values()
+                for p in found.get(method, {}).get("points", [])
+                if p["env_steps"] == step
             ]
             cells.append(f"{sum(at) / len(at):.2f} ({', '.join(f'{v:.2f}' for v in at)})" if at else "-")
         print(f"| {method} | {' | '.join(cells)} |")
