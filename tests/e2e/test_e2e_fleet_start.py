@@ -104,9 +104,8 @@ def test_a_slow_starting_edge_is_waited_for_and_a_hung_start_restarted(local_ray
         assert fleet.restarts["slow_reach-1"] == 1 and "slow_reach-1" in fleet.failed, lines
         # The first start was seen stuck where it hung; the restart may fail there too or, on a loaded machine,
         # before its process came up at all: either way no restarts are left and it says so.
-        assert any(
-            line.startswith("robot slow_reach-1: stuck starting: building the robot (slow_reach driver)") for line in lines
-        ), lines
+        first_stuck = "robot slow_reach-1: stuck starting: building the robot (slow_reach driver)"
+        assert any(line.startswith(first_stuck) for line in lines), lines
         assert "no restarts left (fleet.max_restarts=1)" in fleet.failed["slow_reach-1"], lines
         assert not [line for line in lines if line.startswith("robot slow_reach-0")], lines
     finally:
