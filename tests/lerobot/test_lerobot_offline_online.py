@@ -11,7 +11,6 @@ online with robots (`resume=`). A paced fleet's budget of updates counts online 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -66,9 +65,13 @@ def test_a_run_learns_offline_from_an_imported_dataset_then_goes_on_online(lerob
     learner = online["learner"]
     assert Path(online["run_dir"]) == run_dir and online["stop_reason"] == "max_env_steps"
     assert learner["resumed_from"]["updates"] == OFFLINE_UPDATES
-    # The online budget counts online steps: the offline updates did not hold the learner back.
+    # The online budget counts online steps: the offline updates did not hold the learner back. A paced
+    # robot may run a batch (32 steps) past the learner, so the run can stop up to 2 x 32 updates short
+    # of env steps - learning_starts (572 of 600 once on a loaded box); counting the offline updates in
+    # the budget would leave it 400 short.
     online_updates = learner["updates"] - OFFLINE_UPDATES
-    assert online_updates >= math.ceil(learner["env_steps"] - 200), (learner["updates"], learner["env_steps"])
+    slack = 2 * 32  # fleet.num_robots x the config's fleet.batch_transitions
+    assert online_updates >= learner["env_steps"] - 200 - slack, (learner["updates"], learner["env_steps"])
     # The robots acted with the offline policy from the start, not with random warm-up actions.
     steps = [e.steps for e in read_episodes(run_dir / "buffer")]
     policy_rows = np.concatenate([s["policy_version"][s["actor"] == pb.ACTOR_POLICY] for s in steps])
