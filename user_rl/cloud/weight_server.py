@@ -130,7 +130,7 @@ class WeightServer:
     def _release_sent(self) -> None:
         """Settle the claims, then hand back the buffers of replaced versions no claim holds."""
         now = time.monotonic()
-        drained = []
+        drained, dropped = [], 0
         for peer, claim in list(self._claims.items()):
             if not claim.settle(now):
                 del self._claims[peer]
@@ -142,7 +142,7 @@ class WeightServer:
                 and now - claim.progress_at > self.claim_timeout_s
             ):
                 claim.holds_buffer = False  # its frames stay queued (ZeroMQ cannot take them back): watched still
-                self.dropped_claims += 1
+                dropped += 1
                 log.warning(
                     "weights: an edge took none of version %d for %.0f s; its claim on the buffer is "
                     "dropped (what it gets later fails its checksum and it asks again)",
@@ -157,6 +157,7 @@ class WeightServer:
             elif packed.release is not None:
                 packed.release()
         self._retiring = still
+        self.dropped_claims += dropped  # counted once their buffers are back: a reader never sees one ahead
         for peer, request in drained:
             self._maybe_send(peer, request)
 
