@@ -278,7 +278,21 @@ class BufferConfig(Section):
 
 
 class LearnerConfig(Section):
-    publish_every_updates: int = Field(50, ge=1)
+    publish_every_s: float | None = Field(
+        0.1,
+        gt=0,
+        description="hand the edges a new actor this often (seconds): a small one reaches them within a control "
+        "period or two, however fast the updates go",
+    )
+    publish_every_updates: int | None = Field(
+        None, ge=1, description="also (or instead, with publish_every_s null) after this many updates"
+    )
+    publish_max_bytes_per_s: float | None = Field(
+        20e6,
+        gt=0,
+        description="at most this many bytes of actor a second to each edge: a big actor (a VLA) goes out less "
+        "often than publish_every_s; null: no cap",
+    )
     torch_threads: int = Field(0, ge=0, description="0 picks what the fleet leaves free")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     weight_dtype: Literal["float32", "bfloat16", "float16"] = Field(
@@ -308,6 +322,15 @@ class LearnerConfig(Section):
     )
     resources: dict[str, float] = Field(default_factory=dict, description="Ray resources the learner's node must have")
     labels: dict[str, str] = Field(default_factory=dict, description="Ray node labels the learner's node must have")
+
+    @model_validator(mode="after")
+    def _publishes_at_all(self) -> LearnerConfig:
+        if self.publish_every_s is None and self.publish_every_updates is None:
+            raise ValueError(
+                "learner: publish_every_s and publish_every_updates are both null, so the edges would never "
+                "get a new actor; set one (publish_every_s: 0.1 is the default)"
+            )
+        return self
 
 
 class SafetyConfig(Section):

@@ -99,6 +99,9 @@ class LearnerCurves:
             "robots/active": len(robots),
             **{f"loss/{name}": value for name, value in (status.get("metrics") or {}).items()},
         }
+        lag_updates = status.get("policy_lag_updates") or {}  # over the last rows the policy acted (staleness.py)
+        for q in ("p50", "p99"):
+            values[f"staleness/lag_updates_{q}"] = lag_updates.get(q)
         last = self._last
         if last is not None and now["time"] > last["time"]:
             dt = now["time"] - last["time"]

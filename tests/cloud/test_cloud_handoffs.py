@@ -24,7 +24,7 @@ def test_a_newer_actor_replaces_one_not_yet_taken_and_frees_its_buffer() -> None
     handoff.offer(first)
     request = handoff.offer(second)
     assert first.released and not second.released
-    assert handoff.take() == (request, second)
+    assert handoff.take() == (request, second, 0)
     assert handoff.take() is None
 
 
@@ -35,7 +35,7 @@ def test_a_waiter_returns_once_its_request_is_published() -> None:
     waiter = threading.Thread(target=lambda: (handoff.wait_published(request, lambda: True), done.set()))
     waiter.start()
     assert not done.wait(0.2)
-    taken, _ = handoff.take()
+    taken, _, _ = handoff.take()
     handoff.published(taken)
     assert done.wait(10)
     waiter.join(10)

@@ -40,7 +40,7 @@ def spec(**changes) -> TrainerSpec:
         "device": "cpu",
         "threads": 1,
         "seed": 3,
-        "publish_every": 5,
+        "publish_every_updates": 5,
         **changes,
     }
     return TrainerSpec(**fields)
@@ -120,7 +120,7 @@ def test_the_trainer_process_trains_exactly_as_sac_in_this_process(trainer: Trai
     actors, reply = replies_until_state(trainer)
     # Every batch posted before the request is trained on before the answer.
     assert reply.updates == trainer.updates == trainer.submitted == 12
-    # The actor comes back after update 1 and every `publish_every` (5) updates, with metrics.
+    # The actor comes back after update 1 and every `publish_every_updates` (5) updates, with metrics.
     assert [r.updates for r in actors] == [1, 5, 10]
     assert set(actors[-1].metrics) == {"critic_loss", "actor_loss", "alpha", "q"}
     threads = torch.get_num_threads()

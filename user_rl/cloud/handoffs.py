@@ -62,14 +62,14 @@ class ActorHandOff:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._pending: tuple[int, PackedWeights] | None = None  # (request number, actor)
+        self._pending: tuple[int, PackedWeights, int] | None = None  # (request number, actor, its updates)
         self._offered = self._published = 0
 
-    def offer(self, actor: PackedWeights) -> int:
-        """Hand over `actor`; returns its request number (for `wait_published`)."""
+    def offer(self, actor: PackedWeights, updates: int = 0) -> int:
+        """Hand over `actor` (after `updates` updates); returns its request number (for `wait_published`)."""
         with self._cond:
             self._offered += 1
-            replaced, self._pending = self._pending, (self._offered, actor)
+            replaced, self._pending = self._pending, (self._offered, actor, updates)
             if replaced is not None and replaced[1].release is not None:
                 replaced[1].release()  # never published: its buffer is free for the trainer again
             return self._offered
@@ -80,8 +80,8 @@ class ActorHandOff:
             while self._published < request and keep_waiting():
                 self._cond.wait(0.1)
 
-    def take(self) -> tuple[int, PackedWeights] | None:
-        """The actor to publish now and its request number, or None (ingest thread)."""
+    def take(self) -> tuple[int, PackedWeights, int] | None:
+        """The actor to publish now, its request number and updates, or None (ingest thread)."""
         with self._cond:
             pending, self._pending = self._pending, None
             return pending

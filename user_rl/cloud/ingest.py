@@ -50,7 +50,7 @@ from user_rl.cloud.peer_guard import PeerGuard
 from user_rl.cloud.quarantine import MAX_BYTES as QUARANTINE_MAX_BYTES
 from user_rl.cloud.quarantine import Quarantine
 from user_rl.cloud.sessions import RobotSession
-from user_rl.cloud.staleness import LagCounts, PublishedVersions, row_lags, stale_rows
+from user_rl.cloud.staleness import LagCounts, PublishedVersions, UpdateLags, row_lags, stale_rows
 from user_rl.config import BufferConfig
 from user_rl.security.curve import Gatekeeper, secure_server, split_user_id
 from user_rl.wire import user_rl_pb2 as pb
@@ -101,12 +101,13 @@ class Ingest:
         credit: StepCredit | None = None,
         published: PublishedVersions | None = None,
         status: Callable[[], dict] | None = None,
+        updates: Callable[[], int] | None = None,
     ) -> None:
         """What the ingest needs from its owner (the learner), all optional for an ingest on its own:
         `open_buffer` makes the run's buffer when the spaces are fixed (default: one in `buffer_dir`),
         `credit` is the paced fleet's step credit its acks carry, `published` the policy versions
-        published so far (lags count them), and `status` answers `user-rl status` requests (default:
-        the robots' rows of `report()`)."""
+        published so far (lags count them), `status` answers `user-rl status` requests (default:
+        the robots' rows of `report()`), and `updates` counts the learner's updates (lags in updates)."""
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         # A bigger frame: ZeroMQ drops the peer. A bigger message of many frames: dropped in `_receive`.
@@ -150,6 +151,8 @@ class Ingest:
         self.published = published if published is not None else PublishedVersions()
         self.stale_transitions = 0  # stored rows whose policy lagged more than buffer.max_policy_lag
         self.lag_counts = LagCounts()  # stored rows the policy acted, by their lag
+        self.update_lags = UpdateLags()  # and their lag in updates (publish(version, updates) feeds it)
+        self._updates = updates or (lambda: 0)
         self._status = status or (lambda: {"robots": self.report()["robots"]})  # for `user-rl status` requests
         self._open_buffer: BufferOpener = open_buffer or self._open_own_buffer
         self._max_logged = max_rejects_logged
@@ -396,6 +399,7 @@ class Ingest:
         arrays["policy_lag"] = row_lags(arrays, self.published)
         self.buffer.add(stream, body.seq, arrays, body.people)
         self.lag_counts.add(arrays["policy_lag"], arrays)
+        self.update_lags.add(arrays, self._updates())
         stale = int(np.count_nonzero(stale_rows(arrays["policy_lag"], self.buffer_settings.max_policy_lag)))
         self.stale_transitions += stale
         session.account(arrays, stale)
@@ -484,6 +488,7 @@ class Ingest:
             "quarantine": self.quarantine.report(),  # batches refused for their content (per robot in "robots")
             "stale_transitions": self.stale_transitions,
             "policy_lag_counts": self.lag_counts.counts.tolist(),  # stored rows the policy acted, by lag (last: more)
+            "policy_lag_updates": self.update_lags.report(),  # the last rows' lags in updates: p50, p90, p99, max
         }
 
     # -- replying --------------------------------------------------------------------------
@@ -525,9 +530,11 @@ class Ingest:
         """Versions published after `version` (None: the robot acts without a policy yet)."""
         return int(self.published.behind(np.array([version]))[0]) if version >= 0 else None
 
-    def publish(self, version: int) -> None:
-        """A new policy version is out: acks name it, and rows of older ones count as lagging behind it."""
+    def publish(self, version: int, updates: int = 0) -> None:
+        """A new policy version is out, holding the actor after `updates` updates: acks name it, and
+        rows of older ones count as lagging behind it."""
         self.published.add(version)
+        self.update_lags.published(version, updates)
 
     @property
     def policy_version(self) -> int:

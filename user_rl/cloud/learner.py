@@ -138,6 +138,7 @@ class Learner:
             # Lags count the versions earlier learners of this run published too (staleness.py)
             published=PublishedVersions(self.run_dir / PUBLISHED_FILE),
             status=self._status.get,  # answered on the ingest thread, which also makes it
+            updates=lambda: self.updates,
         )
         self.weights = WeightServer(
             self.context,
@@ -276,7 +277,7 @@ class Learner:
         # The checkpoint's actor may be newer than its version, and versions after it may have
         # been published before a crash: it goes out under a number never used before.
         self.lease.last = max(self.lease.last, checkpoint_version)
-        self._publish_now(state["algo"]["actor"])
+        self._publish_now(state["algo"]["actor"], trainer.updates)
         log.warning(
             "resumed from %s: %s; publishing its actor as policy version %d",
             self.checkpoint_path,
@@ -304,6 +305,8 @@ class Learner:
                 algo=cfg.algo.type,
                 initial_weights=cfg.policy.weights,
                 weight_dtype=cfg.learner.weight_dtype,
+                publish_every_s=cfg.learner.publish_every_s,
+                publish_max_bytes_per_s=cfg.learner.publish_max_bytes_per_s,
             )
             self._trainer.set(Trainer(spec, cfg.learner.prefetch_batches))
         return self.trainer
@@ -440,7 +443,9 @@ class Learner:
             if reply.metrics:
                 self.last_metrics = reply.metrics
             pause = reply.tag == Tag.PAUSE
-            self._publish(self.weights.checksummed(reply.weights), wait=pause)  # not on the ingest thread
+            self._publish(
+                self.weights.checksummed(reply.weights), reply.updates, wait=pause
+            )  # not on the ingest thread
             if pause:
                 self._paused.set()
         else:
@@ -470,18 +475,21 @@ class Learner:
         if self.trainer is not None:
             self.trainer.check()
 
-    def _publish(self, actor: PackedWeights, wait: bool = False) -> None:
-        """Hand the actor's weights to the ingest thread, which publishes them under a new version."""
-        request = self._to_publish.offer(actor)
+    def _publish(self, actor: PackedWeights, updates: int, wait: bool = False) -> None:
+        """Hand the actor's weights (after `updates` updates) to the ingest thread, which publishes them
+        under a new version."""
+        request = self._to_publish.offer(actor, updates)
         if wait:
             self._to_publish.wait_published(
                 request, lambda: not self._stop.is_set() and self._threads["ingest"].is_alive()
             )
 
-    def _publish_now(self, state: dict | PackedWeights) -> None:
+    def _publish_now(self, state: dict | PackedWeights, updates: int) -> None:
         """Publish under a fresh version, reserved on disk first (ingest thread, or before it starts)."""
         version = self.lease.next()
-        self.ingest.publish(version)  # recorded first: a crash in between counts one version too many, not too few
+        self.ingest.publish(
+            version, updates
+        )  # recorded first: a crash in between counts one version too many, not too few
         self.weights.publish(version, state)
         self.version = version
 
@@ -512,8 +520,8 @@ class Learner:
         pending = self._to_publish.take()
         if pending is None:
             return
-        request, actor = pending
-        self._publish_now(actor)
+        request, actor, updates = pending
+        self._publish_now(actor, updates)
         self._to_publish.published(request)
 
     def _log_curves(self) -> None:

@@ -146,3 +146,64 @@ class LagCounts:
     def add(self, lags: np.ndarray, columns: dict[str, np.ndarray]) -> None:
         acted = policy_acted(columns)
         self.counts += np.bincount(np.minimum(lags[acted], self.MAX_BIN), minlength=self.MAX_BIN + 1)
+
+
+class UpdateLags:
+    """How many updates the learner had made beyond the version that acted, for each row the policy
+    acted, when the row was stored: the staleness an off-policy update sees, in the unit that
+    moves the policy (a version count depends on how often the learner publishes).
+
+    It counts from `published(version, updates)` of this learner's versions (the newest
+    `MAX_VERSIONS`); a row of an older version (an earlier learner's, a long-spooled backlog) is
+    counted as `unknown`. `report` gives the distribution over the last `WINDOW` rows."""
+
+    WINDOW = 20_000
+    MAX_VERSIONS = 1 << 16
+
+    def __init__(self) -> None:
+        self._versions = np.zeros(self.MAX_VERSIONS, np.int64)
+        self._updates = np.zeros(self.MAX_VERSIONS, np.int64)
+        self._known = 0  # versions held, oldest first
+        self._window = np.zeros(self.WINDOW, np.int64)
+        self._rows = 0  # rows measured since start (the window holds the last WINDOW of them)
+        self.unknown = 0
+
+    def published(self, version: int, updates: int) -> None:
+        """Version `version` holds the actor after `updates` updates."""
+        if self._known == self.MAX_VERSIONS:  # forget the older half: O(1) a version, amortised
+            half = self.MAX_VERSIONS // 2
+            self._versions[:half], self._updates[:half] = self._versions[half:], self._updates[half:]
+            self._known = half
+        self._versions[self._known], self._updates[self._known] = version, updates
+        self._known += 1
+
+    def add(self, columns: dict[str, np.ndarray], updates_now: int) -> None:
+        """Measure the rows of one stored batch, `updates_now` being the learner's count as it stores them."""
+        versions = columns["policy_version"][policy_acted(columns)].astype(np.int64)
+        if not len(versions):
+            return
+        held = self._versions[: self._known]  # increasing
+        at = np.minimum(np.searchsorted(held, versions), max(self._known - 1, 0))
+        known = held[at] == versions if self._known else np.zeros(len(versions), bool)
+        self.unknown += int(np.count_nonzero(~known))
+        lags = np.maximum(updates_now - self._updates[at[known]], 0)[-self.WINDOW :]
+        slots = (self._rows + np.arange(len(lags))) % self.WINDOW
+        self._window[slots] = lags
+        self._rows += len(lags)
+
+    def report(self) -> dict:
+        """p50 / p90 / p99 / max of the last rows' lags in updates, how many rows that is, and the
+        rows whose version was not known (all since the learner started)."""
+        lags = self._window[: min(self._rows, self.WINDOW)]
+        if not len(lags):
+            return {"rows": 0, "unknown": self.unknown}
+        p50, p90, p99 = np.percentile(lags, [50, 90, 99])
+        return {
+            "rows": len(lags),
+            "p50": float(p50),
+            "p90": float(p90),
+            "p99": float(p99),
+            "max": int(lags.max()),
+            "mean": round(float(lags.mean()), 2),
+            "unknown": self.unknown,
+        }

@@ -41,6 +41,7 @@ import torch.multiprocessing as torch_mp
 from user_rl.algos import Algorithm, algo_class, make_algo, metrics_to_floats
 from user_rl.cloud.actor_buffers import ActorBuffers
 from user_rl.cloud.checkpoint import snapshot
+from user_rl.cloud.publish_schedule import PublishSchedule
 from user_rl.policies.weights import load_weights
 from user_rl.wire.transitions import NEXT_OBS, OBS
 from user_rl.wire.weights import CASTS, PackedWeights
@@ -63,7 +64,7 @@ class Entry(IntEnum):
 class Tag(IntEnum):
     """Why the actor or the state was asked for; the reply carries it back (it crosses the ring as this number)."""
 
-    PERIODIC = 0  # the actor the trainer hands back on its own, every `publish_every` updates
+    PERIODIC = 0  # the actor the trainer hands back on its own, on its publish schedule
     PAUSE = 1
     CHECKPOINT = 2
     FINAL = 3
@@ -81,12 +82,14 @@ class TrainerSpec:
     device: str
     threads: int
     seed: int
-    publish_every: int  # hand the actor back after update 1 and every this many updates
+    publish_every_updates: int | None  # hand the actor back after update 1 and every this many updates
     state: dict | None = None  # a checkpoint's algorithm state to continue from
     rng: dict | None = None  # and its RNG states ("torch", "cuda")
     algo: str = "sac"  # its name in `user_rl.algos.ALGOS`
     initial_weights: str | None = None  # a fresh run's actor starts from this file (`policy.weights`)
     weight_dtype: str = "float32"  # what the actor is published as (`learner.weight_dtype`)
+    publish_every_s: float | None = None  # and every this many seconds (publish_schedule.py)
+    publish_max_bytes_per_s: float | None = None  # but no more bytes of actor a second than this
 
 
 # -- what the trainer process sends the learner (through its outbox queue: picklable) ----------------
@@ -405,6 +408,7 @@ def _train(
     on_gpu = device.type == "cuda"
     depth, taken = len(ring.kinds), 0
     publisher = ActorPublisher(algo, spec.weight_dtype, outbox)
+    schedule = PublishSchedule(spec.publish_every_s, spec.publish_every_updates, spec.publish_max_bytes_per_s)
     while True:
         waited = time.perf_counter()
         if not ring.posted.acquire(timeout=PARENT_CHECK_S):
@@ -428,12 +432,15 @@ def _train(
             if not on_gpu:  # the update read the slot itself
                 ring.free.release()
             updates.value = algo.updates
-            if algo.updates == 1 or algo.updates % spec.publish_every == 0:
-                publisher.actor(Tag.PERIODIC, metrics)
+            now = time.monotonic()
+            if schedule.due(algo.updates, now) and publisher.actor(Tag.PERIODIC, metrics):
+                schedule.published(algo.updates, now)
+                schedule.set_actor_bytes(publisher.actor_bytes)
             continue
         ring.free.release()
         if kind == Entry.ACTOR:
-            publisher.actor(tag, metrics)
+            if publisher.actor(tag, metrics):
+                schedule.published(algo.updates, time.monotonic())
         elif kind == Entry.STATE:
             rng = {"torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state(device)} if on_gpu else {})}
             state = snapshot(algo.state_dict())  # copied here, between updates; serialised by the sender
@@ -493,14 +500,23 @@ class ActorPublisher:
         self._sender = threading.Thread(target=self._send, name="trainer-sender", daemon=True)
         self._sender.start()
 
-    def actor(self, tag: Tag, metrics: dict[str, torch.Tensor]) -> None:
+    def actor(self, tag: Tag, metrics: dict[str, torch.Tensor]) -> bool:
+        """Write the actor into a free shared buffer and send word of it; False if none was free (a
+        periodic actor waits for none: the edges still fetch the last ones, a later one goes instead)."""
         if self.buffers is None:
             self.buffers = ActorBuffers(self.algo.actor, self.cast)
             self.later(lambda buffers=self.buffers: ActorBuffersMade(buffers))
         index = self.buffers.write(self.algo.actor, wait_s=0.0 if tag == Tag.PERIODIC else 60.0)
-        if index is not None:
-            floats = metrics_to_floats(metrics)
-            self.later(lambda updates=self.algo.updates: ActorWritten(tag, updates, index, floats))
+        if index is None:
+            return False
+        floats = metrics_to_floats(metrics)
+        self.later(lambda updates=self.algo.updates: ActorWritten(tag, updates, index, floats))
+        return True
+
+    @property
+    def actor_bytes(self) -> int:
+        """Bytes one published version carries (its trainable part, as cast); 0 before the first."""
+        return self.buffers.own_layout.total_bytes if self.buffers is not None else 0
 
     def later(self, make_message: Callable[[], TrainerMessage]) -> None:
         """Send what `make_message()` returns, from the sender thread, after everything before it."""
