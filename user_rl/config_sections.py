@@ -386,6 +386,17 @@ class StopConfig(Section):
         1, ge=1, description="consecutive evaluations, each on new episodes, that must meet the goal"
     )
     mean_return: float | None = None
+    eval_beside_training: bool = Field(
+        True,
+        description="the learning curve's evaluations run while the learner and the fleet go on (they pause "
+        "only for the snapshot); a run with a goal, and the final evaluation, keep the learner paused while "
+        "they evaluate, so the checkpoint left is the version evaluated",
+    )
+
+    @property
+    def evaluates_beside_training(self) -> bool:
+        """Whether the scheduled evaluations run beside the training (not while a goal is set)."""
+        return self.eval_beside_training and self.success_rate is None and self.mean_return is None
 
     @model_validator(mode="after")
     def _goal_needs_evaluations(self) -> StopConfig:

@@ -119,10 +119,11 @@ class ProgressPrinter:
 
     def evaluation(self, record: dict) -> None:
         self._record({"eval": record})
+        went_on = _updates_meanwhile(record)
         self.out(
             f"[{record['time_s']:6.0f}s] eval of policy v{record['policy_version']}: "
             f"success {_fmt(record['success_rate'])}, return {record['mean_return']:.1f} "
-            f"over {record['episodes']} episodes"
+            f"over {record['episodes']} episodes" + (f" (training went on: +{went_on:,} updates)" if went_on else "")
         )
 
     @staticmethod
@@ -162,3 +163,8 @@ def _print_fleet(fleet: dict, wall: float, out: Callable[[str], None]) -> None:
     if rejected:
         out(f"  rejected messages: {rejected}")
     out(f"  checkpoint: {fleet.get('checkpoint')}")
+
+
+def _updates_meanwhile(record: dict) -> int:
+    """Updates the learner made while an evaluation ran beside the training (0: it was paused)."""
+    return max(0, (record.get("updates_after") or 0) - (record.get("updates") or 0))

@@ -100,6 +100,10 @@ def test_a_run_without_a_goal_is_watched_live_leaves_curves_and_plots_and_resume
     assert len(evals) == len(summary["evaluations"]) and evals[-1]["env_steps"] >= 2400, evals  # the final one
     assert evals[0]["env_steps"] < 2400, evals  # and before it, on schedule (at 1,200 env steps, or 3 s)
     assert [e["env_steps"] for e in evals] == sorted(e["env_steps"] for e in evals)
+    # Those of the curve ran beside the training (stop.eval_beside_training): the learner went on
+    # while they played; the final one held it, so the checkpoint is the version it evaluated.
+    assert any(e["updates_after"] > e["updates"] for e in evals[:-1]), evals
+    assert evals[-1]["updates_after"] == evals[-1]["updates"], evals
 
     # The end-of-run plots: PNG images with something drawn on them.
     import matplotlib.image

@@ -20,10 +20,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import zmq
-
 from user_rl.config import Config, ConfigError, StopConfig, dump_config
-from user_rl.evaluation import EvalResult, evaluate
+from user_rl.evaluation import EvalResult
+from user_rl.launch.evaluations import Evaluator, Snapshot
 from user_rl.launch.fleet_health import FleetHealth
 from user_rl.launch.placement import (
     actor_options,
@@ -62,37 +61,6 @@ def make_run_dir(cfg: Config) -> Path:
             (run_dir / name).mkdir()
             (run_dir / name / "config.yaml").write_text(dump_config(one_model))
     return run_dir
-
-
-class Evaluator:
-    """Fetches the learner's newest actor over the weights socket and evaluates it locally."""
-
-    def __init__(self, cfg: Config, weights_address: str) -> None:
-        from user_rl.algos import make_run_actor
-        from user_rl.edge.weights import WeightReceiver
-        from user_rl.hal.registry import make_robot
-        from user_rl.security.curve import launch_client_keys
-
-        self.cfg = cfg
-        self.robot = make_robot(cfg.robot.type, **{**cfg.robot_options(0), "robot_id": "eval"})
-        self.actor = make_run_actor(cfg.policy, cfg.algo, self.robot.observation_space, self.robot.action_space)
-        self.context = zmq.Context()
-        self.receiver = WeightReceiver(
-            self.context, weights_address, curve=launch_client_keys(cfg.security, weights_address)
-        )
-
-    def run(self, version: int, round_index: int) -> EvalResult:
-        """Each evaluation round plays new episodes, so stopping never favours one lucky set."""
-        _, state = self.receiver.wait_for(version)
-        self.actor.load_state_dict(state)
-        return evaluate(
-            self.robot, self.actor, self.cfg.stop.eval_episodes, seed=1000 * self.cfg.seed + 100 + round_index
-        )
-
-    def close(self) -> None:
-        self.receiver.close()
-        self.robot.close()
-        self.context.term()
 
 
 def _start_ray(cfg: Config, address: str | None, out: Printer) -> None:
@@ -381,6 +349,7 @@ def _tend(run: FleetRun, stop: StopConfig, started: float) -> None:
         return
     if run.cfg.offline:
         return
+    _record_finished(run, started)
     fleet = run.fleet
     fleet.poll()
     if not fleet.active:
@@ -407,6 +376,17 @@ def _tend(run: FleetRun, stop: StopConfig, started: float) -> None:
         and status.get("policy_version", 0) > 0
     )
     if not (by_steps or by_time):
+        return
+    if run.cfg.stop.evaluates_beside_training:  # the learner pauses only for the snapshot
+        if run.evaluator.busy:
+            return  # the fleet holds at this point until the last evaluation has ended
+        snapshot, state = _take_snapshot(run)
+        run.evaluator.start(snapshot, state, lambda: ray.get(run.learner.status.remote())["updates"])
+        run.last_eval = time.monotonic()
+        if by_steps:
+            run.next_eval_steps = stop.next_eval_steps(snapshot.env_steps)
+            ray.get(run.learner.set_hold.remote(run.next_eval_steps))
+        ray.get(run.learner.resume.remote())
         return
     result = _evaluate_snapshot(run, started)  # on schedule, goal or not: the learning curve
     if by_steps:
@@ -469,27 +449,53 @@ def _record_teleop_pages(run: FleetRun) -> None:
         )
 
 
-def _evaluate_snapshot(run: FleetRun, started: float) -> EvalResult:
-    """Pause updates and evaluate exactly the version just published (the caller resumes)."""
+def _take_snapshot(run: FleetRun) -> tuple[Snapshot, dict]:
+    """Pause the updates and take the version the learner publishes, with where the run stands
+    (the caller resumes the learner)."""
     import ray
 
     version = ray.get(run.learner.pause.remote())
     status = ray.get(run.learner.status.remote())
-    env_steps = status["env_steps"]
-    result = run.evaluator.run(version, round_index=len(run.evals))
+    return run.evaluator.snapshot(version, status["env_steps"], status["updates"])
+
+
+def _evaluate_snapshot(run: FleetRun, started: float) -> EvalResult:
+    """Evaluate exactly the version the learner publishes now, paused (the caller resumes it); a
+    background evaluation still running ends and is recorded first: the curve stays in order."""
+    _record_finished(run, started, wait=True)
+    snapshot, state = _take_snapshot(run)
+    result = run.evaluator.evaluate(snapshot, state)
     run.last_eval = time.monotonic()
+    _record_evaluation(run, snapshot, result, snapshot.updates, started)  # paused: no update meanwhile
+    return result
+
+
+def _record_finished(run: FleetRun, started: float, wait: bool = False) -> None:
+    """Record the background evaluations that have ended (with `wait`, the running one too)."""
+    if run.evaluator is not None:
+        for snapshot, result, updates_after in run.evaluator.finished(wait):
+            _record_evaluation(run, snapshot, result, updates_after, started)
+
+
+def _record_evaluation(
+    run: FleetRun, snapshot: Snapshot, result: EvalResult, updates_after: int, started: float
+) -> None:
+    """One point of the learning curve: in the summary, metrics.jsonl, the progress line, TensorBoard.
+    `updates_after`: the learner's updates as the evaluation ended (more than the snapshot's when
+    the training went on meanwhile)."""
     record = {
-        "time_s": round(run.last_eval - started, 1),
-        "policy_version": version,
-        "env_steps": env_steps,
-        "updates": status["updates"],
+        "time_s": round(time.monotonic() - started, 1),
+        "policy_version": snapshot.version,
+        "env_steps": snapshot.env_steps,
+        "updates": snapshot.updates,
+        "updates_after": updates_after,
         **result.as_dict(),
     }
     run.evals.append(record)
     run.printer.evaluation(record)
     if run.board is not None:
         run.board.scalars(
-            env_steps,
+            snapshot.env_steps,
             {
                 "eval/success_rate": result.success_rate,
                 "eval/mean_return": result.mean_return,
@@ -497,4 +503,3 @@ def _evaluate_snapshot(run: FleetRun, started: float) -> EvalResult:
             },
         )
         run.board.flush()
-    return result
