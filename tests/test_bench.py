@@ -321,3 +321,28 @@ def test_the_steering_bench_counts_what_each_version_carries_to_an_edge() -> Non
     sizes = {method: bench.published_bytes(config) for method, config in bench.METHODS.items()}
     assert sizes["dsrl"] == sizes["dsrl_people"] < sizes["residual"] < 2 * 1024 * 1024
     assert 3 * sizes["dsrl"] < sizes["flow_ql"] < sizes["qc"]
+
+
+def test_the_sac_gap_bench_changes_one_thing_per_variant() -> None:
+    """bench/sac_gap.py (issue 34): `std1` starts the actor's std at 1 before the tanh, as SB3's, where
+    ours starts near 0.22; `alpha1st` steps the temperature first and backs the critic up with the
+    temperature from before that step, as SB3 does; `serial` is the trainer's own SAC, unchanged."""
+    import gymnasium as gym
+    import numpy as np
+    import torch
+
+    bench = load_bench("sac_gap.py")
+    env = gym.make("HalfCheetah-v5")
+    torch.manual_seed(0)
+    serial, std1 = bench.build_sac(env, "serial"), bench.build_sac(env, "std1")
+    obs = {"state": torch.zeros(64, env.observation_space.shape[0])}
+    assert serial.actor.distribution(obs)[1].mean() < -1.0 < -0.3 < std1.actor.distribution(obs)[1].mean() < 0.3
+
+    replay = bench.Replay(300, env.observation_space.shape[0], env.action_space.shape[0])
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        replay.add(rng.normal(size=17), rng.uniform(-1, 1, 6), rng.normal(), rng.normal(size=17), False)
+    assert replay.sample(256, rng, delay=100)["obs"]["state"].shape == (256, 17)
+    before = float(serial.alpha)
+    bench.alpha_first_update(serial, replay.sample(256, rng, delay=0))
+    assert serial.updates == 1 and float(serial.alpha) != before
