@@ -88,6 +88,10 @@ class LearnerService(_Threaded):
     def pause(self) -> int:
         return self.learner.pause()
 
+    def updates(self) -> int:
+        """Updates made so far, read now (the status is made twice a second)."""
+        return self.learner.updates
+
     def set_active_robots(self, count: int) -> None:
         self.learner.set_active_robots(count)
 

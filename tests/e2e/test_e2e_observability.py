@@ -27,7 +27,7 @@ RUN = (
     "stop.success_rate=null",
     "stop.max_env_steps=2400",
     "stop.eval_every_s=3",
-    "stop.eval_episodes=3",
+    "stop.eval_episodes=10",  # long enough that the learner makes updates while one plays
     "stop.eval_every_env_steps=1200",  # one evaluation before the final one however fast the box (CI: 12 s runs)
     "learner.tensorboard_every_s=2",
 )

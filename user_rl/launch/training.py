@@ -381,12 +381,12 @@ def _tend(run: FleetRun, stop: StopConfig, started: float) -> None:
         if run.evaluator.busy:
             return  # the fleet holds at this point until the last evaluation has ended
         snapshot, state = _take_snapshot(run)
-        run.evaluator.start(snapshot, state, lambda: ray.get(run.learner.status.remote())["updates"])
-        run.last_eval = time.monotonic()
         if by_steps:
             run.next_eval_steps = stop.next_eval_steps(snapshot.env_steps)
             ray.get(run.learner.set_hold.remote(run.next_eval_steps))
-        ray.get(run.learner.resume.remote())
+        ray.get(run.learner.resume.remote())  # before the evaluation starts: it plays beside the training
+        run.evaluator.start(snapshot, state, lambda: ray.get(run.learner.updates.remote()))
+        run.last_eval = time.monotonic()
         return
     result = _evaluate_snapshot(run, started)  # on schedule, goal or not: the learning curve
     if by_steps:
