@@ -2,7 +2,7 @@
 
 | `policy.type` | actor | outputs |
 |---|---|---|
-| `mlp` | `GaussianActor` (`mlp.py`) | one action per step; its critic is `TwinQCritic` |
+| `mlp` | `GaussianActor` (`mlp.py`) | one action per step; its critic is `TwinQCritic` (a `QEnsemble`, `ensemble.py`) |
 | `flow` | `FlowChunkActor` (`flow.py`) | chunks of H actions (flow matching), with a chunk critic for best-of-N |
 | `vla` | `VLAChunkActor` (`vla.py`) | the same chunks from images + an instruction + state, through a transformer |
 | `lerobot` | `LeRobotChunkActor` (`lerobot_policy.py`) | a LeRobot ACT, diffusion or SmolVLA policy's chunks |
@@ -34,6 +34,7 @@ from torch import nn
 
 from user_rl.plugins import POLICIES, builtin_or_plugin, known_names
 from user_rl.policies.chunking import ChunkRunner, act_chunk, chunk_length
+from user_rl.policies.ensemble import QEnsemble
 from user_rl.policies.flow import FlowChunkActor, FlowSettings
 from user_rl.policies.mlp import GaussianActor, MLPSettings, TwinQCritic
 from user_rl.policies.vla import VLAChunkActor, VLASettings
@@ -113,6 +114,7 @@ __all__ = [
     "FlowSettings",
     "GaussianActor",
     "MLPSettings",
+    "QEnsemble",
     "TwinQCritic",
     "VLAChunkActor",
     "VLASettings",

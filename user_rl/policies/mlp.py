@@ -1,4 +1,4 @@
-"""Gaussian actor and twin Q critic over any dict observation (state vectors and/or cameras).
+"""Gaussian actor and its critic over any dict observation (state vectors and/or cameras).
 
 The actor is what edges run: it outputs actions in the robot's own units, so an edge never
 needs the learner's normalisation. The critic sees actions normalised to [-1, 1].
@@ -10,11 +10,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 from pydantic import Field
-from torch import nn
 from torch.distributions import Normal
 
 from user_rl.config_plugins import PolicySettings
 from user_rl.policies.encoders import ActionScaling, DictEncoder, mlp
+from user_rl.policies.ensemble import QEnsemble
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
@@ -68,22 +68,6 @@ class GaussianActor(ActionScaling):
         return self.to_robot_units(squashed)
 
 
-class TwinQCritic(nn.Module):
-    """Two Q networks; `layer_norm` (the RLPD recipe) normalises each hidden layer."""
-
-    def __init__(
-        self, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, hidden: list[int], layer_norm: bool = False
-    ) -> None:
-        super().__init__()
-        self.encoder = DictEncoder(obs_space)
-        in_dim = self.encoder.out_dim + int(np.prod(action_space.shape))
-        self.q1 = mlp(in_dim, hidden, 1, layer_norm)
-        self.q2 = mlp(in_dim, hidden, 1, layer_norm)
-
-    def forward(self, obs: dict[str, torch.Tensor], action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.q_of(self.encoder(obs), action)
-
-    def q_of(self, features: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Both Q-values from encoded observations (one encoder pass serves several uses)."""
-        x = torch.cat([features, action], dim=-1)
-        return self.q1(x), self.q2(x)
+# The critic every SAC-family algorithm trains beside this actor (and what plugin policies name as
+# their `Critic`): an ensemble of Q-networks run as one, two by default (clipped double Q).
+TwinQCritic = QEnsemble

@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from user_rl.policies.ensemble import to_stacked_layout
+
 
 def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
@@ -43,7 +45,7 @@ def save_weights(module: nn.Module, path: str | Path) -> None:
 def load_weights(actor: nn.Module, path: str | Path) -> list[str]:
     """Load what the file has into `actor`; returns the parameters it left at their initial values
     (buffers such as the action scaling come from the spaces, not from training)."""
-    stored = read_weights(path)
+    stored = to_stacked_layout(actor, read_weights(path))  # a critic in it may be an older, unstacked one
     own = actor.state_dict()
     unknown = sorted(set(stored) - set(own))
     if unknown:
