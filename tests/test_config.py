@@ -277,6 +277,6 @@ def test_each_section_is_the_settings_class_its_type_registers() -> None:
 
 def test_algo_options_are_older_configs_nesting_of_an_algorithms_own_keys() -> None:
     """`algo.options` (older plugin configs) holds keys of algo itself: each is checked like one."""
-    message = error(overrides=["algo.options.num_critics=5"])
-    assert message.startswith("config error: algo.num_critics is not a key of algo.type sac; allowed: type, gamma,")
+    message = error(overrides=["algo.options.num_critic=5"])
+    assert message.startswith("config error: algo.num_critic is not a key of algo.type sac; allowed: type, gamma,")
     assert build_config({}, ["algo.options.tau=0.01"]).algo.tau == 0.01

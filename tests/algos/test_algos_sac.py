@@ -1,6 +1,6 @@
 """SAC learns a one-step task whose best action depends on the observation (also with the RLPD
-recipe's LayerNorm critics), and its critics regress on the right bootstrapped target for
-terminated, truncated and n-step rows."""
+recipe's LayerNorm critics, and with its ensemble of ten critics), and its critics regress on the
+right bootstrapped target for terminated, truncated and n-step rows."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from user_rl.algos import SAC, SACSettings, metrics_to_floats
+from user_rl.policies.ensemble import StackedLayerNorm, StackedLinear
 
 
-def train_on_bandit(critic_layer_norm: bool = False) -> SAC:
+def train_on_bandit(**settings: object) -> SAC:
     """SAC after 600 updates on a one-step task whose reward peaks at action = 1.5 * state[0]."""
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
@@ -24,7 +25,7 @@ def train_on_bandit(critic_layer_norm: bool = False) -> SAC:
         action_space,
         policy_options={"hidden": [64, 64]},
         settings=SACSettings.model_construct(  # a bandit: gamma 0, which a run's config refuses (built unchecked)
-            gamma=0.0, actor_lr=3e-3, critic_lr=3e-3, init_alpha=0.01, critic_layer_norm=critic_layer_norm
+            gamma=0.0, actor_lr=3e-3, critic_lr=3e-3, init_alpha=0.01, **settings
         ),
     )
     for _ in range(600):
@@ -59,12 +60,21 @@ def test_sac_learns_an_observation_dependent_bandit() -> None:
 
 def test_sac_with_layer_norm_critics_rlpd_learns_the_same_bandit() -> None:
     sac = train_on_bandit(critic_layer_norm=True)
-    for critic in (sac.critic, sac.critic_target):
-        for q in (critic.q1, critic.q2):  # one LayerNorm per hidden layer, before its ReLU
-            kinds = [type(m) for m in q]
-            assert kinds == [nn.Linear, nn.LayerNorm, nn.ReLU, nn.Linear, nn.LayerNorm, nn.ReLU, nn.Linear], kinds
+    for critic in (sac.critic, sac.critic_target):  # one LayerNorm per hidden layer, before its ReLU
+        kinds = [type(m) for m in critic.qs]
+        linear, norm = StackedLinear, StackedLayerNorm
+        assert kinds == [linear, norm, nn.ReLU, linear, norm, nn.ReLU, linear], kinds
+        assert critic.qs[1].weight.shape == (2, 1, 64)  # each of the two critics with its own scale
     # the actor (what edges load) is the same network either way
     assert not any(isinstance(m, nn.LayerNorm) for m in sac.actor.modules())
+    assert_solves_bandit(sac)
+
+
+def test_sac_with_an_ensemble_of_ten_critics_rlpd_learns_the_same_bandit() -> None:
+    """RLPD's ensemble: ten critics, each target the minimum of two drawn at random, the actor up their mean."""
+    sac = train_on_bandit(num_critics=10, target_critics=2)
+    features = sac.critic.encoder({"state": torch.zeros(5, 2)})
+    assert sac.critic.q_of(features, torch.zeros(5, 1)).shape == (10, 5, 1)
     assert_solves_bandit(sac)
 
 

@@ -32,7 +32,7 @@ from user_rl.algos.base import (
     parts_state,
     soft_update,
 )
-from user_rl.algos.optim import adam, step
+from user_rl.algos.optim import adam, critic_adam, step
 from user_rl.algos.qc import CHUNK_CRITIC_COLUMNS
 from user_rl.config_plugins import AlgoSettings, PolicySettings
 from user_rl.policies import make_actor
@@ -86,7 +86,7 @@ class FlowQL:
         self.critic = critic.to(self.device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.actor_optim = adam([p for p in self.actor.parameters() if p.requires_grad], s.actor_lr)
-        self.critic_optim = adam(self.critic.parameters(), s.critic_lr)
+        self.critic_optim = critic_adam(self.critic, s.critic_lr)
         self.updates = 0
 
     def td_target(self, batch: dict) -> torch.Tensor:

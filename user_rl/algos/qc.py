@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from user_rl.algos.base import backed_up, imitation_weights, load_parts_state, parts_state, soft_update
-from user_rl.algos.optim import adam, step
+from user_rl.algos.optim import adam, critic_adam, step
 from user_rl.config_plugins import AlgoSettings
 from user_rl.policies import make_actor
 
@@ -84,7 +84,7 @@ class QChunking:
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         flow = [p for name, p in self.actor.named_parameters() if not name.startswith("value.") and p.requires_grad]
         self.actor_optim = adam(flow, s.actor_lr)
-        self.critic_optim = adam(self.critic.parameters(), s.critic_lr)
+        self.critic_optim = critic_adam(self.critic, s.critic_lr)
         self.updates = 0
 
     def td_target(self, batch: dict) -> torch.Tensor:

@@ -1,16 +1,21 @@
-"""Soft actor-critic (Haarnoja et al., 2018) with twin critics and a learned temperature.
+"""Soft actor-critic (Haarnoja et al., 2018) with an ensemble of critics and a learned temperature.
 
 `update` reads top to bottom like a single-file reference: critic, actor, temperature,
 target networks. The learner service calls it; it knows nothing of sockets or buffers.
 
-The RLPD / HIL-SERL recipe (Ball et al., 2023; Luo et al., 2024) is this SAC with three
-settings: LayerNorm in the critics' hidden layers (`critic_layer_norm`, which keeps the
-Q-values from running away when each sample is replayed many times), a high update-to-data
-ratio (`algo.utd_ratio`), and interventions or demonstrations sampled at a fixed share of every
-batch (`buffer.mix`). An intervention row is an ordinary transition here, so the same row
-serves SAC and behaviour cloning.
+The critics are one vectorised ensemble (`QEnsemble`) of `num_critics` Q-networks, two by
+default: the target is the minimum of `target_critics` of them drawn at random each update (two of
+two: clipped double Q), and the actor maximises the smaller of two, or the mean of a larger
+ensemble. Ten critics with targets from two is the ensemble of RLPD and REDQ.
 
-A variant with other Q-networks (an ensemble, as REDQ's) overrides `build_critic`, `target_q` and
+The RLPD / HIL-SERL recipe (Ball et al., 2023; Luo et al., 2024) is this SAC with these settings:
+LayerNorm in the critics' hidden layers (`critic_layer_norm`, which keeps the Q-values from
+running away when each sample is replayed many times), an ensemble of critics (`num_critics`),
+a high update-to-data ratio (`algo.utd_ratio`), and interventions or demonstrations sampled at a
+fixed share of every batch (`buffer.mix`). An intervention row is an ordinary transition here, so
+the same row serves SAC and behaviour cloning.
+
+A variant with other Q-networks or other uses of them overrides `build_critic`, `target_q` and
 `actor_q`, and keeps the rest (examples/user_rl_point_plugin/user_rl_point_plugin/algo.py).
 """
 
@@ -22,11 +27,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from user_rl.algos.base import backed_up, load_parts_state, parts_state, soft_update
-from user_rl.algos.optim import adam, step
+from user_rl.algos.optim import adam, critic_adam, step
 from user_rl.config_plugins import AlgoSettings
 from user_rl.policies import make_actor, make_critic
 
@@ -41,6 +46,28 @@ class SACSettings(AlgoSettings):
     init_alpha: float = Field(0.1, gt=0.0)
     target_entropy_scale: float = 1.0
     critic_layer_norm: bool = Field(False, description="LayerNorm in the critics' hidden layers (RLPD)")
+    num_critics: int = Field(2, ge=1, le=100, description="Q-networks in the critic ensemble (RLPD, REDQ: 10)")
+    target_critics: int = Field(
+        2, ge=1, description="critics drawn at random each update whose minimum is the target (RLPD, REDQ: 2)"
+    )
+
+    @model_validator(mode="after")
+    def _draws_from_the_ensemble(self) -> SACSettings:
+        check_ensemble(self)
+        return self
+
+
+def check_ensemble(settings: SACSettings) -> None:
+    """The target's critics are drawn from the ensemble, so there can be no more of them than it has."""
+    if settings.target_critics > settings.num_critics:
+        raise ValueError(
+            f"algo.target_critics: at most num_critics ({settings.num_critics}), not {settings.target_critics}"
+        )
+
+
+def as_ensemble(qs: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """A critic's values as one tensor [E, B, 1] (a plugin's critic may give a tuple of [B, 1])."""
+    return qs if isinstance(qs, torch.Tensor) else torch.stack(qs)
 
 
 class SAC:
@@ -59,6 +86,7 @@ class SAC:
         device: str | torch.device = "cpu",
     ) -> None:
         self.settings = s = settings or SACSettings()
+        check_ensemble(s)  # settings built unchecked (`model_construct`) too
         self.device = torch.device(device)
         options = policy_options or {}
         self.actor = make_actor(policy, obs_space, action_space, **options).to(self.device)
@@ -67,7 +95,7 @@ class SAC:
         self.log_alpha = torch.tensor(np.log(s.init_alpha), device=self.device, requires_grad=True)
         self.target_entropy = -s.target_entropy_scale * float(np.prod(action_space.shape))
         self.actor_optim = adam(self.actor.parameters(), s.actor_lr)
-        self.critic_optim = adam(self.critic.parameters(), s.critic_lr)
+        self.critic_optim = critic_adam(self.critic, s.critic_lr)
         self.alpha_optim = adam([self.log_alpha], s.actor_lr)
         self.updates = 0
 
@@ -78,18 +106,26 @@ class SAC:
     def build_critic(
         self, policy: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, policy_options: dict
     ) -> nn.Module:
-        """The policy's critic: twin Q-networks; `q_of(features, action)` gives a tuple of Q-values."""
+        """The policy's critic: `num_critics` Q-networks; `q_of(features, action)` gives their values [E, B, 1]."""
+        s = self.settings
+        ensemble = {} if s.num_critics == 2 else {"num_critics": s.num_critics}  # a plugin critic of two needs none
         return make_critic(
-            policy, obs_space, action_space, **policy_options, layer_norm=self.settings.critic_layer_norm
+            policy, obs_space, action_space, **policy_options, layer_norm=s.critic_layer_norm, **ensemble
         )
 
-    def target_q(self, qs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """The target critics' value of (s', a'): the smaller of the two (clipped double Q)."""
-        return torch.min(*qs)
+    def target_q(self, qs: torch.Tensor) -> torch.Tensor:
+        """The target critics' value of (s', a') from their values [E, B, 1]: the minimum over
+        `target_critics` of them drawn at random (drawn on the device: the host never waits); over
+        two of two, clipped double Q, with nothing drawn."""
+        count = self.settings.target_critics
+        if count < len(qs):
+            qs = qs.index_select(0, torch.rand(len(qs), device=qs.device).topk(count).indices)
+        return qs.min(0).values
 
-    def actor_q(self, qs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """The value the actor's loss maximises: the smaller of the two critics' too."""
-        return torch.min(*qs)
+    def actor_q(self, qs: torch.Tensor) -> torch.Tensor:
+        """The value the actor's loss maximises: the smaller of two critics' (clipped double Q), or
+        the mean of a larger ensemble (RLPD, REDQ)."""
+        return qs.mean(0) if len(qs) > 2 else qs.min(0).values
 
     def td_target(self, batch: dict, next_obs: dict | None = None) -> torch.Tensor:
         """The critics' regression target per row: r + discount * (1 - terminated) * soft V(s').
@@ -101,7 +137,8 @@ class SAC:
         with torch.no_grad():
             next_obs = batch["next_obs"] if next_obs is None else next_obs
             next_action, next_log_prob = self.actor.sample(next_obs)
-            soft_value = self.target_q(self.critic_target(next_obs, next_action)) - self.alpha * next_log_prob
+            next_q = self.target_q(as_ensemble(self.critic_target(next_obs, next_action)))
+            soft_value = next_q - self.alpha * next_log_prob
             return backed_up(batch, soft_value, self.settings.gamma)
 
     def update(self, batch: dict) -> dict[str, torch.Tensor]:
@@ -116,12 +153,12 @@ class SAC:
         action = self.actor.normalize(batch["action"])
         td_target = self.td_target(batch, next_obs)
         features = self.critic.encoder(obs)
-        qs = self.critic.q_of(features, action)
-        critic_loss = sum(F.mse_loss(q, td_target) for q in qs)
+        qs = as_ensemble(self.critic.q_of(features, action))
+        critic_loss = len(qs) * F.mse_loss(qs, td_target.expand_as(qs))  # every member's loss, summed
         step(self.critic_optim, critic_loss)
 
         new_action, log_prob = self.actor.sample_from(self.actor_features(obs, features))
-        q_new = self.actor_q(self.critic.q_of(features.detach(), new_action))
+        q_new = self.actor_q(as_ensemble(self.critic.q_of(features.detach(), new_action)))
         actor_loss = (self.alpha.detach() * log_prob - q_new).mean()
         step(self.actor_optim, actor_loss)
 

@@ -32,7 +32,7 @@ from pydantic import Field
 from torch import nn
 
 from user_rl.algos.base import backed_up, chunk_critic, load_parts_state, parts_state, soft_update
-from user_rl.algos.optim import adam, step
+from user_rl.algos.optim import adam, critic_adam, step
 from user_rl.algos.sac import SAC
 from user_rl.config_plugins import AlgoSettings, PolicySettings
 from user_rl.policies import make_actor
@@ -124,7 +124,7 @@ class ChunkSteering:
         self.log_alpha = torch.tensor(np.log(s.init_alpha), device=self.device, requires_grad=True)
         self.target_entropy = -s.target_entropy_scale * self.actor.latent_dim
         self.actor_optim = adam(self.actor.steer.parameters(), s.actor_lr)
-        self.critic_optim = adam(self.critic.parameters(), s.critic_lr)
+        self.critic_optim = critic_adam(self.critic, s.critic_lr)
         self.alpha_optim = adam([self.log_alpha], s.actor_lr)
         self.updates = 0
 
@@ -203,7 +203,7 @@ class DSRL(ChunkSteering):
         self.noise_critic = TwinQCritic(self.obs_space, noise_space, self.settings.critic_hidden, layer_norm=True).to(
             self.device
         )
-        self.noise_critic_optim = adam(self.noise_critic.parameters(), self.settings.critic_lr)
+        self.noise_critic_optim = critic_adam(self.noise_critic, self.settings.critic_lr)
 
     def improve_actor(
         self, obs: dict, features: torch.Tensor, latent: torch.Tensor, log_prob: torch.Tensor
