@@ -69,13 +69,14 @@ def test_the_config_validates_the_plugins_own_settings(plugin_here: Path) -> Non
     assert cfg.policy.options() == {"hidden": [64, 64], "residual_scale": 1.0}  # what the actor is built with
     algo = cfg.algo  # what the learner hands REDQ
     assert (algo.num_critics, algo.target_critics, algo.gamma, algo.actor_lr) == (5, 2, 0.95, 0.001)
-    # A SAC setting that REDQ's Settings has is REDQ's too; REDQ's own keys are refused for bc.
+    # REDQ's Settings are SAC's with its own default of ten critics, and SAC takes the config's ensemble as it is.
     assert build_config({"algo": {"type": "redq", "critic_layer_norm": True}}).algo.critic_layer_norm
+    assert build_config({"algo": {"type": "redq"}}).algo.num_critics == 10
+    assert load_config(CONFIG, ["algo.type=sac"]).algo.num_critics == 5
     for overrides, message in (
         (["algo.num_critic=3"], "config error: algo.num_critic is not a key of algo.type redq; allowed: type, gamma,"),
         (["algo.num_critics=many"], "config error: algo.num_critics: Input should be a valid integer"),
         (["algo.target_critics=9"], "config error: algo: algo.target_critics: at most num_critics (5), not 9"),
-        (["algo.type=sac"], "config error: algo.num_critics is a setting of algo.type redq; this algo's type is sac"),
         (
             ["policy.hidden=[64,32]"],
             "config error: policy.hidden: policy.type residual_mlp repeats one width, e.g. [64, 64] (got [64, 32])",
