@@ -1,6 +1,7 @@
 """The learner's update rates on a GPU: each policy below through `bench/policy_updates.py` on CUDA.
 
-One table for a GPU box, from small to large: SAC with the state MLP, DrQ from 84x84 pixels, the tiny
+One table for a GPU box, from small to large: SAC with the state MLP (the 256-wide one also with a
+ten-critic ensemble against two: `policy_updates.py --critics 10`), DrQ from 84x84 pixels, the tiny
 VLA with action chunks, and a 100M-parameter VLA with its backbone frozen and trained whole. Each row
 is ours (the trainer's work per update: training columns, the copy to the device, `algo.update`)
 against a plain PyTorch step of the same encoder on the same device, measured in the same process
@@ -28,7 +29,7 @@ REPO = BENCH.parent
 # (name, config, overrides, batch, timed updates per round): what a lab trains, from a state MLP to a VLA
 CASES: list[tuple[str, str, list[str], int, int]] = [
     ("sac_mlp_128", "configs/reach.yaml", [], 256, 300),
-    ("sac_mlp_256", "configs/reach.yaml", ["policy.hidden=[256,256]"], 256, 300),
+    ("sac_mlp_256", "configs/reach.yaml", ["policy.hidden=[256,256]", "--critics", "10"], 256, 300),  # and 10 critics
     ("drq_pixels", "configs/reach_pixels.yaml", [], 256, 200),
     ("vla_tiny", "configs/reach_vla.yaml", [], 128, 200),
     ("vla_100m_frozen", "configs/reach_vla.yaml", ["policy.size=100m", "policy.freeze=[encoder]"], 64, 50),

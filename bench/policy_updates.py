@@ -15,12 +15,18 @@ SAC and DrQ also run two critics and a target, flow matching runs its head, and 
 SAC on state vectors gets a second baseline, the plain SAC loop: the same update (twin critics,
 target, actor, temperature, Polyak) written out CleanRL-style in plain PyTorch, networks of the
 same sizes, tensors already on the device. Ours/plain SAC says what this system's SAC costs over
-the textbook one.
+the textbook one. Its critics are two separate networks, as CleanRL's are (ours: one stacked
+ensemble), so it is measured only where ours has two critics without LayerNorm: like with like.
+
+`--critics N` (a SAC-family algorithm) also times the same algorithm with an ensemble of N critics
+(targets from two drawn at random, RLPD's) against it with two, on the same batches in the same
+rounds: what a larger ensemble costs per update (the aim: ten cost at most 1.5x two on a GPU).
 
 Batches are random, drawn from the robot's spaces (the config's robot is asked for them, as the
 learner does), so nothing is trained and only the rate means anything.
 
     python bench/policy_updates.py configs/reach_pixels.yaml [--batch 256] [--device cuda] [--updates 200]
+    python bench/policy_updates.py configs/reach.yaml policy.hidden=[256,256] --critics 10
     python bench/policy_updates.py configs/reach_vla.yaml policy.size=100m --device cuda
 """
 
@@ -33,6 +39,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import gymnasium as gym
@@ -169,6 +177,12 @@ class PlainSAC:
         return q_loss.detach()
 
 
+def update_metric(algo: object, batches: Iterator[dict], device: torch.device) -> torch.Tensor:
+    """One update as the trainer makes it: the next batch of training columns to the device, `algo.update`."""
+    metrics = algo.update(training_batch(next(batches), device))
+    return next(iter(metrics.values()))
+
+
 def timed(step, updates: int, device: torch.device) -> float:
     """Updates per second over `updates` calls of `step` (after the warm-up the caller did)."""
     if device.type == "cuda":
@@ -189,6 +203,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="ours/raw alternations; the best round counts")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--critics", type=int, default=None, help="also time a SAC-family algorithm with N critics")
     parser.add_argument("--quick", action="store_true", help="a few updates, for the smoke test")
     parser.add_argument("--out", default=None)
     args = parser.parse_intermixed_args()  # overrides may come before or after the options
@@ -198,19 +213,18 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     os.environ.setdefault("MUJOCO_GL", "egl")
     cfg = load_config(args.config, args.overrides)
+    if args.critics and "num_critics" not in type(cfg.algo).model_fields:
+        parser.error(f"--critics: algo.type {cfg.algo.type} has no critic ensemble (sac, drq and their kin have)")
     device = torch.device(args.device)
     batch_size = args.batch or cfg.algo.batch_size
     obs_space, action_space = robot_spaces(cfg.robot.type, cfg.robot_options(0))
     torch.manual_seed(cfg.seed)
-    algo = make_algo(
-        cfg.algo.type,
-        obs_space,
-        action_space,
-        cfg.policy.type,
-        cfg.policy.options(),
-        cfg.algo,  # its algorithm's Settings
-        device,
-    )
+
+    def build(settings: object) -> object:
+        options = cfg.policy.options()
+        return make_algo(cfg.algo.type, obs_space, action_space, cfg.policy.type, options, settings, device)
+
+    algo = build(cfg.algo)  # its algorithm's Settings
     horizon = cfg.action_horizon
     rng = np.random.default_rng(cfg.seed)
     host_batches = [
@@ -229,15 +243,21 @@ def main() -> None:
     host_cycle, device_cycle = itertools.cycle(host_batches), itertools.cycle(on_device)
 
     def ours() -> torch.Tensor:
-        metrics = algo.update(training_batch(next(host_cycle), device))
-        return next(iter(metrics.values()))
+        return update_metric(algo, host_cycle, device)
 
     def raw() -> torch.Tensor:
         batch = next(device_cycle)
         return plain.update(batch["obs"], batch[target])
 
     steps = {"ours": ours, "raw": raw}
-    states = cfg.algo.type == "sac" and all(space.dtype != np.uint8 for space in obs_space.spaces.values())
+    for count in (args.critics, 2) if args.critics else ():  # the algorithm with N critics and with two
+        ensemble = build(cfg.algo.model_copy(update={"num_critics": count, "target_critics": 2}))
+        steps[f"critics_{count}"] = partial(update_metric, ensemble, host_cycle, device)
+    states = (
+        cfg.algo.type == "sac"
+        and all(space.dtype != np.uint8 for space in obs_space.spaces.values())
+        and (cfg.algo.num_critics, cfg.algo.critic_layer_norm) == (2, False)  # the plain loop's critics
+    )
     if states:  # the plain SAC loop on the same batches, the state columns as one vector
         flat = [
             (
@@ -277,6 +297,14 @@ def main() -> None:
         "ratio": best_ours / best_raw,
         "rounds": rounds,
     }
+    if args.critics:
+        many, two = (max(r[f"critics_{count}"] for r in rounds) for count in (args.critics, 2))
+        result["ensemble"] = {
+            "critics": args.critics,
+            "updates_per_s": many,
+            "two_critics_updates_per_s": two,
+            "ratio_vs_two": many / two,
+        }
     if states:
         best_plain_sac = max(r["plain_sac"] for r in rounds)
         result["plain_sac"] = {"updates_per_s": best_plain_sac, "samples_per_s": best_plain_sac * batch_size}
@@ -287,6 +315,11 @@ def main() -> None:
         f"{best_ours:.1f} updates/s ({best_ours * batch_size:,.0f} samples/s); plain step {best_raw:.1f}/s; "
         f"ratio ours/raw {result['ratio']:.2f}"
         + (f"; plain SAC loop {best_plain_sac:.1f}/s, ratio {result['ratio_vs_plain_sac']:.2f}" if states else "")
+        + (
+            f"; {args.critics} critics {many:.1f}/s vs 2 critics {two:.1f}/s, ratio {many / two:.2f}"
+            if args.critics
+            else ""
+        )
     )
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))

@@ -154,6 +154,16 @@ def policy_updates_rows(r: dict, name: str = "") -> list[Row]:
                 _x(r["ratio_vs_plain_sac"]),
             )
         )
+    if "ensemble" in r:
+        e = r["ensemble"]
+        rows.append(
+            (
+                f"... {c['algo']} with a {e['critics']}-critic ensemble (targets from 2) updates/s vs 2 critics",
+                f"{e['updates_per_s']:.1f}",
+                f"{e['two_critics_updates_per_s']:.1f}",
+                _x(e["ratio_vs_two"]),
+            )
+        )
     return rows
 
 
@@ -229,6 +239,12 @@ BENCHMARKS: dict[str, Benchmark] = {
         ["configs/reach_pixels.yaml"],
         policy_updates_rows,
         quick=["configs/reach_pixels.yaml", "--quick"],
+    ),
+    "critic_ensemble": Benchmark(
+        "policy_updates.py",
+        ["configs/reach.yaml", "policy.hidden=[256,256]", "--batch", "256", "--critics", "10"],
+        policy_updates_rows,
+        quick=["configs/reach.yaml", "policy.hidden=[256,256]", "--critics", "10", "--quick"],
     ),
     "fleet_scaling": Benchmark(
         "fleet_scaling.py",

@@ -109,11 +109,21 @@ def test_update_bench_sets_sac_against_the_plain_sac_loop(tmp_path: Path) -> Non
         "cpu",
         "--batch",
         "32",
+        "--critics",
+        "3",
     )
     assert result["config"]["algo"] == "sac"
     assert result["plain_sac"]["updates_per_s"] > 0 and result["ratio_vs_plain_sac"] > 0
     rows = load_bench("run_all.py").policy_updates_rows(result)
     assert rows[1][0].startswith("... vs the plain SAC loop") and rows[1][3] == f"{result['ratio_vs_plain_sac']:.2f}x"
+    ensemble = result["ensemble"]  # and the same SAC with three critics against it with two, in the same run
+    assert ensemble["critics"] == 3 and ensemble["updates_per_s"] > 0 and ensemble["two_critics_updates_per_s"] > 0
+    assert rows[2][0].startswith("... sac with a 3-critic ensemble")
+    assert rows[2][1:] == (
+        f"{ensemble['updates_per_s']:.1f}",
+        f"{ensemble['two_critics_updates_per_s']:.1f}",
+        f"{ensemble['ratio_vs_two']:.2f}x",
+    )
 
     import gymnasium as gym
     import torch
@@ -146,7 +156,7 @@ def test_gpu_bench_without_a_gpu_says_so_and_the_table_keeps_its_last_rows(tmp_p
     done = run_ok("run_all.py", "--only", "gpu_updates", "--results", str(tmp_path), timeout=120)
     assert "no CUDA GPU here: gpu_updates not run" in done.stdout
     rows = [line for line in (tmp_path / "RESULTS.md").read_text().splitlines() if line.startswith("| gpu_updates")]
-    assert len(rows) == len(last["cases"]) + sum("plain_sac" in case for case in last["cases"].values())
+    assert len(rows) == len(last["cases"]) + sum(("plain_sac" in c) + ("ensemble" in c) for c in last["cases"].values())
     assert f"{last['cases']['vla_100m']['ours']['updates_per_s']:.1f}" in rows[-1]
 
 
