@@ -107,7 +107,7 @@ def test_the_policy_trains_with_builtin_sac_and_the_reward_checks_its_robot(plug
 
     obs_space = gym.spaces.Dict({"state": gym.spaces.Box(-1, 1, (4,), np.float32)})
     action_space = gym.spaces.Box(-1, 1, (2,), np.float32)
-    sac = make_algo("sac", obs_space, action_space, "residual_mlp", {"hidden": [32, 32]})
+    sac = make_algo("sac", obs_space, action_space, "residual_mlp", {"hidden": [32, 32], "residual_scale": 0.5})
     assert type(sac.actor).__name__ == "ResidualActor" and type(sac.critic) is TwinQCritic
     assert sum(isinstance(m, nn.LayerNorm) for m in sac.actor.modules()) == 3  # two blocks and the head
     batch = {

@@ -106,12 +106,12 @@ class SAC:
     def build_critic(
         self, policy: str, obs_space: gym.spaces.Dict, action_space: gym.spaces.Box, policy_options: dict
     ) -> nn.Module:
-        """The policy's critic: `num_critics` Q-networks; `q_of(features, action)` gives their values [E, B, 1]."""
+        """The policy's critic: `num_critics` Q-networks as wide as the actor (`hidden`; its other options are
+        the actor's own); `q_of(features, action)` gives their values [E, B, 1]."""
         s = self.settings
         ensemble = {} if s.num_critics == 2 else {"num_critics": s.num_critics}  # a plugin critic of two needs none
-        return make_critic(
-            policy, obs_space, action_space, **policy_options, layer_norm=s.critic_layer_norm, **ensemble
-        )
+        hidden = policy_options["hidden"]
+        return make_critic(policy, obs_space, action_space, hidden=hidden, layer_norm=s.critic_layer_norm, **ensemble)
 
     def target_q(self, qs: torch.Tensor) -> torch.Tensor:
         """The target critics' value of (s', a') from their values [E, B, 1]: the minimum over
