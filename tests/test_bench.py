@@ -250,7 +250,17 @@ def test_sample_efficiency_builds_both_sacs_alike() -> None:
     def sizes(module) -> list[tuple[int, ...]]:
         return sorted(tuple(p.shape) for p in module.parameters())
 
-    assert sizes(ours.critic) == sizes(theirs.critic)  # two Q-networks of (256, 256) each
+    def member_sizes(module, members: int = 1) -> list[tuple[int, ...]]:
+        # each Q-network's layers, as sizes without unit axes (ours stacks its members along a first axis)
+        return sorted(
+            tuple(sorted(n for n in p.shape[1 if members > 1 else 0 :] if n != 1))
+            for p in module.parameters()
+            for _ in range(members)
+        )
+
+    # two Q-networks of (256, 256) each
+    assert ours.critic.num_critics == 2
+    assert member_sizes(ours.critic, 2) == member_sizes(theirs.critic)
     # The actor's (256, 256) trunk alike; its mean and log-std come from one layer here, two there
     assert [s for s in sizes(ours.actor) if 256 in s[:1]] == [s for s in sizes(theirs.actor) if 256 in s[:1]]
     assert sum(p.numel() for p in ours.actor.parameters()) == sum(p.numel() for p in theirs.actor.parameters())

@@ -288,7 +288,7 @@ class LearnerConfig(Section):
         None, ge=1, description="also (or instead, with publish_every_s null) after this many updates"
     )
     publish_max_bytes_per_s: float | None = Field(
-        20e6,
+        2e6,
         gt=0,
         description="at most this many bytes of actor a second to each edge: a big actor (a VLA) goes out less "
         "often than publish_every_s; null: no cap",
