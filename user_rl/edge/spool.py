@@ -18,6 +18,7 @@ crc32 over all of that and the frames, then the frames concatenated.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
 import re
@@ -36,6 +37,7 @@ MAX_FRAMES = 1 << 16  # a corrupt count must not make us allocate a huge length 
 _NAME = re.compile(r"^(\d{20})-(\d{12})\.batch$")
 _TMP_SUFFIX = ".tmp"
 RESERVED_BYTES = 4096  # a reserved put (an epoch's end marker) may go past the bound by at most this
+_IOV_MAX = 1024  # buffers one writev takes (Linux's IOV_MAX)
 
 
 class SpoolCorrupt(ValueError):
@@ -52,7 +54,20 @@ def _file_name(epoch: int, seq: int) -> str:
 
 
 def _header(epoch: int, seq: int, lengths: Sequence[int]) -> bytes:
-    return _HEAD.pack(MAGIC, epoch, seq, len(lengths)) + b"".join(_LEN.pack(n) for n in lengths)
+    return _HEAD.pack(MAGIC, epoch, seq, len(lengths)) + struct.pack(f"<{len(lengths)}Q", *lengths)
+
+
+def _write_all(fd: int, views: list[memoryview]) -> None:
+    """Write the buffers one after the other with as few `writev` calls as IOV_MAX allows (one for
+    a batch: a write per frame costs a syscall each), going on after a short write."""
+    views = [v for v in views if v.nbytes]
+    while views:
+        done = os.writev(fd, views[:_IOV_MAX])
+        while views and done >= views[0].nbytes:
+            done -= views[0].nbytes
+            views.pop(0)
+        if done:
+            views[0] = views[0][done:]
 
 
 class Spool:
@@ -67,6 +82,7 @@ class Spool:
             raise ValueError(f"spool max_bytes must be positive, got {max_bytes}")
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._dir = str(self.directory)
         self.max_bytes = max_bytes
         self.fsync = fsync
         self.refused = 0
@@ -125,7 +141,7 @@ class Spool:
         of a dead life's epoch); it may go past the bound by that much."""
         if epoch < 0 or seq < 0:
             raise ValueError(f"epoch and seq must be non-negative, got ({epoch}, {seq})")
-        views = [memoryview(f) for f in frames]
+        views = [memoryview(f).cast("B") for f in frames]
         header = _header(epoch, seq, [v.nbytes for v in views])
         size = len(header) + _CRC.size + sum(v.nbytes for v in views)
         replaced = self._sizes.get((epoch, seq), 0)
@@ -135,20 +151,20 @@ class Spool:
         crc = zlib.crc32(header)
         for v in views:
             crc = zlib.crc32(v, crc)
-        final = self.path(epoch, seq)
-        tmp = final.with_name(final.name + _TMP_SUFFIX)
+        final = os.path.join(self._dir, _file_name(epoch, seq))  # str paths: pathlib costs more than the write
+        tmp = final + _TMP_SUFFIX
         try:
-            with open(tmp, "wb") as f:
-                f.write(header)
-                f.write(_CRC.pack(crc))
-                for v in views:
-                    f.write(v)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # as open(): the umask decides
+            try:
+                _write_all(fd, [memoryview(header), memoryview(_CRC.pack(crc)), *views])
                 if self.fsync:
-                    f.flush()
-                    os.fsync(f.fileno())
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
             os.replace(tmp, final)
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
             raise
         if self.fsync:
             self._fsync_dir()  # makes the rename itself durable
@@ -188,7 +204,8 @@ class Spool:
             return 0
         cut = bisect.bisect_right(seqs, seq)
         for s in seqs[:cut]:
-            self.path(epoch, s).unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self._dir, _file_name(epoch, s)))
             self.bytes_used -= self._sizes.pop((epoch, s))
             self._lost.discard((epoch, s))
         del seqs[:cut]  # one slice, not `cut` deletes from the front
