@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +74,10 @@ HANDSHAKE_EVENTS = (
 )
 # Older epochs announced in one hello; the rest follow once these have arrived.
 MAX_ANNOUNCED_EPOCHS = 64
+# send_multipart's flags, as plain ints once: pyzmq's sugar ORs enum members per frame otherwise,
+# and a batch is two dozen frames.
+_SEND_MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
+_SEND_LAST = int(zmq.NOBLOCK)
 
 
 def end_dead_lives(spool: Spool, robot_id: str, current: int) -> list[int]:
@@ -115,6 +119,9 @@ class LinkSettings:
     max_in_flight: int = 64
     resend_after_s: float = 2.0
     ack_timeout_s: float = 10.0  # connected, answers awaited, not a word from the learner: reconnect
+    # Batches spooled on a live link and not sent yet (the window is full) are also kept in RAM, up
+    # to this many bytes, so they go out without being read back from the spool (see `_unsent`).
+    unsent_ram_bytes: int = 64 << 20
     compression: dict[str, ImageCompression] | None = None
     curve: ClientKeys | None = None  # CurveZMQ keys; None: the link runs in the clear
 
@@ -166,6 +173,13 @@ class DataLink:
             self.cursors[old_epoch] = _Cursor(acked=first - 1, sent=first - 1)
         self.cursors[self.epoch] = _Cursor(progress_at=time.monotonic())
         self.seq = 0
+        # This epoch's spooled batches not yet sent, by seq, as the frames `send_batch` encoded (the
+        # spool holds each too): sending them from here saves reading each file back and checking its
+        # crc. Only while welcomed (a batch spooled during an outage waits on disk, not in RAM), at
+        # most `unsent_ram_bytes`; emptied when the link introduces itself again (a resend reads the
+        # spool).
+        self._unsent: OrderedDict[int, list] = OrderedDict()
+        self._unsent_bytes = 0
         self.compression = dict(s.compression or {})
         self.dropped_transitions = 0
         self.step_credit = 0
@@ -243,7 +257,10 @@ class DataLink:
 
     def send_batch(self, count: int, columns: dict[str, np.ndarray], people: Sequence[str] = ()) -> int | None:
         """Spool a batch and send it when the window allows; None if the spool is full (dropped).
-        `people`: the names its person columns refer to (`BatchBuilder.take_batch`)."""
+        `people`: the names its person columns refer to (`BatchBuilder.take_batch`).
+
+        The columns may be sent from memory, without a copy, after this returns: the caller hands
+        them over and does not change them (`BatchBuilder.take_batch` makes fresh ones)."""
         if self.compression:
             columns = compress_columns(columns, self.compression)
         seq = self.seq + 1
@@ -255,8 +272,40 @@ class DataLink:
             self.dropped_transitions += count
             return None
         self.seq = seq
+        self._keep_unsent(seq, frames)
         self.pump()
         return seq
+
+    def _keep_unsent(self, seq: int, frames: list) -> None:
+        """Hold a just-spooled batch's frames for `pump`, if the link is live and RAM allows."""
+        if not self.welcomed or self.refused is not None:
+            return
+        size = sum(memoryview(f).nbytes for f in frames)
+        if self._unsent_bytes + size <= self.settings.unsent_ram_bytes:
+            self._unsent[seq] = frames
+            self._unsent_bytes += size
+
+    def _take_unsent(self, seq: int) -> list | None:
+        """The frames of this epoch's batch `seq` if RAM holds them (they leave RAM)."""
+        frames = self._unsent.pop(seq, None)
+        if frames is not None:
+            self._unsent_bytes -= sum(memoryview(f).nbytes for f in frames)
+        return frames
+
+    def _put_back_unsent(self, seq: int, frames: list) -> None:
+        """A batch taken from RAM that could not be sent (the queue was full) waits there again."""
+        self._unsent[seq] = frames
+        self._unsent.move_to_end(seq, last=False)
+        self._unsent_bytes += sum(memoryview(f).nbytes for f in frames)
+
+    def _drop_unsent(self, through: int | None = None) -> None:
+        """Forget the RAM copies (of seqs up to `through`; all by default): the spool has them."""
+        if through is None:
+            self._unsent.clear()
+            self._unsent_bytes = 0
+            return
+        while self._unsent and next(iter(self._unsent)) <= through:
+            self._take_unsent(next(iter(self._unsent)))
 
     def send_episode_end(self, reason: str) -> int | None:
         """Spool and send a count-0 batch that ends the stream's open episode here (the learner stores
@@ -288,7 +337,10 @@ class DataLink:
             last = self.seq if epoch == self.epoch else self.spool.last_pending(epoch)
             while cursor.sent < (last or 0) and cursor.sent - cursor.acked < self.settings.max_in_flight:
                 seq = cursor.sent + 1
-                frames = self.spool.load_or_lost(epoch, seq)
+                frames = self._take_unsent(seq) if epoch == self.epoch else None
+                from_ram = frames is not None
+                if frames is None:
+                    frames = self.spool.load_or_lost(epoch, seq)
                 if frames is None:  # unreadable: tell the learner it is lost, so the stream moves on
                     frames = encode(
                         envelope(
@@ -299,6 +351,8 @@ class DataLink:
                         )
                     )
                 if not self._send(frames):
+                    if from_ram:
+                        self._put_back_unsent(seq, frames)
                     return  # no connection: keep it spooled, try again later
                 if cursor.sent == cursor.acked:
                     cursor.progress_at = now
@@ -324,8 +378,13 @@ class DataLink:
         return False
 
     def _send(self, frames: list) -> bool:
+        """`send_multipart(frames, NOBLOCK, copy=False)`, frame by frame with int flags (see
+        _SEND_MORE). Only the first frame can meet a full queue: ZeroMQ queues a message whole."""
+        send = self.socket.send
         try:
-            self.socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            for frame in frames[:-1]:
+                send(frame, _SEND_MORE, copy=False)
+            send(frames[-1], _SEND_LAST, copy=False)
             return True
         except zmq.Again:
             return False
@@ -387,6 +446,7 @@ class DataLink:
         """Say hello again; everything not yet acknowledged is sent again once welcomed."""
         self.welcomed = False
         self._hello_at = 0.0  # `pump` repeats the hello until the connection is back
+        self._drop_unsent()  # sent again from the spool once welcomed
         for cursor in self.cursors.values():
             cursor.sent = cursor.acked
 
@@ -402,6 +462,8 @@ class DataLink:
             self.learner_version = ack.policy_version
         if ack.seq > cursor.acked:
             self.spool.ack_through(ack.stream_epoch, ack.seq)
+            if ack.stream_epoch == self.epoch:
+                self._drop_unsent(ack.seq)
             cursor.acked = ack.seq
             cursor.progress_at = time.monotonic()
         cursor.sent = max(cursor.sent, cursor.acked)
