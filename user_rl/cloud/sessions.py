@@ -47,6 +47,7 @@ class RobotSession:
     quarantined_batches: int = 0  # batches refused for their content (a NaN, a wrong shape), kept in the quarantine
     connections: dict[bytes, None] = field(default_factory=dict)  # said hello for it; least recently heard first
     recent_interventions: deque = field(default_factory=deque)  # (rows, intervened rows) per recent batch
+    recent_rows: int = 0  # the rows of `recent_interventions`, kept as they come and go (not summed per batch)
     # Older epochs its hello named as spooled (at most lives.MAX_SPOOLED_EPOCHS): their batches are
     # taken, and their stream is made at the first one (a named epoch that sends nothing costs nothing).
     spooled: frozenset[int] = frozenset()
@@ -125,8 +126,9 @@ class RobotSession:
         self.transitions += len(cols["reward"])
         self.stale_transitions += stale
         self.recent_interventions.append((len(cols["actor"]), int(np.count_nonzero(intervened(cols["actor"])))))
-        while sum(n for n, _ in self.recent_interventions) - self.recent_interventions[0][0] >= RATE_WINDOW_ROWS:
-            self.recent_interventions.popleft()
+        self.recent_rows += len(cols["actor"])
+        while self.recent_rows - self.recent_interventions[0][0] >= RATE_WINDOW_ROWS:
+            self.recent_rows -= self.recent_interventions.popleft()[0]
         self.versions.update(np.unique(cols["policy_version"]).tolist())
         ended = np.flatnonzero(cols["terminated"] | cols["truncated"])
         start = 0
