@@ -306,6 +306,15 @@ def test_disallowed_dtype() -> None:
     assert info.value.reason == "bad_dtype"
 
 
+def test_an_array_in_the_other_byte_order_arrives_with_its_values() -> None:
+    # The frames carry one byte order (the dtype name says none): a big-endian array is converted,
+    # never sent as its raw bytes under the same name.
+    values = np.array([1.5, -2.0, 3.25], dtype=">f4")
+    got = roundtrip(envelope("r", batch=pb.TransitionBatch()), {"x": values})
+    assert got.envelope.arrays[0].dtype == "float32"
+    assert got.arrays["x"].tolist() == [1.5, -2.0, 3.25]
+
+
 def test_repeated_or_empty_array_name() -> None:
     env = raw_envelope()
     env.arrays.add(name="x", dtype="uint8", shape=[2])
