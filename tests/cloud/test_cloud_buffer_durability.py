@@ -139,6 +139,60 @@ def test_a_failed_commit_acks_nothing(tmp_path: Path, monkeypatch, failing_sync:
     check_committed_only(tmp_path, store, keys, committed_pairs([a, b], emitted))
 
 
+def committing_in_the_background(directory: str) -> None:
+    """Child process: a group commit on the commit thread while batches keep coming, then a batch it
+    did not cover, then death without closing."""
+    store = open_store(Path(directory))
+    writer = Writer(store)
+    a = Robot(1)
+    writer.add(a, 20)
+    writer.add(a, 6)
+    assert store.start_commit() and store.commit_running
+    assert not store.start_commit()  # one at a time
+    writer.add(a, 5)  # taken while the disk syncs: not covered by the running commit
+    stream = store.streams[("r1", 1)]
+    assert store.finish_commit(wait=True) == [stream] and stream.durable_seq == 2
+    assert not store.commit_running and store.finish_commit() == []  # reported once
+    writer.add(a, 4)  # never committed
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_group_commit_on_the_commit_thread_acks_only_what_it_covered(tmp_path: Path) -> None:
+    """The ingest's group commit syncs on the commit thread while batches keep coming: only what it
+    covered is reported durable, and after a crash exactly that is back."""
+    run_child(committing_in_the_background, str(tmp_path))
+    store = open_store(tmp_path)
+    assert store.batch_keys() == {("r1", 1, 1), ("r1", 1, 2)}
+    a = Robot(1)
+    a.batch(20), a.batch(6)
+    assert set(all_transitions(store)) == a.paired()
+    store.close()
+
+
+@pytest.mark.parametrize("failing_sync", [1, 2], ids=["segment_sync", "commit_log_sync"])
+def test_a_failed_group_commit_on_the_commit_thread_acks_nothing(
+    tmp_path: Path, monkeypatch, failing_sync: int
+) -> None:
+    store = open_store(tmp_path)
+    writer = Writer(store)
+    a = Robot(1)
+    writer.add(a, 20)
+    store.commit()
+    keys, emitted = set(writer.keys), {1: len(a.emitted)}
+    writer.add(a, 6)  # appended, never acknowledged
+    with monkeypatch.context() as m:
+        fail_with(m, "fdatasync", errno.EIO, after=failing_sync - 1)
+        assert store.start_commit()
+        with pytest.raises(BufferWriteError):
+            store.finish_commit(wait=True)
+    assert store.streams[("r1", 1)].durable_seq == 1, "durable_seq moved without a sync"
+    assert "Input/output error" in store.failure
+    for attempt in (store.start_commit, store.commit):
+        with pytest.raises(BufferWriteError, match="stopped taking data"):
+            attempt()
+    check_committed_only(tmp_path, store, keys, committed_pairs([a], emitted))
+
+
 def check_committed_only(directory: Path, failed_store, keys: set, pairs: set) -> None:
     """Close the failed store (it writes nothing more) and reopen: exactly what was committed."""
     failed_store.close()

@@ -73,6 +73,7 @@ DECODED_PER_MESSAGE = 4  # compressed images in a message may decode to this man
 FORGET_CHECK_S = 1.0  # how often idle robots are looked for
 CREDIT_IDLE_S = 10.0  # a paced edge heartbeats while it waits for credit: this silent, it is gone
 
+COMMIT_CHECK_MS = 2  # while a group commit runs, a waiting poll looks this often whether it is done
 RECEIVE_QUEUE_MESSAGES = 128  # per connection: an edge has at most fleet.max_in_flight (64) batches unacked
 
 
@@ -161,6 +162,8 @@ class Ingest:
     def poll(self, timeout_ms: int = 0, max_messages: int = 256) -> int:
         """Handle waiting messages; return how many were handled."""
         handled = 0
+        if self.buffer is not None and self.buffer.commit_running:
+            timeout_ms = min(timeout_ms, COMMIT_CHECK_MS)  # its acks go out soon after the disk is done
         while handled < max_messages and self.socket.poll(timeout_ms if handled == 0 else 0):
             routing, frames, refused = self._receive()
             handled += 1
@@ -216,19 +219,26 @@ class Ingest:
         return routing, frames, refused
 
     def maybe_commit(self, force: bool = False) -> None:
-        """Group commit: make appended batches durable, then acknowledge them."""
+        """Group commit: make appended batches durable, then acknowledge them.
+
+        Every `commit_interval_s` a group commit starts on the buffer's commit thread, and the
+        batches it covered are acked once it is done (seen here, at a later call): the ingest
+        goes on decoding and storing while the disk syncs, instead of waiting for it. `force`
+        commits at once, waiting for the disk (before an episode ends in the index)."""
         if self.buffer is None or self.failure is not None:
             return
-        now = time.monotonic()
-        if not force and now - self._last_commit < self.buffer_settings.commit_interval_s:
-            return
-        self._last_commit = now
         try:
-            advanced = self.buffer.commit()
+            advanced = self.buffer.finish_commit()
+            now = time.monotonic()
+            if force:
+                self._last_commit = now
+                advanced += self.buffer.commit()
+            elif now - self._last_commit >= self.buffer_settings.commit_interval_s and self.buffer.start_commit():
+                self._last_commit = now
         except STORAGE_ERRORS as exc:  # not durable: none of it is acked, now or later
             self._storage_failed(exc)
             return
-        for stream in advanced:
+        for stream in {id(s): s for s in advanced}.values():
             session = self.robots.get(stream.record.robot)
             if session is not None:
                 self._ack(session, stream)

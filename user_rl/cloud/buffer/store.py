@@ -3,8 +3,11 @@
 Write path: a batch is laid out as rows (`rows.layout`), written in place into the open
 segment file and copied into its RAM slot, so it can be sampled at once. `commit()` makes
 everything appended so far durable (fdatasync of the segment, then one commit-log record per
-batch, fsynced) and reports which streams advanced, so the ingest can acknowledge them. A full
-segment is sealed (crc, fsync, rename) and registered in the SQLite index in one transaction.
+batch, fsynced) and reports which streams advanced, so the ingest can acknowledge them. The
+ingest's periodic group commit runs the same steps on a commit thread instead (`start_commit`,
+then `finish_commit` once it is done), so batches keep arriving while the disk syncs; only what
+that commit covered is reported durable. A full segment is sealed (crc, fsync, rename) and
+registered in the SQLite index in one transaction.
 A disk error stops the buffer for good (`BufferWriteError`, `failure`): nothing is acked after it.
 
 Read path: the sampler draws from the catalog of cached transitions; a batch is one numpy
@@ -18,10 +21,12 @@ latch (`disk.py`), the prefetcher and the scrub (background threads); `recovery.
 when a directory is opened. The store holds the write journal (batches not yet sealed) and the
 counters, and wires the parts together.
 
-Threads: one ingest thread writes (open_stream, stream, add, record_lost, commit, seal,
-end_open_episodes, release_stream, batch_keys, close) while one sampler thread reads (sample,
-__len__, stats). One lock guards the RAM cache, its catalog and the counters; it is held for
-the gather of a batch and for cache updates, never across an fsync.
+Threads: one ingest thread writes (open_stream, stream, add, record_lost, commit, start_commit,
+finish_commit, seal, end_open_episodes, release_stream, batch_keys, close) while one sampler thread
+reads (sample, __len__, stats). One lock guards the RAM cache, its catalog and the counters; it is
+held for the gather of a batch and for cache updates, never across an fsync. The commit thread
+only syncs the open segment's file and appends to and syncs its commit log, which nothing else
+touches until `finish_commit` has collected it (seal and close wait for it first).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import logging
 import threading
 import time
 from collections.abc import Collection, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import gymnasium as gym
@@ -122,6 +128,9 @@ class PersistentReplay:
         self._thread_errors: dict[str, str] = {}
         self._closed = False
         self._pending_commits: list[tuple[StreamState, int, int, int, bool]] = []  # stream, seq, records, end row, lost
+        # A group commit running on the commit thread: its batches (as in _pending_commits) and its end.
+        self._syncing: tuple[list[tuple[StreamState, int, int, int, bool]], Future] | None = None
+        self._commit_thread = ThreadPoolExecutor(1, thread_name_prefix="buffer-commit")
         self._open_batches: list[tuple[int, int, int, bool, str, int]] = []  # durable in the open segment
         self.duplicates = 0
         # Counters, from what the directory holds (a corrupt segment found meanwhile is subtracted).
@@ -253,7 +262,12 @@ class PersistentReplay:
     def _unsealed(self, stream: StreamState) -> bool:
         """Whether the stream has batches not yet sealed (pending a commit, or in the open segment)."""
         sid = stream.record.id
-        return any(p[0] is stream for p in self._pending_commits) or any(b[0] == sid for b in self._open_batches)
+        syncing = self._syncing[0] if self._syncing is not None else []
+        return (
+            any(p[0] is stream for p in self._pending_commits)
+            or any(p[0] is stream for p in syncing)
+            or any(b[0] == sid for b in self._open_batches)
+        )
 
     def _restore_pending(self, stream: StreamState) -> None:
         restore_pending(stream, self.catalog, self.segment_checked)
@@ -317,41 +331,89 @@ class PersistentReplay:
         return True
 
     def commit(self) -> list[StreamState]:
-        """Make every appended batch durable; return the streams whose durable seq advanced."""
+        """Make every appended batch durable now; return the streams whose durable seq advanced
+        (also by a group commit of the commit thread that was still running: it is waited for)."""
+        advanced = {s.record.id: s for s in self.finish_commit(wait=True)}
         self._disk.check_writable()
         if not self._pending_commits:
-            return []
+            return list(advanced.values())
+        pending, self._pending_commits = self._pending_commits, []
         with self._disk.writing("commit"):
-            size = self.commits.size
-            try:
-                self.writer.sync()
-                for stream, seq, records, end, lost in self._pending_commits:
-                    rec = stream.record
-                    self.commits.append(
-                        json.dumps(
-                            {
-                                "s": rec.id,
-                                "r": rec.robot,
-                                "e": rec.epoch,
-                                "t": rec.task,
-                                "q": seq,
-                                "n": records,
-                                "end": end,
-                                "lost": lost,
-                            }
-                        ).encode()
-                    )
-                self.commits.sync()
-            except OSError:
-                self.commits.truncate(size)  # records that were never acked must not come back after a restart
-                raise
+            self._sync(self.writer, self.commits, self._commit_records(pending))
+        advanced.update((s.record.id, s) for s in self._durable(pending))
+        return list(advanced.values())
+
+    def start_commit(self) -> bool:
+        """Begin making every batch appended so far durable on the commit thread (the same steps as
+        `commit`), so the ingest thread goes on taking batches while the disk syncs; `finish_commit`
+        says when it is done. False (nothing started) while one runs or when nothing is pending."""
+        self._disk.check_writable()
+        if self._syncing is not None or not self._pending_commits:
+            return False
+        pending, self._pending_commits = self._pending_commits, []
+        records = self._commit_records(pending)  # made here: the streams' records change on this thread
+        self._syncing = (pending, self._commit_thread.submit(self._sync, self.writer, self.commits, records))
+        return True
+
+    @property
+    def commit_running(self) -> bool:
+        """Whether a group commit is running on the commit thread (`start_commit`)."""
+        return self._syncing is not None
+
+    def finish_commit(self, wait: bool = False) -> list[StreamState]:
+        """The streams whose durable seq advanced by the group commit `start_commit` began, once it
+        is done (`wait`: wait for it); [] while it runs or if none was started. Its disk error is
+        raised here (as BufferWriteError: the buffer stops taking data, nothing of it is acked)."""
+        if self._syncing is None or not (wait or self._syncing[1].done()):
+            return []
+        pending, done = self._syncing
+        self._syncing = None
+        with self._disk.writing("commit"):
+            done.result()
+        return self._durable(pending)
+
+    @staticmethod
+    def _commit_records(pending: list[tuple[StreamState, int, int, int, bool]]) -> list[bytes]:
+        """One commit-log record per batch: what recovery keeps of the open segment after a crash."""
+        return [
+            json.dumps(
+                {
+                    "s": stream.record.id,
+                    "r": stream.record.robot,
+                    "e": stream.record.epoch,
+                    "t": stream.record.task,
+                    "q": seq,
+                    "n": records,
+                    "end": end,
+                    "lost": lost,
+                }
+            ).encode()
+            for stream, seq, records, end, lost in pending
+        ]
+
+    @staticmethod
+    def _sync(writer: SegmentWriter, commits: CommitLog, records: list[bytes]) -> None:
+        """The rows first, then the records that say they are there (a record never gets to disk
+        before its rows). On an error the records that were not synced are cut off the log again:
+        they were never acked and must not come back after a restart."""
+        size = commits.size
+        try:
+            writer.sync()
+            for record in records:
+                commits.append(record)
+            commits.sync()
+        except OSError:
+            commits.truncate(size)
+            raise
+
+    def _durable(self, pending: list[tuple[StreamState, int, int, int, bool]]) -> list[StreamState]:
+        """These batches are on disk: their streams' durable seqs advance (acked means durable)."""
         advanced: dict[int, StreamState] = {}
-        for stream, seq, records, _end, lost in self._pending_commits:
+        for stream, seq, records, _end, lost in pending:
             rec = stream.record
             self._open_batches.append((rec.id, seq, records, lost, rec.robot, rec.epoch))
-            stream.durable_seq = seq  # only now: acked means durable
+            stream.durable_seq = max(stream.durable_seq, seq)
             advanced[rec.id] = stream
-        self._pending_commits.clear()
         return list(advanced.values())
 
     def seal(self) -> None:
@@ -637,6 +699,12 @@ class PersistentReplay:
         if self._closed:
             return
         self._closed = True
+        if self._syncing is not None:  # a group commit still runs: let it end before the files close
+            try:
+                self.finish_commit(wait=True)
+            except BufferWriteError:
+                pass  # latched: the next open recovers what the commit log holds
+        self._commit_thread.shutdown()
         self.prefetcher.close()
         if self.scrubber is not None:
             self.scrubber.close()
