@@ -159,3 +159,56 @@ def test_a_dead_lifes_epoch_gets_one_end_marker_even_in_a_full_spool(context, tm
         assert later.spool.last_pending(dead.epoch) == last + 1
         marker = decode(later.spool.load(dead.epoch, last + 1))
         assert (marker.body.count, marker.body.end_reason) == (0, "edge_restart")
+
+
+def test_batches_waiting_for_the_window_wait_in_bounded_ram_and_stay_spooled_until_acked(
+    context, tmp_path: Path
+) -> None:
+    """On a live link, batches the window holds back go out from RAM (no read-back of their files),
+    at most `unsent_ram_bytes` of them; the spool keeps every one until it is acked, and after a
+    reconnect the link sends them again from there, byte for byte."""
+    learner = SilentLearner(context)
+    robot = Episodes(1000)
+    link = make_link(context, learner.address, tmp_path / "spool", max_in_flight=2, ack_timeout_s=0.5)
+    try:
+        link.hello()
+        first, _ = learner.next_hello(link)
+        learner.reply(first, ack=pb.Ack(stream_epoch=link.epoch))
+        wait_until(lambda: link.welcomed, pump=lambda: link.poll(20))
+        one_batch = sum(
+            len(bytes(f)) for f in encode(envelope("edge-l", batch=pb.TransitionBatch()), robot.batch(10)[1])
+        )
+        link.settings.unsent_ram_bytes = 2 * one_batch + one_batch // 2  # two of the held-back batches fit
+        sent = {}
+        for _ in range(6):
+            seq = link.send_batch(*robot.batch(10))
+            sent[seq] = [bytes(f) for f in link.spool.load(link.epoch, seq)]
+            assert link._unsent_bytes <= link.settings.unsent_ram_bytes
+        assert sorted(link._unsent) == [3, 4]  # 1 and 2 are on the wire; 5 and 6 wait on disk only
+        got = {}
+        while len(got) < 2:  # the window: two batches, then silence
+            if learner.socket.poll(2000):
+                _, *frames = learner.socket.recv_multipart()
+                got[decode(frames).body.seq] = frames
+            else:
+                break
+        assert sorted(got) == [1, 2] and all(got[s] == sent[s] for s in got)
+        # Not a word back: the link reconnects and says hello anew; RAM is let go, the spool keeps all.
+        second, _ = learner.next_hello(link)
+        assert second != first and link._unsent_bytes == 0 and not link._unsent
+        assert link.unacked == 6 and sorted(s for _, s in link.spool.pending(link.epoch)) == list(range(1, 7))
+        learner.reply(second, ack=pb.Ack(stream_epoch=link.epoch, seq=1))
+        again = {}
+        deadline = time.monotonic() + 10
+        while len(again) < 2 and time.monotonic() < deadline:
+            link.poll(20)
+            if learner.socket.poll(20):
+                identity, *frames = learner.socket.recv_multipart()
+                msg = decode(frames)
+                if msg.kind == "batch":
+                    again[msg.body.seq] = frames
+        assert sorted(again) == [2, 3] and all(again[s] == sent[s] for s in again)  # from the spool, intact
+        assert link.unacked == 5 and 1 not in {s for _, s in link.spool.pending(link.epoch)}
+    finally:
+        link.close()
+        learner.socket.close(0)

@@ -7,6 +7,7 @@ is open, so after a crash the rows a commit log says are durable can still be se
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -77,8 +78,8 @@ class _Column:
     shape: tuple[int, ...]
     offset: int
 
-    @property
-    def row_bytes(self) -> int:
+    @functools.cached_property
+    def row_bytes(self) -> int:  # cached: every append asks it of every column
         return self.dtype.itemsize * math.prod(self.shape)
 
     def to_json(self, crc32: int | None) -> dict[str, Any]:
