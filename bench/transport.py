@@ -15,9 +15,14 @@
   learner has loaded the last episode.
 
 Sender and receiver are separate processes; each figure is the median of `--repeats` runs, and
-each ratio is against the plain copy (and ours against gRPC) measured in the same run.
+each ratio is against the plain copy (and ours against gRPC) measured in the same run. Ours and
+plain move `--transitions` (20,000: 0.4 GiB, a second or more of ours, so a connection's start and
+the last group commit's wait are a few percent of it, not most of it); gRPC moves at most
+`--grpc-transitions` (its learner keeps every float32 transition in a list in RAM: 170 KB each).
+For ours, the CPU seconds of each side (all threads: ZeroMQ's I/O thread, the commit thread) during
+the timed part are reported too: where the time goes.
 
-    python bench/transport.py [--transitions 3000] [--repeats 3] [--out transport.json] [--quick]
+    python bench/transport.py [--transitions 20000] [--repeats 3] [--out transport.json] [--quick]
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import io
 import json
 import multiprocessing as mp
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -86,16 +92,25 @@ def our_batches(transitions: int):
             yield builder.take()
 
 
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process so far, every thread."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 # -- ours ---------------------------------------------------------------------------------------
-def ours_learner(buffer_dir: str, ready: mp.Queue, stop: mp.Event) -> None:
+def ours_learner(buffer_dir: str, ready: mp.Queue, stop: mp.Event, clock: mp.Event) -> None:
     import zmq
 
     context = zmq.Context()
     ingest = Ingest(context, "tcp://127.0.0.1:0", Path(buffer_dir))
     ready.put(ingest.endpoint)
+    while not clock.is_set():  # the hello, before the clock starts
+        ingest.poll(timeout_ms=5)
+    cpu = cpu_seconds()
     while not stop.is_set():
         ingest.poll(timeout_ms=20)
-    ready.put(len(ingest.buffer))
+    ready.put((len(ingest.buffer), cpu_seconds() - cpu))
     ingest.close()
     context.term()
 
@@ -106,8 +121,10 @@ def run_ours(transitions: int) -> dict:
     batches = list(our_batches(transitions))  # built before the clock starts, as a robot's steps are
     spawn = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="bench-transport-") as tmp:
-        ready, stop = spawn.Queue(), spawn.Event()
-        learner = spawn.Process(target=ours_learner, args=(os.path.join(tmp, "buffer"), ready, stop), daemon=True)
+        ready, stop, clock = spawn.Queue(), spawn.Event(), spawn.Event()
+        learner = spawn.Process(
+            target=ours_learner, args=(os.path.join(tmp, "buffer"), ready, stop, clock), daemon=True
+        )
         learner.start()
         endpoint = ready.get(timeout=120)
         context = zmq.Context()
@@ -116,6 +133,8 @@ def run_ours(transitions: int) -> dict:
         while not link.welcomed:
             link.poll(20)
         nbytes = sum(column.nbytes for _, columns in batches for column in columns.values())
+        clock.set()
+        cpu = cpu_seconds()
         started = time.perf_counter()
         for count, columns in batches:
             link.send_batch(count, columns)
@@ -123,13 +142,21 @@ def run_ours(transitions: int) -> dict:
         while link.unacked:
             link.poll(20)
         elapsed = time.perf_counter() - started
+        edge_cpu = cpu_seconds() - cpu
+        resends = link.resends
         link.close()
         context.term()
         stop.set()
-        stored = ready.get(timeout=120)
+        stored, learner_cpu = ready.get(timeout=120)
         learner.join(60)
     assert stored == transitions, f"the learner stored {stored} of {transitions} transitions"
-    return {"seconds": elapsed, "payload_bytes": nbytes}
+    return {
+        "seconds": elapsed,
+        "payload_bytes": nbytes,
+        "edge_cpu_s": round(edge_cpu, 3),
+        "learner_cpu_s": round(learner_cpu, 3),  # to the stop: the last ack's wait counts, little else
+        "resends": resends,
+    }
 
 
 # -- plain PUSH/PULL of the same bytes ----------------------------------------------------------
@@ -278,37 +305,44 @@ WAYS = {"ours": run_ours, "plain": run_plain, "grpc_torch_save": run_grpc}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--transitions", type=int, default=3000)
+    parser.add_argument("--transitions", type=int, default=20000)
+    parser.add_argument("--grpc-transitions", type=int, default=3000, help="at most this many for gRPC")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=str, default=None)
     parser.add_argument("--quick", action="store_true", help="300 transitions, 1 repeat (the test)")
     args = parser.parse_args()
     if args.quick:
         args.transitions, args.repeats = 300, 1
+    counts = {way: args.transitions for way in WAYS}
+    counts["grpc_torch_save"] = min(args.transitions, args.grpc_transitions)
     print(
-        f"transport: {args.transitions} transitions of {IMAGE[0]}x{IMAGE[1]}x{IMAGE[2]} images, edge -> learner "
-        f"on loopback, {os.cpu_count()} cores, {args.repeats} repeats"
+        f"transport: {args.transitions} transitions of {IMAGE[0]}x{IMAGE[1]}x{IMAGE[2]} images (gRPC: "
+        f"{counts['grpc_torch_save']}), edge -> learner on loopback, {os.cpu_count()} cores, {args.repeats} repeats"
     )
     runs: dict[str, list[dict]] = {way: [] for way in WAYS}
     for repeat in range(args.repeats):
         for way, run in WAYS.items():
-            result = run(args.transitions)
+            result = run(counts[way])
             runs[way].append(result)
+            cpu = (
+                f", CPU s: edge {result['edge_cpu_s']:.2f}, learner {result['learner_cpu_s']:.2f}"
+                if "edge_cpu_s" in result
+                else ""
+            )
             print(
-                f"  repeat {repeat + 1}: {way:16s} {args.transitions / result['seconds']:8.0f} transitions/s "
-                f"({result['payload_bytes'] / result['seconds'] / 2**20:7.1f} MiB/s of payload)",
+                f"  repeat {repeat + 1}: {way:16s} {counts[way] / result['seconds']:8.0f} transitions/s "
+                f"({result['payload_bytes'] / result['seconds'] / 2**20:7.1f} MiB/s of payload{cpu})",
                 flush=True,
             )
-    rates = {way: statistics.median(args.transitions / r["seconds"] for r in rs) for way, rs in runs.items()}
+    rates = {way: statistics.median(counts[way] / r["seconds"] for r in rs) for way, rs in runs.items()}
     summary = {
         "transitions": args.transitions,
+        "transitions_by_way": counts,
         "image": list(IMAGE),
         "repeats": args.repeats,
         "cores": os.cpu_count(),
         "transitions_per_s": {way: round(rate, 1) for way, rate in rates.items()},
-        "payload_bytes_per_transition": {
-            way: round(rs[0]["payload_bytes"] / args.transitions) for way, rs in runs.items()
-        },
+        "payload_bytes_per_transition": {way: round(rs[0]["payload_bytes"] / counts[way]) for way, rs in runs.items()},
         "ours_vs_plain": round(rates["ours"] / rates["plain"], 2),
         "ours_vs_grpc_torch_save": round(rates["ours"] / rates["grpc_torch_save"], 2),
         "runs": runs,
