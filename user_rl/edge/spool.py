@@ -23,9 +23,10 @@ import logging
 import os
 import re
 import struct
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
+
+from user_rl.wire.checksum import crc32
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +149,9 @@ class Spool:
         if self.bytes_used - replaced + size > self.max_bytes and not (reserve and size <= RESERVED_BYTES):
             self._refuse(size)
             return False
-        crc = zlib.crc32(header)
+        crc = crc32(header)
         for v in views:
-            crc = zlib.crc32(v, crc)
+            crc = crc32(v, crc)
         final = os.path.join(self._dir, _file_name(epoch, seq))  # str paths: pathlib costs more than the write
         tmp = final + _TMP_SUFFIX
         try:
@@ -222,13 +223,17 @@ class Spool:
     def is_lost(self, epoch: int, seq: int) -> bool:
         return (epoch, seq) in self._lost
 
-    def load_or_lost(self, epoch: int, seq: int) -> list[bytes] | None:
+    def load_or_lost(self, epoch: int, seq: int) -> list[memoryview] | None:
         """Like `load`, but a batch that cannot be read (corrupt, missing) is marked lost and None
-        comes back: the caller sends an explicit gap for it. Its file stays until `ack_through`."""
+        comes back: the caller sends an explicit gap for it. Its file stays until `ack_through`.
+        The frames are views into the one buffer the file was read into (the link sends them
+        without a copy; copying each frame out again cost as much as reading the file)."""
         if (epoch, seq) in self._lost:
             return None
         try:
-            return self.load(epoch, seq)
+            if (epoch, seq) not in self._sizes:
+                raise KeyError(f"({epoch}, {seq}) is not in the spool at {self.directory}")
+            return self._read(self.path(epoch, seq), epoch, seq, copy=False)
         except (SpoolCorrupt, KeyError, OSError) as exc:
             reason = exc if isinstance(exc, SpoolCorrupt) else f"batch ({epoch}, {seq}) cannot be read: {exc}"
             log.warning("%s; the learner will be told this batch is lost", reason)
@@ -241,7 +246,8 @@ class Spool:
         self._lost.add((epoch, seq))
         self.lost_batches += 1
 
-    def _read(self, path: Path, epoch: int, seq: int) -> list[bytes]:
+    def _read(self, path: Path, epoch: int, seq: int, copy: bool = True) -> list:
+        """The frames of a batch file, checked; each as bytes, or (`copy=False`) as a view."""
         try:
             data = path.read_bytes()
         except FileNotFoundError:
@@ -263,12 +269,13 @@ class Spool:
             raise SpoolCorrupt(path, f"size {len(data)} bytes, header promises {body + sum(lengths)}")
         (crc,) = _CRC.unpack_from(data, body - _CRC.size)
         view = memoryview(data)
-        actual = zlib.crc32(view[body:], zlib.crc32(view[: body - _CRC.size]))
+        actual = crc32(view[body:], crc32(view[: body - _CRC.size]))
         if actual != crc:
             raise SpoolCorrupt(path, f"crc32 mismatch (stored {crc:#010x}, computed {actual:#010x})")
         frames, at = [], body
+        source = data if copy else view
         for n in lengths:
-            frames.append(data[at : at + n])
+            frames.append(source[at : at + n])
             at += n
         return frames
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from user_rl.wire.checksum import crc32
+
 MAGIC = b"URLSEG01"
 FORMAT = 1
 HEADER_AREA = 16 * 1024  # prefix + JSON header; the first column region starts right after it
@@ -244,13 +246,25 @@ class SegmentWriter:
         start = self._rows
         for column, values in zip(self._columns, arrays):
             _pwrite_all(fd, values, column.offset + start * column.row_bytes)
-        self._crcs = [zlib.crc32(values, crc) for values, crc in zip(arrays, self._crcs)]
+        self._crcs = [crc32(values, crc) for values, crc in zip(arrays, self._crcs)]
         self._rows = start + n
         return start, self._rows
 
     def sync(self) -> None:
         """Make the appended rows durable (the header is only rewritten at seal)."""
         os.fdatasync(self._require_open())
+
+    def drop_cached(self) -> None:
+        """Let the kernel drop the file's synced pages from its page cache. The buffer keeps the rows
+        in its own RAM cache: a second copy in the page cache only doubles the memory a segment takes,
+        and the next appends then write into pages just freed instead of taking fresh ones (on a VM
+        whose host reclaims free guest memory, a fresh page costs a fault on the host too). Only
+        advice: dirty pages stay (the kernel may start writing them back early), errors are ignored."""
+        if hasattr(os, "posix_fadvise"):
+            try:
+                os.posix_fadvise(self._require_open(), 0, 0, os.POSIX_FADV_DONTNEED)
+            except OSError:
+                pass
 
     def seal(self, final_path: Path, meta: dict[str, Any] | None = None) -> SegmentInfo:
         """Write the final header, sync, rename to `final_path`; the writer is closed afterwards."""
@@ -388,7 +402,7 @@ def read_segment(path: Path, verify: bool = True) -> Segment:
     columns = {c.name: _map_rows(path, c, header["rows"]) for c in layout.columns}
     if verify:
         for entry in header["columns"]:
-            actual = zlib.crc32(columns[entry["name"]])
+            actual = crc32(columns[entry["name"]])
             if actual != entry["crc32"]:
                 raise CorruptSegment(
                     path,
@@ -437,7 +451,7 @@ def read_segment_into(path: Path, targets: dict[str, np.ndarray], verify: bool =
             os.close(fd)
     if verify:
         for name, values in stored.items():
-            actual = zlib.crc32(values)
+            actual = crc32(values)
             if actual != crcs[name]:
                 raise CorruptSegment(
                     path, "column_crc", f"column {name!r}: crc32 {actual:#010x} != header {crcs[name]:#010x}"
@@ -498,7 +512,7 @@ def seal_open_file(open_path: Path, rows: int, final_path: Path, meta: dict[str,
     capacity = layout.header["capacity"]
     if not 0 <= rows <= capacity:
         raise ValueError(f"cannot seal {rows} rows of {open_path}: its capacity is {capacity}")
-    crcs = [zlib.crc32(_map_rows(open_path, c, rows)) for c in layout.columns]
+    crcs = [crc32(_map_rows(open_path, c, rows)) for c in layout.columns]
     merged = {**layout.header["meta"], **(meta or {})}
     _encode_header(_header(layout.columns, capacity, rows, True, crcs, merged))  # fits, before touching the file
     fd = os.open(open_path, os.O_RDWR)
