@@ -16,6 +16,8 @@ per-slot ones.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import time
 from dataclasses import dataclass
 
@@ -27,6 +29,30 @@ from user_rl.cloud.staleness import stale_rows
 from user_rl.wire.transitions import IDLE, intervened
 
 INTERVENTION = SOURCES.index("intervention")
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in for writing without touching their contents
+_populate_supported = True  # until the kernel says otherwise (EINVAL: older than 5.14)
+
+
+def populate(array: np.ndarray) -> bool:
+    """Fault in the memory under a C-contiguous array now, as a write would, without reading or
+    changing its contents (so other threads may write it meanwhile). A fresh slot's pages are
+    otherwise faulted in one by one by the ingest's copies, on its critical path. False where the
+    kernel cannot (then nothing happens)."""
+    global _populate_supported
+    if not _populate_supported or not array.nbytes or not array.flags.c_contiguous:
+        return False
+    page = mmap.PAGESIZE
+    start = -(-array.ctypes.data // page) * page  # whole pages inside the array
+    end = (array.ctypes.data + array.nbytes) // page * page
+    if end <= start:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    if libc.madvise(start, end - start, _MADV_POPULATE_WRITE) == 0:  # ctypes lets the GIL go meanwhile
+        return True
+    if ctypes.get_errno() == 22:  # EINVAL: no MADV_POPULATE_WRITE here
+        _populate_supported = False
+    return False
 
 
 @dataclass
@@ -120,6 +146,13 @@ class SlotCache:
             array[slot, :rows] = columns[name][:rows] if name in columns or name not in DEFAULTED_COLUMNS else 0
         self.info[slot] = SlotInfo(segment, rows, source, time.monotonic(), pinned, row_filter)
         self.refresh(slot)
+
+    def populate(self, slot: int, start: int, end: int) -> None:
+        """Fault in the memory of a slot's rows [start, end) ahead of them (`populate`): off the
+        ingest thread."""
+        for array in self.arrays.values():
+            populate(array[slot, start:end])
+        populate(self.next_row[slot, start:end])
 
     def open(self, slot: int, segment: int) -> None:
         """An empty slot starts holding the open segment (it adds nothing to the catalog yet)."""

@@ -71,6 +71,7 @@ from user_rl.wire.transitions import (
 log = logging.getLogger(__name__)
 ONLINE = SOURCES.index("online")
 REDRAWS = 32  # rounds of rejection, at most, that down-weight stale and idle transitions in a batch
+POPULATE_AHEAD_BYTES = 16 << 20  # of the open RAM slot, faulted in ahead of the ingest (`_populate_ahead`)
 
 
 class NothingToSample(ValueError):
@@ -131,6 +132,10 @@ class PersistentReplay:
         # A group commit running on the commit thread: its batches (as in _pending_commits) and its end.
         self._syncing: tuple[list[tuple[StreamState, int, int, int, bool]], Future] | None = None
         self._commit_thread = ThreadPoolExecutor(1, thread_name_prefix="buffer-commit")
+        # Faults in the memory of the open segment's RAM slot ahead of its rows (`_populate_ahead`).
+        self._populate_thread = ThreadPoolExecutor(1, thread_name_prefix="buffer-populate")
+        self._populated: dict[int, int] = {}  # slot -> rows faulted in (once all, the slot's memory stays ours)
+        self._ahead_rows = max(1, POPULATE_AHEAD_BYTES // row_bytes(self.schema))
         self._open_batches: list[tuple[int, int, int, bool, str, int]] = []  # durable in the open segment
         self.duplicates = 0
         # Counters, from what the directory holds (a corrupt segment found meanwhile is subtracted).
@@ -306,6 +311,7 @@ class PersistentReplay:
         stream.records += n
         self.records += n
         self._pending_commits.append((stream, seq, n, self.writer.rows, False))
+        self._populate_ahead()
         return True
 
     def record_lost(self, stream: StreamState, seq: int, counted: bool = True) -> bool:
@@ -405,6 +411,7 @@ class PersistentReplay:
         except OSError:
             commits.truncate(size)
             raise
+        writer.drop_cached()
 
     def _durable(self, pending: list[tuple[StreamState, int, int, int, bool]]) -> list[StreamState]:
         """These batches are on disk: their streams' durable seqs advance (acked means durable)."""
@@ -495,6 +502,20 @@ class PersistentReplay:
                 self.cache.release(slot)
             self.cache.open(slot, self.open_id)
             self.open_slot, self.writer, self.commits = slot, writer, commits
+
+    def _populate_ahead(self) -> None:
+        """Have the populate thread fault in the open slot's memory up to POPULATE_AHEAD_BYTES past
+        its last row. A slot that never held a segment has no memory yet (np.zeros maps it lazily),
+        and the ingest's copies would otherwise fault it in page by page on the ingest thread: until
+        the RAM budget has been used once, that was the biggest cost of taking a batch. Only ahead of
+        data that arrives, so an idle learner takes no RAM for it."""
+        slot, rows, capacity = self.open_slot, self.writer.rows, self.segment_rows
+        done = self._populated.get(slot, 0)
+        if done >= capacity or done >= rows + self._ahead_rows:
+            return
+        start, end = max(done, rows), min(capacity, rows + 2 * self._ahead_rows)
+        self._populated[slot] = end
+        self._populate_thread.submit(self.cache.populate, slot, start, end)
 
     def _pin_hot(self) -> None:
         """Pin the open segment and the newest sealed ones, leaving at least one slot to rotate."""
@@ -705,6 +726,7 @@ class PersistentReplay:
             except BufferWriteError:
                 pass  # latched: the next open recovers what the commit log holds
         self._commit_thread.shutdown()
+        self._populate_thread.shutdown(cancel_futures=True)
         self.prefetcher.close()
         if self.scrubber is not None:
             self.scrubber.close()
