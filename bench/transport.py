@@ -1,7 +1,9 @@
 """Edge -> learner transport of 84x84x3 image transitions, three ways, in one run:
 
-- ours: the full path. An edge's `DataLink` batches transitions (uint8 images; the next observation is
-  the next row), spools each batch to disk and sends it as a protobuf envelope plus raw frames; the
+- ours: the full path. An edge's `DataLink` batches transitions as the edge daemon does (uint8 images;
+  the next observation is the next row; `fleet.batch_transitions` steps a message, 64 by default, an
+  episode's end inside a batch with its final observation), spools each batch to disk and sends it
+  as a protobuf envelope plus raw frames; the
   learner's `Ingest` decodes and validates it, appends it to the durable replay buffer (segments on
   disk, group commits, SQLite index) and acknowledges it once durable. Timed until the edge holds
   the last ack.
@@ -46,6 +48,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from user_rl.cloud.ingest import Ingest  # noqa: E402
+from user_rl.config import FleetConfig  # noqa: E402
 from user_rl.edge.batching import BatchBuilder  # noqa: E402
 from user_rl.edge.link import DataLink  # noqa: E402
 from user_rl.hal.descriptor import DeviceDescriptor  # noqa: E402
@@ -54,7 +57,7 @@ from user_rl.wire import user_rl_pb2 as pb  # noqa: E402
 IMAGE = (84, 84, 3)
 STATE, ACTION = 8, 4
 EPISODE = 100  # steps
-BATCH = 32  # transitions per message of ours (the fleet's default batch_transitions)
+BATCH = FleetConfig().batch_transitions  # transitions per message of ours: the fleet's default (64)
 CHUNK = 2 << 20  # LeRobot's gRPC chunk size (transport/utils.py CHUNK_SIZE)
 OBS_SPACE = gym.spaces.Dict(
     {"image": gym.spaces.Box(0, 255, IMAGE, np.uint8), "state": gym.spaces.Box(-1, 1, (STATE,), np.float32)}
@@ -68,9 +71,12 @@ def observation(t: int) -> dict[str, np.ndarray]:
     return {"image": np.full(IMAGE, t % 251, np.uint8), "state": np.full(STATE, (t % 100) / 100, np.float32)}
 
 
-def our_batches(transitions: int):
-    """(count, columns) of BATCH transitions at a time, in episodes of EPISODE steps."""
-    builder = BatchBuilder(OBS_SPACE, ACTION_SPACE, capacity=BATCH)
+def our_batches(transitions: int, batch: int = BATCH, cut_at_episode_end: bool = False):
+    """(count, columns) of `batch` transitions at a time, in episodes of EPISODE steps. The daemon
+    sends a batch when it is full (or after max_batch_delay_s, which a robot stepping flat out never
+    reaches); `cut_at_episode_end` also ends one with each episode, as this bench used to (with
+    batches of 32: an average of 25 transitions a message, `--batch 32 --cut-at-episode-end`)."""
+    builder = BatchBuilder(OBS_SPACE, ACTION_SPACE, capacity=batch)
     for t in range(transitions):
         step = t % EPISODE
         ends = step == EPISODE - 1 or t == transitions - 1
@@ -88,7 +94,7 @@ def our_batches(transitions: int):
             sensor_time=time.time(),
             final_obs=observation(t + 1) if ends else None,
         )
-        if builder.full or ends:
+        if builder.full or (ends and cut_at_episode_end) or t == transitions - 1:
             yield builder.take()
 
 
@@ -115,10 +121,10 @@ def ours_learner(buffer_dir: str, ready: mp.Queue, stop: mp.Event, clock: mp.Eve
     context.term()
 
 
-def run_ours(transitions: int) -> dict:
+def run_ours(transitions: int, **shape) -> dict:
     import zmq
 
-    batches = list(our_batches(transitions))  # built before the clock starts, as a robot's steps are
+    batches = list(our_batches(transitions, **shape))  # built before the clock starts, as a robot's steps are
     spawn = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="bench-transport-") as tmp:
         ready, stop, clock = spawn.Queue(), spawn.Event(), spawn.Event()
@@ -153,6 +159,7 @@ def run_ours(transitions: int) -> dict:
     return {
         "seconds": elapsed,
         "payload_bytes": nbytes,
+        "messages": len(batches),
         "edge_cpu_s": round(edge_cpu, 3),
         "learner_cpu_s": round(learner_cpu, 3),  # to the stop: the last ack's wait counts, little else
         "resends": resends,
@@ -174,10 +181,10 @@ def plain_receiver(expected_bytes: int, ready: mp.Queue, done: mp.Queue) -> None
     context.term()
 
 
-def run_plain(transitions: int) -> dict:
+def run_plain(transitions: int, **shape) -> dict:
     import zmq
 
-    batches = list(our_batches(transitions))
+    batches = list(our_batches(transitions, **shape))
     nbytes = sum(column.nbytes for _, columns in batches for column in columns.values())
     spawn = mp.get_context("spawn")
     ready, done = spawn.Queue(), spawn.Queue()
@@ -268,7 +275,7 @@ def episode_chunks(payload: bytes):
         yield bytes([state]) + payload[offset : offset + CHUNK]
 
 
-def run_grpc(transitions: int) -> dict:
+def run_grpc(transitions: int, **_shape) -> dict:  # LeRobot's actor sends whole episodes
     import grpc
     import torch
 
@@ -308,6 +315,10 @@ def main() -> None:
     parser.add_argument("--transitions", type=int, default=20000)
     parser.add_argument("--grpc-transitions", type=int, default=3000, help="at most this many for gRPC")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=BATCH, help="transitions a message (fleet.batch_transitions)")
+    parser.add_argument(
+        "--cut-at-episode-end", action="store_true", help="also end a batch with each episode (this bench before)"
+    )
     parser.add_argument("--out", type=str, default=None)
     parser.add_argument("--quick", action="store_true", help="300 transitions, 1 repeat (the test)")
     args = parser.parse_args()
@@ -317,12 +328,13 @@ def main() -> None:
     counts["grpc_torch_save"] = min(args.transitions, args.grpc_transitions)
     print(
         f"transport: {args.transitions} transitions of {IMAGE[0]}x{IMAGE[1]}x{IMAGE[2]} images (gRPC: "
-        f"{counts['grpc_torch_save']}), edge -> learner on loopback, {os.cpu_count()} cores, {args.repeats} repeats"
+        f"{counts['grpc_torch_save']}), {args.batch} a message{' or to an episode end' * args.cut_at_episode_end}, "
+        f"edge -> learner on loopback, {os.cpu_count()} cores, {args.repeats} repeats"
     )
     runs: dict[str, list[dict]] = {way: [] for way in WAYS}
     for repeat in range(args.repeats):
         for way, run in WAYS.items():
-            result = run(counts[way])
+            result = run(counts[way], batch=args.batch, cut_at_episode_end=args.cut_at_episode_end)
             runs[way].append(result)
             cpu = (
                 f", CPU s: edge {result['edge_cpu_s']:.2f}, learner {result['learner_cpu_s']:.2f}"
@@ -338,6 +350,8 @@ def main() -> None:
     summary = {
         "transitions": args.transitions,
         "transitions_by_way": counts,
+        "batch": args.batch,
+        "cut_at_episode_end": args.cut_at_episode_end,
         "image": list(IMAGE),
         "repeats": args.repeats,
         "cores": os.cpu_count(),
