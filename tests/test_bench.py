@@ -192,7 +192,8 @@ def test_one_command_runs_the_benchmarks_and_writes_one_table(tmp_path: Path) ->
         for line in table.splitlines()
         if line.startswith("| transport") or line.startswith("| link_encryption")
     ]
-    assert len(rows) == 4  # two figures each
+    assert len(rows) == 6  # transport: two figures; link_encryption: three links and libsodium's ceiling
+    assert any("1 Gbit/s" in row[1] for row in rows) and any("ceiling" in row[1] for row in rows)
     transport = json.loads((tmp_path / "transport.json").read_text())  # ours is checked stored, every transition
     assert rows[0][2].strip() == f"{transport['transitions_per_s']['ours']:,.0f}"
     assert rows[0][4].strip() == f"{transport['ours_vs_plain']:.2f}x"
