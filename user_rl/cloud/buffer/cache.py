@@ -160,14 +160,18 @@ class SlotCache:
         self.next_row[slot] = -1
         self._clear(slot)
 
-    def append(self, slot: int, start: int, columns: dict[str, np.ndarray]) -> int:
+    def append(self, slot: int, start: int, columns: dict[str, np.ndarray] | list[dict[str, np.ndarray]]) -> int:
         """Append rows to the open segment's slot; returns how many transitions became sampleable.
+        `columns` may be a list of parts, copied one after the other (see `SegmentWriter.append`).
 
         Only the new rows' links are followed: a row becomes a transition when its successor
         arrives, and that never changes afterwards, so the catalog just grows."""
-        n = len(columns["kind"])
-        for name, array in self.arrays.items():
-            array[slot, start : start + n] = columns[name]
+        n = 0
+        for part in columns if isinstance(columns, list) else [columns]:
+            m = len(part["kind"])
+            for name, array in self.arrays.items():
+                array[slot, start + n : start + n + m] = part[name]
+            n += m
         self.info[slot].rows = start + n
         prev = self.arrays["prev_row"][slot, start : start + n]
         linked = np.flatnonzero(prev >= 0)

@@ -97,8 +97,10 @@ class StreamState:
         return ep
 
 
-def layout(cols: Columns, stream: StreamState, segment_id: int, base: int, schema: dict) -> Columns:
-    """Rows for one validated wire batch, placed from row `base` of segment `segment_id`.
+def layout(cols: Columns, stream: StreamState, segment_id: int, base: int, schema: dict) -> list[Columns]:
+    """Rows for one validated wire batch, placed from row `base` of segment `segment_id`, as
+    consecutive parts (a carried row, the records, the final observations): written and cached one
+    after the other, never concatenated (that copied every image of the batch once more).
 
     Updates the stream's pending record and its episode statistics.
     """
@@ -123,21 +125,20 @@ def layout(cols: Columns, stream: StreamState, segment_id: int, base: int, schem
     stream.dropped += int(np.count_nonzero(~ended[:-1] & ~continues_prev[1:]))
 
     rows = _records(cols, n, prev, schema, stream)
+    parts = [pending, rows] if carry else [rows]
     if len(final_rows):
-        rows = _concat(rows, _finals(cols, final_rows, positions, schema, stream))
-    if carry:
-        rows = _concat(pending, rows)
+        parts.append(_finals(cols, final_rows, positions, schema, stream))
 
     last = n - 1
     if ended[last]:
         stream.pending, stream.pending_at = None, None
     else:
-        stream.pending = {k: v[int(carry) + last : int(carry) + last + 1].copy() for k, v in rows.items()}
+        stream.pending = {k: v[last : last + 1].copy() for k, v in rows.items()}
         stream.pending["kind"][:] = KIND_CARRY
         stream.pending["prev_row"][:] = -1
         stream.pending_at = (segment_id, int(positions[last]))
     account(cols, stream, ended, segment_id)
-    return rows
+    return parts
 
 
 def _records(cols: Columns, n: int, prev: np.ndarray, schema: dict, stream: StreamState) -> Columns:
@@ -171,10 +172,6 @@ def _finals(cols: Columns, final_rows: np.ndarray, positions: np.ndarray, schema
     rows["prev_row"] = positions[final_rows].astype(np.int32)
     rows["task"][:] = stream.task_id
     return rows
-
-
-def _concat(a: Columns, b: Columns) -> Columns:
-    return {k: np.concatenate([a[k], b[k]]) for k in a}
 
 
 def account(cols: Columns, stream: StreamState, ended: np.ndarray, segment_id: int) -> None:

@@ -218,14 +218,43 @@ class SegmentWriter:
     def remaining(self) -> int:
         return self._capacity - self._rows
 
-    def append(self, columns: dict[str, np.ndarray]) -> tuple[int, int]:
-        """Write n rows of every column; returns their (start, end) row range. All checks come first."""
+    def append(self, columns: dict[str, np.ndarray] | list[dict[str, np.ndarray]]) -> tuple[int, int]:
+        """Write n rows of every column; returns their (start, end) row range. All checks come first.
+
+        `columns` may be a list of parts, each with every column, written one after the other: rows
+        that arrive in pieces (a batch's records, then its episodes' final observations) are not
+        concatenated first, which would copy every image once more."""
         fd = self._require_open()
+        parts = columns if isinstance(columns, list) else [columns]
+        arrays: list[list[np.ndarray]] = [[] for _ in self._columns]
+        n = 0
+        for part in parts:
+            n += self._check(part, arrays)
+        if n > self.remaining:
+            raise ValueError(f"append of {n} rows exceeds the segment's remaining {self.remaining} rows")
+        start = self._rows
+        for column, pieces in zip(self._columns, arrays):
+            offset = column.offset + start * column.row_bytes
+            for values in pieces:
+                _pwrite_all(fd, values, offset)
+                offset += values.nbytes
+        crcs = []
+        for pieces, crc in zip(arrays, self._crcs):
+            for values in pieces:
+                crc = crc32(values, crc)
+            crcs.append(crc)
+        self._crcs = crcs
+        self._rows = start + n
+        return start, self._rows
+
+    def _check(self, columns: dict[str, np.ndarray], arrays: list[list[np.ndarray]]) -> int:
+        """Check one part's columns against the schema and add them (C-contiguous) to `arrays`, one
+        list a column; returns its rows."""
         unknown = set(columns) - {c.name for c in self._columns}
         if unknown:
             raise ValueError(f"columns {sorted(unknown)} are not in the segment schema")
-        arrays, n = [], None
-        for column in self._columns:
+        n = None
+        for column, pieces in zip(self._columns, arrays):
             if column.name not in columns:
                 raise KeyError(f"column {column.name!r} is missing from the append")
             values = columns[column.name]
@@ -239,16 +268,9 @@ class SegmentWriter:
             if n is not None and len(values) != n:
                 raise ValueError(f"column {column.name!r} has {len(values)} rows, other columns have {n}")
             n = len(values)
-            arrays.append(np.ascontiguousarray(values))
+            pieces.append(np.ascontiguousarray(values))
         assert n is not None
-        if n > self.remaining:
-            raise ValueError(f"append of {n} rows exceeds the segment's remaining {self.remaining} rows")
-        start = self._rows
-        for column, values in zip(self._columns, arrays):
-            _pwrite_all(fd, values, column.offset + start * column.row_bytes)
-        self._crcs = [crc32(values, crc) for values, crc in zip(arrays, self._crcs)]
-        self._rows = start + n
-        return start, self._rows
+        return n
 
     def sync(self) -> None:
         """Make the appended rows durable (the header is only rewritten at seal)."""
