@@ -1,14 +1,17 @@
 """Edge -> learner transport of 84x84x3 image transitions, three ways, in one run:
 
-- ours: the full path. An edge's `DataLink` batches transitions as the edge daemon does (uint8 images;
-  the next observation is the next row; `fleet.batch_transitions` steps a message, 64 by default, an
-  episode's end inside a batch with its final observation), spools each batch to disk and sends it
-  as a protobuf envelope plus raw frames; the
-  learner's `Ingest` decodes and validates it, appends it to the durable replay buffer (segments on
-  disk, group commits, SQLite index) and acknowledges it once durable. Timed until the edge holds
-  the last ack.
-- plain: pyzmq PUSH/PULL of exactly the bytes our batches carry (no envelope, no validation, no
-  disk, no acks): the raw baseline.
+- ours: the full path. Transitions are batched as the edge daemon batches them (uint8 images; the
+  next observation is the next row; `fleet.batch_transitions` steps a message, 64 by default, an
+  episode's end inside a batch with its final observation; and, as the daemon's BacklogAdapter does
+  while the backlog of unacked batches is high, up to 4x as many a message: a robot stepping flat
+  out against one learner has that backlog). The edge's `DataLink` spools each batch to disk and
+  sends it as a protobuf envelope plus raw frames; the learner's `Ingest` decodes and validates it,
+  appends it to the durable replay buffer (segments on disk, group commits, SQLite index) and
+  acknowledges it once durable. Timed until the edge holds the last ack. The steps themselves are
+  made before the clock starts, as a robot's are; taking each batch out of them (a copy, as
+  `BatchBuilder.take_batch` makes) is timed.
+- plain: pyzmq PUSH/PULL of exactly the bytes our batches carried, message for message (no
+  envelope, no validation, no disk, no acks): the raw baseline.
 - torch.save over gRPC: a re-implementation of the style of LeRobot's actor/learner (lerobot
   0.4 `transport/`): the actor collects a whole episode of transitions (observation and next
   observation, float32 images), `torch.save`s the list, streams the bytes in 2 MiB chunks
@@ -49,10 +52,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from user_rl.cloud.ingest import Ingest  # noqa: E402
 from user_rl.config import FleetConfig  # noqa: E402
+from user_rl.edge.adapt import BacklogAdapter  # noqa: E402
 from user_rl.edge.batching import BatchBuilder  # noqa: E402
 from user_rl.edge.link import DataLink  # noqa: E402
 from user_rl.hal.descriptor import DeviceDescriptor  # noqa: E402
 from user_rl.wire import user_rl_pb2 as pb  # noqa: E402
+from user_rl.wire.transitions import FINAL_OBS, FINAL_ROW  # noqa: E402
 
 IMAGE = (84, 84, 3)
 STATE, ACTION = 8, 4
@@ -71,12 +76,10 @@ def observation(t: int) -> dict[str, np.ndarray]:
     return {"image": np.full(IMAGE, t % 251, np.uint8), "state": np.full(STATE, (t % 100) / 100, np.float32)}
 
 
-def our_batches(transitions: int, batch: int = BATCH, cut_at_episode_end: bool = False):
-    """(count, columns) of `batch` transitions at a time, in episodes of EPISODE steps. The daemon
-    sends a batch when it is full (or after max_batch_delay_s, which a robot stepping flat out never
-    reaches); `cut_at_episode_end` also ends one with each episode, as this bench used to (with
-    batches of 32: an average of 25 transitions a message, `--batch 32 --cut-at-episode-end`)."""
-    builder = BatchBuilder(OBS_SPACE, ACTION_SPACE, capacity=batch)
+def robot_steps(transitions: int) -> dict[str, np.ndarray]:
+    """Every step of a robot, in episodes of EPISODE steps, as one batch's columns (final_row,
+    final_obs/...): what `cut` takes batches out of."""
+    builder = BatchBuilder(OBS_SPACE, ACTION_SPACE, capacity=transitions)
     for t in range(transitions):
         step = t % EPISODE
         ends = step == EPISODE - 1 or t == transitions - 1
@@ -94,8 +97,41 @@ def our_batches(transitions: int, batch: int = BATCH, cut_at_episode_end: bool =
             sensor_time=time.time(),
             final_obs=observation(t + 1) if ends else None,
         )
-        if builder.full or (ends and cut_at_episode_end) or t == transitions - 1:
-            yield builder.take()
+    return builder.take()[1]
+
+
+def cut(steps: dict[str, np.ndarray], start: int, end: int) -> tuple[int, dict[str, np.ndarray]]:
+    """Steps [start, end) as a batch of fresh arrays, as `BatchBuilder.take` makes them."""
+    final_rows = steps[FINAL_ROW]
+    mine = (final_rows >= start) & (final_rows < end)
+    columns = {}
+    for name, values in steps.items():
+        if name == FINAL_ROW:
+            columns[name] = values[mine] - start
+        elif name.startswith(FINAL_OBS):
+            columns[name] = values[mine]  # fancy indexing: a copy
+        else:
+            columns[name] = values[start:end].copy()
+    return end - start, columns
+
+
+def episode_cut_sizes(transitions: int, batch: int) -> list[int]:
+    """Batch sizes when a batch also ends with each episode (this bench before: 32, 32, 32, 4, ...)."""
+    sizes, count = [], 0
+    for t in range(transitions):
+        count += 1
+        if count == batch or t % EPISODE == EPISODE - 1 or t == transitions - 1:
+            sizes.append(count)
+            count = 0
+    return sizes
+
+
+def in_batches(steps: dict[str, np.ndarray], sizes: list[int]):
+    """(count, columns) of consecutive batches of these sizes."""
+    start = 0
+    for size in sizes:
+        yield cut(steps, start, start + size)
+        start += size
 
 
 def cpu_seconds() -> float:
@@ -121,10 +157,13 @@ def ours_learner(buffer_dir: str, ready: mp.Queue, stop: mp.Event, clock: mp.Eve
     context.term()
 
 
-def run_ours(transitions: int, **shape) -> dict:
+def run_ours(transitions: int, batch: int = BATCH, sizes: list[int] | None = None, **_: object) -> dict:
+    """Ours; `sizes`: these batch sizes, else `batch` at first and then what the daemon's
+    BacklogAdapter makes of the backlog after each batch (the sizes used come back)."""
     import zmq
 
-    batches = list(our_batches(transitions, **shape))  # built before the clock starts, as a robot's steps are
+    steps = robot_steps(transitions)  # made before the clock starts, as a robot's steps are
+    nbytes = sum(column.nbytes for column in steps.values())
     spawn = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="bench-transport-") as tmp:
         ready, stop, clock = spawn.Queue(), spawn.Event(), spawn.Event()
@@ -138,13 +177,21 @@ def run_ours(transitions: int, **shape) -> dict:
         link.hello()
         while not link.welcomed:
             link.poll(20)
-        nbytes = sum(column.nbytes for _, columns in batches for column in columns.values())
+        adapter = BacklogAdapter(batch, {}, link.settings.max_in_flight)
+        used: list[int] = []
         clock.set()
         cpu = cpu_seconds()
         started = time.perf_counter()
-        for count, columns in batches:
+        start, size = 0, batch
+        while start < transitions:
+            if sizes is not None:
+                size = sizes[len(used)]
+            count, columns = cut(steps, start, min(transitions, start + size))
             link.send_batch(count, columns)
             link.poll(0)
+            used.append(count)
+            start += count
+            size, _ = adapter.update(link.unacked)  # as the daemon's _adapt after each batch
         while link.unacked:
             link.poll(20)
         elapsed = time.perf_counter() - started
@@ -159,7 +206,8 @@ def run_ours(transitions: int, **shape) -> dict:
     return {
         "seconds": elapsed,
         "payload_bytes": nbytes,
-        "messages": len(batches),
+        "messages": len(used),
+        "sizes": used,
         "edge_cpu_s": round(edge_cpu, 3),
         "learner_cpu_s": round(learner_cpu, 3),  # to the stop: the last ack's wait counts, little else
         "resends": resends,
@@ -181,10 +229,11 @@ def plain_receiver(expected_bytes: int, ready: mp.Queue, done: mp.Queue) -> None
     context.term()
 
 
-def run_plain(transitions: int, **shape) -> dict:
+def run_plain(transitions: int, sizes: list[int], **_: object) -> dict:
+    """Plain PUSH/PULL of the batches ours sent (`sizes`), their arrays as they are."""
     import zmq
 
-    batches = list(our_batches(transitions, **shape))
+    batches = list(in_batches(robot_steps(transitions), sizes))
     nbytes = sum(column.nbytes for _, columns in batches for column in columns.values())
     spawn = mp.get_context("spawn")
     ready, done = spawn.Queue(), spawn.Queue()
@@ -316,8 +365,11 @@ def main() -> None:
     parser.add_argument("--grpc-transitions", type=int, default=3000, help="at most this many for gRPC")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch", type=int, default=BATCH, help="transitions a message (fleet.batch_transitions)")
+    parser.add_argument("--fixed", action="store_true", help="always --batch a message (no BacklogAdapter)")
     parser.add_argument(
-        "--cut-at-episode-end", action="store_true", help="also end a batch with each episode (this bench before)"
+        "--cut-at-episode-end",
+        action="store_true",
+        help="fixed, and a batch also ends with each episode (this bench before, with --batch 32)",
     )
     parser.add_argument("--out", type=str, default=None)
     parser.add_argument("--quick", action="store_true", help="300 transitions, 1 repeat (the test)")
@@ -326,15 +378,30 @@ def main() -> None:
         args.transitions, args.repeats = 300, 1
     counts = {way: args.transitions for way in WAYS}
     counts["grpc_torch_save"] = min(args.transitions, args.grpc_transitions)
+    if args.cut_at_episode_end:
+        shape, fixed = f"{args.batch} a message or to an episode's end", episode_cut_sizes(args.transitions, args.batch)
+    elif args.fixed:
+        shape = f"{args.batch} a message"
+        fixed = [args.batch] * (args.transitions // args.batch) + [args.transitions % args.batch] * bool(
+            args.transitions % args.batch
+        )
+    else:
+        shape, fixed = f"{args.batch} a message, up to 4x while the backlog is high (BacklogAdapter)", None
     print(
         f"transport: {args.transitions} transitions of {IMAGE[0]}x{IMAGE[1]}x{IMAGE[2]} images (gRPC: "
-        f"{counts['grpc_torch_save']}), {args.batch} a message{' or to an episode end' * args.cut_at_episode_end}, "
-        f"edge -> learner on loopback, {os.cpu_count()} cores, {args.repeats} repeats"
+        f"{counts['grpc_torch_save']}), {shape}, edge -> learner on loopback, {os.cpu_count()} cores, "
+        f"{args.repeats} repeats"
     )
     runs: dict[str, list[dict]] = {way: [] for way in WAYS}
     for repeat in range(args.repeats):
+        sizes = fixed
         for way, run in WAYS.items():
-            result = run(counts[way], batch=args.batch, cut_at_episode_end=args.cut_at_episode_end)
+            result = run(counts[way], batch=args.batch, sizes=sizes)
+            if way == "ours":  # plain sends the very messages ours sent
+                sizes = result.pop("sizes")
+                result["transitions_a_message"] = {
+                    str(size): sizes.count(size) for size in sorted(set(sizes), reverse=True)
+                }
             runs[way].append(result)
             cpu = (
                 f", CPU s: edge {result['edge_cpu_s']:.2f}, learner {result['learner_cpu_s']:.2f}"
@@ -351,7 +418,7 @@ def main() -> None:
         "transitions": args.transitions,
         "transitions_by_way": counts,
         "batch": args.batch,
-        "cut_at_episode_end": args.cut_at_episode_end,
+        "batching": shape,
         "image": list(IMAGE),
         "repeats": args.repeats,
         "cores": os.cpu_count(),
