@@ -276,18 +276,6 @@ class SegmentWriter:
         """Make the appended rows durable (the header is only rewritten at seal)."""
         os.fdatasync(self._require_open())
 
-    def drop_cached(self) -> None:
-        """Let the kernel drop the file's synced pages from its page cache. The buffer keeps the rows
-        in its own RAM cache: a second copy in the page cache only doubles the memory a segment takes,
-        and the next appends then write into pages just freed instead of taking fresh ones (on a VM
-        whose host reclaims free guest memory, a fresh page costs a fault on the host too). Only
-        advice: dirty pages stay (the kernel may start writing them back early), errors are ignored."""
-        if hasattr(os, "posix_fadvise"):
-            try:
-                os.posix_fadvise(self._require_open(), 0, 0, os.POSIX_FADV_DONTNEED)
-            except OSError:
-                pass
-
     def seal(self, final_path: Path, meta: dict[str, Any] | None = None) -> SegmentInfo:
         """Write the final header, sync, rename to `final_path`; the writer is closed afterwards."""
         fd = self._require_open()

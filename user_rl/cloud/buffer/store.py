@@ -411,7 +411,6 @@ class PersistentReplay:
         except OSError:
             commits.truncate(size)
             raise
-        writer.drop_cached()
 
     def _durable(self, pending: list[tuple[StreamState, int, int, int, bool]]) -> list[StreamState]:
         """These batches are on disk: their streams' durable seqs advance (acked means durable)."""
