@@ -134,10 +134,12 @@ def in_batches(steps: dict[str, np.ndarray], sizes: list[int]):
         start += size
 
 
-def cpu_seconds() -> float:
-    """User + system CPU seconds of this process so far, every thread."""
+def cpu_seconds() -> np.ndarray:
+    """[user, system] CPU seconds of this process so far, every thread. System time is the kernel's
+    share: copies into the page cache and sockets, and faulting in fresh memory (which varies most
+    from run to run on a VM whose host takes back free guest memory)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    return np.array([usage.ru_utime, usage.ru_stime])
 
 
 # -- ours ---------------------------------------------------------------------------------------
@@ -208,8 +210,9 @@ def run_ours(transitions: int, batch: int = BATCH, sizes: list[int] | None = Non
         "payload_bytes": nbytes,
         "messages": len(used),
         "sizes": used,
-        "edge_cpu_s": round(edge_cpu, 3),
-        "learner_cpu_s": round(learner_cpu, 3),  # to the stop: the last ack's wait counts, little else
+        # to the stop: the last ack's wait counts, little else
+        "edge_cpu_s": {"user": round(float(edge_cpu[0]), 3), "system": round(float(edge_cpu[1]), 3)},
+        "learner_cpu_s": {"user": round(float(learner_cpu[0]), 3), "system": round(float(learner_cpu[1]), 3)},
         "resends": resends,
     }
 
@@ -404,7 +407,8 @@ def main() -> None:
                 }
             runs[way].append(result)
             cpu = (
-                f", CPU s: edge {result['edge_cpu_s']:.2f}, learner {result['learner_cpu_s']:.2f}"
+                ", CPU s user+system: edge {user:.2f}+{system:.2f}".format(**result["edge_cpu_s"])
+                + ", learner {user:.2f}+{system:.2f}".format(**result["learner_cpu_s"])
                 if "edge_cpu_s" in result
                 else ""
             )
