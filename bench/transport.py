@@ -24,10 +24,17 @@ each ratio is against the plain copy (and ours against gRPC) measured in the sam
 plain move `--transitions` (20,000: 0.4 GiB, a second or more of ours, so a connection's start and
 the last group commit's wait are a few percent of it, not most of it); gRPC moves at most
 `--grpc-transitions` (its learner keeps every float32 transition in a list in RAM: 170 KB each).
-For ours, the CPU seconds of each side (all threads: ZeroMQ's I/O thread, the commit thread) during
-the timed part are reported too: where the time goes.
+For ours, the CPU seconds of each side (all threads: ZeroMQ's I/O thread, the commit thread), user
+and system, during the timed part are reported too: where the time goes.
 
-    python bench/transport.py [--transitions 20000] [--repeats 3] [--out transport.json] [--quick]
+The learner is a fresh process, so its RAM cache is fresh memory: until a learner has taken its
+first `buffer.ram_budget_mb` (2 GiB, about 100,000 such transitions), each segment's slot is faulted
+in page by page, and on a VM whose host takes back free guest memory (this project's 2-core box)
+that is a large part of the learner's cost. `--warm-learner` faults the cache in before the clock:
+the steady state of a learner that has run that long.
+
+    python bench/transport.py [--transitions 20000] [--repeats 3] [--warm-learner] [--out transport.json]
+    python bench/transport.py --quick                       # 300 transitions, 1 repeat (the test)
 """
 
 from __future__ import annotations
@@ -143,12 +150,20 @@ def cpu_seconds() -> np.ndarray:
 
 
 # -- ours ---------------------------------------------------------------------------------------
-def ours_learner(buffer_dir: str, ready: mp.Queue, stop: mp.Event, clock: mp.Event) -> None:
+def ours_learner(buffer_dir: str, ready: mp.Queue, stop: mp.Event, clock: mp.Event, warm: bool = False) -> None:
     import zmq
 
     context = zmq.Context()
     ingest = Ingest(context, "tcp://127.0.0.1:0", Path(buffer_dir))
     ready.put(ingest.endpoint)
+    while warm:  # the hello opens the buffer; then its whole RAM cache is faulted in
+        ingest.poll(timeout_ms=5)
+        if ingest.buffer is not None:
+            cache = ingest.buffer.cache
+            for slot in range(cache.slots):
+                cache.populate(slot, 0, cache.segment_rows)
+            ready.put("warm")
+            warm = False
     while not clock.is_set():  # the hello, before the clock starts
         ingest.poll(timeout_ms=5)
     cpu = cpu_seconds()
@@ -159,9 +174,13 @@ def ours_learner(buffer_dir: str, ready: mp.Queue, stop: mp.Event, clock: mp.Eve
     context.term()
 
 
-def run_ours(transitions: int, batch: int = BATCH, sizes: list[int] | None = None, **_: object) -> dict:
+def run_ours(
+    transitions: int, batch: int = BATCH, sizes: list[int] | None = None, warm: bool = False, **_: object
+) -> dict:
     """Ours; `sizes`: these batch sizes, else `batch` at first and then what the daemon's
-    BacklogAdapter makes of the backlog after each batch (the sizes used come back)."""
+    BacklogAdapter makes of the backlog after each batch (the sizes used come back). `warm`: the
+    learner's RAM cache is faulted in before the clock starts, as a learner's is once it has taken
+    its first `buffer.ram_budget_mb` (from then on a new segment reuses a slot)."""
     import zmq
 
     steps = robot_steps(transitions)  # made before the clock starts, as a robot's steps are
@@ -170,7 +189,7 @@ def run_ours(transitions: int, batch: int = BATCH, sizes: list[int] | None = Non
     with tempfile.TemporaryDirectory(prefix="bench-transport-") as tmp:
         ready, stop, clock = spawn.Queue(), spawn.Event(), spawn.Event()
         learner = spawn.Process(
-            target=ours_learner, args=(os.path.join(tmp, "buffer"), ready, stop, clock), daemon=True
+            target=ours_learner, args=(os.path.join(tmp, "buffer"), ready, stop, clock, warm), daemon=True
         )
         learner.start()
         endpoint = ready.get(timeout=120)
@@ -179,6 +198,8 @@ def run_ours(transitions: int, batch: int = BATCH, sizes: list[int] | None = Non
         link.hello()
         while not link.welcomed:
             link.poll(20)
+        if warm:
+            assert ready.get(timeout=600) == "warm"
         adapter = BacklogAdapter(batch, {}, link.settings.max_in_flight)
         used: list[int] = []
         clock.set()
@@ -374,6 +395,11 @@ def main() -> None:
         action="store_true",
         help="fixed, and a batch also ends with each episode (this bench before, with --batch 32)",
     )
+    parser.add_argument(
+        "--warm-learner",
+        action="store_true",
+        help="fault the learner's RAM cache in before the clock (a learner past its first ram_budget_mb)",
+    )
     parser.add_argument("--out", type=str, default=None)
     parser.add_argument("--quick", action="store_true", help="300 transitions, 1 repeat (the test)")
     args = parser.parse_args()
@@ -399,7 +425,7 @@ def main() -> None:
     for repeat in range(args.repeats):
         sizes = fixed
         for way, run in WAYS.items():
-            result = run(counts[way], batch=args.batch, sizes=sizes)
+            result = run(counts[way], batch=args.batch, sizes=sizes, warm=args.warm_learner)
             if way == "ours":  # plain sends the very messages ours sent
                 sizes = result.pop("sizes")
                 result["transitions_a_message"] = {
@@ -423,6 +449,7 @@ def main() -> None:
         "transitions_by_way": counts,
         "batch": args.batch,
         "batching": shape,
+        "warm_learner": args.warm_learner,
         "image": list(IMAGE),
         "repeats": args.repeats,
         "cores": os.cpu_count(),
