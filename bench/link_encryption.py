@@ -161,11 +161,11 @@ def main() -> None:
         keys_dir = Path(tmp) / "keys"
         generate(keys_dir, ["bench-0"])
         print(
-            f"{'message':<24} {'bytes':>8} {'clear msg/s':>12} {'curve msg/s':>12} {'clear MB/s':>11} "
+            f"{'message':<28} {'bytes':>8} {'clear msg/s':>12} {'curve msg/s':>12} {'clear MB/s':>11} "
             f"{'curve MB/s':>11} {'curve/clear':>12}"
         )
         rows = [(name, size, None) for name, size in SIZES.items()]
-        rows.append((f"{IMAGE} over 1 Gbit/s", SIZES[IMAGE], "proxy"))
+        rows.append((f"{IMAGE} (1 Gbit/s link)", SIZES[IMAGE], "proxy"))
         for name, size, via in rows:
             clear, curve = [], []
             for _ in range(args.repeats):
@@ -177,7 +177,7 @@ def main() -> None:
             if via:
                 results[name]["link_bps"] = NETWORK_BPS
             print(
-                f"{name:<24} {size:>8,} {c:>12,.0f} {e:>12,.0f} {c * size / 1e6:>11,.1f} {e * size / 1e6:>11,.1f} "
+                f"{name:<28} {size:>8,} {c:>12,.0f} {e:>12,.0f} {c * size / 1e6:>11,.1f} {e * size / 1e6:>11,.1f} "
                 f"{ratio:>12.2f}"
             )
     rates = crypto_rate(SIZES[IMAGE])
