@@ -169,6 +169,24 @@ def test_a_group_commit_on_the_commit_thread_acks_only_what_it_covered(tmp_path:
     store.close()
 
 
+def test_what_a_seal_makes_durable_is_reported_for_its_acks(tmp_path: Path) -> None:
+    """A seal commits first (a batch of one robot fills the segment): the other robots' batches it
+    made durable are reported at the ingest's next commit check, so their acks do not wait for
+    their next batch (or a resend)."""
+    store = open_store(tmp_path)
+    writer = Writer(store)
+    a, b = Robot(1), Robot(2)
+    writer.add(a, 20)
+    writer.add(b, 7)
+    assert store.start_commit()
+    writer.add(b, 5)  # not covered by the running commit
+    store.seal()
+    assert [store.streams[(r, 1)].durable_seq for r in ("r1", "r2")] == [1, 2]
+    assert sorted(s.record.robot for s in store.finish_commit()) == ["r1", "r2"]
+    assert store.finish_commit() == []  # reported once
+    store.close()
+
+
 @pytest.mark.parametrize("failing_sync", [1, 2], ids=["segment_sync", "commit_log_sync"])
 def test_a_failed_group_commit_on_the_commit_thread_acks_nothing(
     tmp_path: Path, monkeypatch, failing_sync: int

@@ -132,6 +132,7 @@ class PersistentReplay:
         # A group commit running on the commit thread: its batches (as in _pending_commits) and its end.
         self._syncing: tuple[list[tuple[StreamState, int, int, int, bool]], Future] | None = None
         self._commit_thread = ThreadPoolExecutor(1, thread_name_prefix="buffer-commit")
+        self._advanced: dict[int, StreamState] = {}  # streams made durable since the last report, by id
         # Faults in the memory of the open segment's RAM slot ahead of its rows (`_populate_ahead`).
         self._populate_thread = ThreadPoolExecutor(1, thread_name_prefix="buffer-populate")
         self._populated: dict[int, int] = {}  # slot -> rows faulted in (once all, the slot's memory stays ours)
@@ -338,16 +339,21 @@ class PersistentReplay:
 
     def commit(self) -> list[StreamState]:
         """Make every appended batch durable now; return the streams whose durable seq advanced
-        (also by a group commit of the commit thread that was still running: it is waited for)."""
-        advanced = {s.record.id: s for s in self.finish_commit(wait=True)}
+        since the last report (a group commit of the commit thread still running is waited for)."""
+        self._commit_now()
+        return self._take_durable()
+
+    def _commit_now(self) -> None:
+        """`commit` without the report: a seal commits first, and what that made durable is still
+        reported by the ingest's next `commit` / `finish_commit` (so it acks it then)."""
+        self._collect(wait=True)
         self._disk.check_writable()
         if not self._pending_commits:
-            return list(advanced.values())
+            return
         pending, self._pending_commits = self._pending_commits, []
         with self._disk.writing("commit"):
             self._sync(self.writer, self.commits, self._commit_records(pending))
-        advanced.update((s.record.id, s) for s in self._durable(pending))
-        return list(advanced.values())
+        self._durable(pending)
 
     def start_commit(self) -> bool:
         """Begin making every batch appended so far durable on the commit thread (the same steps as
@@ -367,16 +373,22 @@ class PersistentReplay:
         return self._syncing is not None
 
     def finish_commit(self, wait: bool = False) -> list[StreamState]:
-        """The streams whose durable seq advanced by the group commit `start_commit` began, once it
-        is done (`wait`: wait for it); [] while it runs or if none was started. Its disk error is
-        raised here (as BufferWriteError: the buffer stops taking data, nothing of it is acked)."""
+        """The streams whose durable seq advanced since the last report: by the group commit
+        `start_commit` began, once it is done (`wait`: wait for it), or by a seal meanwhile; [] when
+        none did. A group commit's disk error is raised here (as BufferWriteError: the buffer stops
+        taking data, nothing of it is acked)."""
+        self._collect(wait)
+        return self._take_durable()
+
+    def _collect(self, wait: bool) -> None:
+        """Take in the running group commit once it is done (`wait`: wait for it)."""
         if self._syncing is None or not (wait or self._syncing[1].done()):
-            return []
+            return
         pending, done = self._syncing
         self._syncing = None
         with self._disk.writing("commit"):
             done.result()
-        return self._durable(pending)
+        self._durable(pending)
 
     @staticmethod
     def _commit_records(pending: list[tuple[StreamState, int, int, int, bool]]) -> list[bytes]:
@@ -412,19 +424,22 @@ class PersistentReplay:
             commits.truncate(size)
             raise
 
-    def _durable(self, pending: list[tuple[StreamState, int, int, int, bool]]) -> list[StreamState]:
-        """These batches are on disk: their streams' durable seqs advance (acked means durable)."""
-        advanced: dict[int, StreamState] = {}
+    def _durable(self, pending: list[tuple[StreamState, int, int, int, bool]]) -> None:
+        """These batches are on disk: their streams' durable seqs advance (acked means durable), and
+        the streams are reported at the next `commit` / `finish_commit`."""
         for stream, seq, records, _end, lost in pending:
             rec = stream.record
             self._open_batches.append((rec.id, seq, records, lost, rec.robot, rec.epoch))
             stream.durable_seq = max(stream.durable_seq, seq)
-            advanced[rec.id] = stream
-        return list(advanced.values())
+            self._advanced[rec.id] = stream
+
+    def _take_durable(self) -> list[StreamState]:
+        advanced, self._advanced = list(self._advanced.values()), {}
+        return advanced
 
     def seal(self) -> None:
         """Seal the open segment (if it holds rows), register it, and open a fresh one."""
-        self.commit()
+        self._commit_now()  # what it makes durable is reported (acked) at the next commit or finish_commit
         with self._disk.writing("seal"):
             if self.writer.rows == 0:
                 if self._open_batches:  # only row-less batches (lost, markers): the index still learns of them
@@ -721,7 +736,7 @@ class PersistentReplay:
         self._closed = True
         if self._syncing is not None:  # a group commit still runs: let it end before the files close
             try:
-                self.finish_commit(wait=True)
+                self._collect(wait=True)
             except BufferWriteError:
                 pass  # latched: the next open recovers what the commit log holds
         self._commit_thread.shutdown()
