@@ -56,6 +56,25 @@ def test_the_stacked_network_gives_its_members_values_and_gradients(
         torch.testing.assert_close(parameter.grad, expected, rtol=1e-4, atol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_without_gradients_a_cpu_runs_each_member_alone_and_gets_the_same_values(layer_norm: bool) -> None:
+    """A target or a best-of-N pick (no gradients, on a CPU) runs member by member on views of the
+    stacked weights: the same Q-values as with gradients, and as the separate networks."""
+    torch.manual_seed(0)
+    critic = QEnsemble(OBS, ACTION, hidden=[16, 8], layer_norm=layer_norm, num_critics=3)
+    with torch.no_grad():
+        for p in critic.parameters():
+            p.copy_(torch.randn_like(p))
+    obs = {"state": torch.randn(64, 5)}
+    action = torch.randn(64, 2)
+    with torch.no_grad():
+        alone = critic(obs, action)
+    stacked = critic(obs, action)
+    assert stacked.requires_grad and not alone.requires_grad  # the two forms ran
+    torch.testing.assert_close(alone, stacked.detach(), rtol=1e-5, atol=1e-5)
+    assert alone.shape == (3, 64, 1)
+
+
 def test_each_member_has_its_own_layer_norm_scale_and_shift() -> None:
     torch.manual_seed(0)
     separate = members(2, layer_norm=True)

@@ -11,8 +11,12 @@ at E=10, vmap 0.78-0.85x and 0.71-0.85x; with LayerNorm, stacked 0.88-0.96x and 
 with separate networks (0.99x with LayerNorm), each measured as its ratio to the plain SAC loop of
 `bench/policy_updates.py` in the same process. A CPU is bound by arithmetic, so there ten critics still cost about
 four times two (`--critics 10`); a GPU running networks this small is bound by kernel launches,
-which stacking makes as many for ten critics as for two. Two layers take another form on a CPU
-(`compute_bound`), where that measured faster: the Q-value head and the LayerNorms.
+which stacking makes as many for ten critics as for two. On a CPU (`compute_bound`) other forms
+measured faster: the Q-value head and the LayerNorms take one of their own, and without gradients
+(a target, a best-of-N pick) each member runs on its own with 2-D kernels on views of the stacked
+weights, since there no backward pass has to gather the members' gradients: QC's best-of-8 target
+(batch 1,024, hidden [256, 256], LayerNorm, one thread) at 1.05x the separate networks' rate where
+the stacked form ran at 0.89x (E=2), and 0.99x where it ran at 0.69x (E=10).
 
 Every member is built as `mlp(...)` builds one (nn.Linear's initialisation, LayerNorm before each
 ReLU with `layer_norm`, the RLPD recipe) and then stacked, so a seed gives the same initial weights
@@ -61,6 +65,10 @@ class StackedLinear(nn.Module):
             return (x * self.weight.transpose(1, 2)).sum(-1, keepdim=True) + self.bias  # (backward) is slow there
         return torch.baddbmm(self.bias, x, self.weight)
 
+    def member(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        """Member `index` alone on `x` [B, in]."""
+        return torch.addmm(self.bias[index], x, self.weight[index])
+
 
 class StackedLayerNorm(nn.Module):
     """E LayerNorms over the last axis, each member with its own scale and shift."""
@@ -80,6 +88,10 @@ class StackedLayerNorm(nn.Module):
             members = zip(x, self.weight[:, 0], self.bias[:, 0])
             return torch.stack([F.layer_norm(m, self.shape, w, b, self.eps) for m, w, b in members])
         return torch.addcmul(self.bias, F.layer_norm(x, self.shape, eps=self.eps), self.weight)  # 2 kernels, any E
+
+    def member(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        """Member `index` alone on `x` [B, width]."""
+        return F.layer_norm(x, self.shape, self.weight[index, 0], self.bias[index, 0], self.eps)
 
 
 def stack_mlps(members: Sequence[nn.Sequential]) -> nn.Sequential:
@@ -130,7 +142,14 @@ class QEnsemble(nn.Module):
     def q_of(self, features: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """Every member's Q-values [E, B, 1] from encoded observations (one encoder pass serves several uses)."""
         x = torch.cat([features, action], dim=-1)
+        if compute_bound(x) and not torch.is_grad_enabled():  # no backward to gather: each member on its own
+            return torch.stack([self._member(index, x) for index in range(self.num_critics)])
         return self.qs(x.expand(self.num_critics, *x.shape))
+
+    def _member(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.qs:
+            x = layer.member(index, x) if isinstance(layer, (StackedLinear, StackedLayerNorm)) else layer(x)
+        return x
 
     def stacked(self, name: str, member_tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         """The members' tensors of stacked parameter `name` (`"0.weight"`, relative to `qs`) as that parameter."""
