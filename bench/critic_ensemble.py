@@ -7,7 +7,11 @@ forward and backward. Also measured: the same members through `torch.func.vmap` 
 ours/separate (in passes per second) at E=2 says whether two critics got slower, at E=10 what
 an RLPD-size ensemble gains. No optimiser step: that is `bench/policy_updates.py`'s whole update.
 
-    python bench/critic_ensemble.py [--batch 256] [--hidden 256 256] [--critics 2 10] [--threads 1]
+With `--no-grad` each case is a forward pass without gradients (a target, QC's best-of-N pick),
+and `ours` is `QEnsemble.q_of`, which on a CPU then runs member by member on views of the stacked
+weights instead of the stacked form.
+
+    python bench/critic_ensemble.py [--batch 256] [--hidden 256 256] [--critics 2 10] [--threads 1] [--no-grad]
 """
 
 from __future__ import annotations
@@ -46,8 +50,11 @@ def best_rates(steps: dict[str, Callable[[], torch.Tensor]], rounds: int, burst:
     return best
 
 
-def cases(critics: int, batch: int, in_dim: int, hidden: list[int], layer_norm: bool) -> dict[str, Callable]:
-    """The three ways to run `critics` members of one shape, each a forward+backward step on the same input."""
+def cases(
+    critics: int, batch: int, in_dim: int, hidden: list[int], layer_norm: bool, grad: bool = True
+) -> dict[str, Callable]:
+    """The ways to run `critics` members of one shape, each a forward+backward step on the same input
+    (with `grad` false, a forward pass without gradients, and `ours`: what `QEnsemble.q_of` does then)."""
     torch.manual_seed(0)
     x, target = torch.randn(batch, in_dim), torch.randn(batch, 1)
     obs_space = gym.spaces.Dict({"state": gym.spaces.Box(-1, 1, (in_dim - 1,), np.float32)})
@@ -68,6 +75,14 @@ def cases(critics: int, batch: int, in_dim: int, hidden: list[int], layer_norm: 
         loss.backward()
         return loss.detach()
 
+    if not grad:
+        forward = torch.no_grad()
+        return {
+            "stacked": forward(lambda: ours.qs(x.expand(critics, *x.shape))),
+            "ours": forward(lambda: ours.q_of(x[:, :-1], x[:, -1:])),
+            "separate": forward(lambda: torch.stack([q(x) for q in separate])),
+            "vmap": forward(lambda: vmapped(params, buffers, x)),
+        }
     return {
         "stacked": lambda: step(loss_of(ours.qs(x.expand(critics, *x.shape)))),
         "separate": lambda: step(sum(F.mse_loss(q(x), target) for q in separate)),
@@ -83,6 +98,7 @@ def main() -> None:
     parser.add_argument("--critics", type=int, nargs="+", default=[2, 10])
     parser.add_argument("--layer-norm", action="store_true")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-grad", action="store_true", help="forward passes without gradients (a target)")
     parser.add_argument("--rounds", type=int, default=40, help="bursts of each case, taking turns")
     parser.add_argument("--burst", type=int, default=5, help="passes per burst")
     parser.add_argument("--out", default=None)
@@ -90,18 +106,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     result: dict = {"config": {**vars(args), "torch": torch.__version__}, "critics": {}}
     for count in args.critics:
-        steps = cases(count, args.batch, args.in_dim, args.hidden, args.layer_norm)
+        steps = cases(count, args.batch, args.in_dim, args.hidden, args.layer_norm, grad=not args.no_grad)
         best = best_rates(steps, args.rounds, args.burst)
-        result["critics"][count] = {
-            "passes_per_s": best,
-            "stacked_vs_separate": best["stacked"] / best["separate"],
-            "vmap_vs_separate": best["vmap"] / best["separate"],
-        }
+        ratios = {f"{name}_vs_separate": rate / best["separate"] for name, rate in best.items() if name != "separate"}
+        result["critics"][count] = {"passes_per_s": best, **ratios}
         print(
-            f"E={count}, batch {args.batch}, hidden {args.hidden}, {args.threads} thread(s): stacked "
-            f"{best['stacked']:.0f}/s, vmap {best['vmap']:.0f}/s, separate {best['separate']:.0f}/s; "
-            f"stacked/separate {best['stacked'] / best['separate']:.2f}, vmap/separate "
-            f"{best['vmap'] / best['separate']:.2f}"
+            f"E={count}, batch {args.batch}, hidden {args.hidden}, {args.threads} thread(s), "
+            f"{'forward without gradients' if args.no_grad else 'forward and backward'}: "
+            + ", ".join(f"{name} {rate:.0f}/s" for name, rate in best.items())
+            + "; "
+            + ", ".join(f"{name.replace('_vs_', '/')} {ratio:.2f}" for name, ratio in ratios.items())
         )
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))

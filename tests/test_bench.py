@@ -367,3 +367,16 @@ def test_the_sac_gap_bench_changes_one_thing_per_variant() -> None:
     before = float(serial.alpha)
     bench.alpha_first_update(serial, replay.sample(256, rng, delay=0))
     assert serial.updates == 1 and float(serial.alpha) != before
+
+
+@pytest.mark.parametrize("gradients", [True, False], ids=["forward-backward", "no-grad"])
+def test_the_critic_ensemble_bench_sets_each_form_against_separate_networks(tmp_path: Path, gradients: bool) -> None:
+    out = tmp_path / "ensemble.json"
+    args = ["--hidden", "8", "--batch", "4", "--critics", "2", "3", "--rounds", "1", "--burst", "1"]
+    done = run_ok("critic_ensemble.py", *args, *([] if gradients else ["--no-grad"]), "--out", str(out))
+    result = json.loads(out.read_text())
+    forms = {"stacked", "vmap"} if gradients else {"stacked", "ours", "vmap"}  # ours: what q_of runs then
+    for count in ("2", "3"):
+        assert set(result["critics"][count]["passes_per_s"]) == forms | {"separate"}
+        assert all(result["critics"][count][f"{form}_vs_separate"] > 0 for form in forms)
+    assert ("without gradients" in done.stdout) != gradients
