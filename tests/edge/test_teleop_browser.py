@@ -200,7 +200,11 @@ def test_a_person_drives_labels_and_stops_the_robot_from_the_page(running, brows
     assert (np.abs(proposals - actions).max(axis=1) > 1e-3).mean() > 0.95
     assert (np.abs(proposals) <= 1).all() and np.abs(proposals).sum() > 0
 
-    # She marks success: the episode ends there, labelled by a person.
+    # She marks success: the episode ends there, labelled by a person. Pressed early in an episode, so
+    # its undo window and 1.5 s to spare pass before the time limit (pressed late, a loaded box once let
+    # the time limit end the episode first, labelled by the env).
+    spare_steps = int((server.settings.label_undo_s + 1.5) * HZ)
+    wait_until(lambda: edge._episode_step < 100 - spare_steps, 30, "an episode with time left")
     episode = edge.episodes
     alice.find_element(By.ID, "mark-success").click()
     wait_until(lambda: edge.episodes > episode, 10, "the labelled episode to end")

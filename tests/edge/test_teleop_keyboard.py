@@ -88,9 +88,13 @@ def test_a_keyboard_only_session_takes_over_drives_labels_undoes_discards_stops_
     )
     assert len(ages) >= 10 and "ms old" in alice.find_element(By.CSS_SELECTOR, "#views figcaption").text
 
-    def fresh_episode() -> int:
-        """An episode with time left for a label's undo window (else its label goes at once)."""
-        wait_until(lambda: edge._episode_step < limit - 100, 30, "an episode with time left")
+    def fresh_episode(labels_pressed: int = 1) -> int:
+        """An episode with time left for this many labels' undo windows one after the other, a second
+        between them and 3 s to spare (else a label goes at once, or the time limit ends the episode
+        first: on a loaded box 5 s left once did not last the undone label and the next one)."""
+        seconds = labels_pressed * (server.settings.label_undo_s + 1.0) + 3.0
+        steps = int(seconds * docs_config["fleet"]["control_hz"])
+        wait_until(lambda: edge._episode_step < limit - steps, 30, "an episode with time left")
         return edge.episodes
 
     flat = learner.buffer.cache.flat
@@ -109,7 +113,7 @@ def test_a_keyboard_only_session_takes_over_drives_labels_undoes_discards_stops_
     assert labels(episode) == [(pb.LABEL_SUCCESS, pb.LABEL_BY_PERSON, True)]
 
     # Backspace: failure; Z undoes it within the window: nothing is sent, the episode goes on.
-    episode = fresh_episode()
+    episode = fresh_episode(labels_pressed=2)
     press(alice, Keys.BACKSPACE)
     wait_until(lambda: alice.find_element(By.ID, "pending-label").is_displayed(), 5, "the failure's undo window")
     press(alice, "z")
