@@ -15,8 +15,8 @@ which stacking makes as many for ten critics as for two. On a CPU (`compute_boun
 measured faster: the Q-value head and the LayerNorms take one of their own, and without gradients
 (a target, a best-of-N pick) each member runs on its own with 2-D kernels on views of the stacked
 weights, since there no backward pass has to gather the members' gradients: QC's best-of-8 target
-(batch 1,024, hidden [256, 256], LayerNorm, one thread) at 1.05x the separate networks' rate where
-the stacked form ran at 0.89x (E=2), and 0.99x where it ran at 0.69x (E=10).
+(batch 1,024, hidden [256, 256], LayerNorm, one thread; `bench/critic_ensemble.py --no-grad`) at
+0.92x the separate networks' rate where the stacked form ran at 0.81x (E=2), 0.98x against 0.68x (E=10).
 
 Every member is built as `mlp(...)` builds one (nn.Linear's initialisation, LayerNorm before each
 ReLU with `layer_norm`, the RLPD recipe) and then stacked, so a seed gives the same initial weights
