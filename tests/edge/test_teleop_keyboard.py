@@ -95,7 +95,14 @@ def test_a_keyboard_only_session_takes_over_drives_labels_undoes_discards_stops_
         seconds = labels_pressed * (server.settings.label_undo_s + 1.0) + 3.0
         steps = int(seconds * docs_config["fleet"]["control_hz"])
         wait_until(lambda: edge._episode_step < limit - steps, 30, "an episode with time left")
-        return edge.episodes
+        episode = edge.episodes
+
+        def page_shows_it() -> bool:  # the page decides on the undo window from the state it last got
+            shown = alice.execute_script("const s = window.teleop.state; return s && [s.episode, s.remaining_steps]")
+            return bool(shown) and shown[0] == episode and (shown[1] or 0) >= steps // 2
+
+        wait_until(page_shows_it, 10, "the page to show that episode")  # a loaded box delays its state
+        return episode
 
     flat = learner.buffer.cache.flat
 
