@@ -64,6 +64,22 @@ def text(driver: webdriver.Chrome, element_id: str) -> str:
     return driver.find_element(By.ID, element_id).text
 
 
+def fresh_episode(edge, driver: webdriver.Chrome, limit: int, steps_left: int) -> int:
+    """An episode with `steps_left` steps to go at least, once the page shows it too: a label pressed
+    then gets its undo window and is sent for this episode (the page decides from the state it last
+    got; a loaded box delays that state, and one from a previous episode's end sends the label at
+    once, for an episode that is over, or the time limit ends the episode first)."""
+    wait_until(lambda: edge._episode_step < limit - steps_left, 30, "an episode with time left")
+    episode = edge.episodes
+
+    def page_shows_it() -> bool:
+        shown = driver.execute_script("const s = window.teleop.state; return s && [s.episode, s.remaining_steps]")
+        return bool(shown) and shown[0] == episode and (shown[1] or 0) >= steps_left // 2
+
+    wait_until(page_shows_it, 10, "the page to show that episode")
+    return episode
+
+
 def view_pixels(driver: webdriver.Chrome) -> np.ndarray:
     png = driver.find_element(By.ID, "view-view").screenshot_as_png
     return cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_COLOR).astype(np.int16)
@@ -200,12 +216,8 @@ def test_a_person_drives_labels_and_stops_the_robot_from_the_page(running, brows
     assert (np.abs(proposals - actions).max(axis=1) > 1e-3).mean() > 0.95
     assert (np.abs(proposals) <= 1).all() and np.abs(proposals).sum() > 0
 
-    # She marks success: the episode ends there, labelled by a person. Pressed early in an episode, so
-    # its undo window and 1.5 s to spare pass before the time limit (pressed late, a loaded box once let
-    # the time limit end the episode first, labelled by the env).
-    spare_steps = int((server.settings.label_undo_s + 1.5) * HZ)
-    wait_until(lambda: edge._episode_step < 100 - spare_steps, 30, "an episode with time left")
-    episode = edge.episodes
+    # She marks success early in an episode: it ends there, labelled by a person.
+    episode = fresh_episode(edge, alice, 100, int((server.settings.label_undo_s + 1.5) * HZ))
     alice.find_element(By.ID, "mark-success").click()
     wait_until(lambda: edge.episodes > episode, 10, "the labelled episode to end")
 

@@ -20,7 +20,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
 from tests.edge.test_teleop_authority import ALICE, operators_file
-from tests.edge.test_teleop_browser import browser, text  # noqa: F401  (a fixture)
+from tests.edge.test_teleop_browser import browser, fresh_episode, text  # noqa: F401  (a fixture)
 from tests.support.teleop import teleop_fleet
 from user_rl.cloud.buffer.rows import KIND_RECORD
 from user_rl.testing.wait import wait_until
@@ -88,21 +88,11 @@ def test_a_keyboard_only_session_takes_over_drives_labels_undoes_discards_stops_
     )
     assert len(ages) >= 10 and "ms old" in alice.find_element(By.CSS_SELECTOR, "#views figcaption").text
 
-    def fresh_episode(labels_pressed: int = 1) -> int:
-        """An episode with time left for this many labels' undo windows one after the other, a second
-        between them and 3 s to spare (else a label goes at once, or the time limit ends the episode
-        first: on a loaded box 5 s left once did not last the undone label and the next one)."""
+    def episode_with_time_for(labels_pressed: int = 1) -> int:
+        """Time for this many labels' undo windows one after the other, a second between them and 3 s
+        to spare (on a loaded box 5 s once did not last the undone label and the next one)."""
         seconds = labels_pressed * (server.settings.label_undo_s + 1.0) + 3.0
-        steps = int(seconds * docs_config["fleet"]["control_hz"])
-        wait_until(lambda: edge._episode_step < limit - steps, 30, "an episode with time left")
-        episode = edge.episodes
-
-        def page_shows_it() -> bool:  # the page decides on the undo window from the state it last got
-            shown = alice.execute_script("const s = window.teleop.state; return s && [s.episode, s.remaining_steps]")
-            return bool(shown) and shown[0] == episode and (shown[1] or 0) >= steps // 2
-
-        wait_until(page_shows_it, 10, "the page to show that episode")  # a loaded box delays its state
-        return episode
+        return fresh_episode(edge, alice, limit, int(seconds * docs_config["fleet"]["control_hz"]))
 
     flat = learner.buffer.cache.flat
 
@@ -112,7 +102,7 @@ def test_a_keyboard_only_session_takes_over_drives_labels_undoes_discards_stops_
         return [(int(flat["label"][r]), int(flat["label_by"][r]), bool(flat["terminated"][r])) for r in rows]
 
     # Enter: success, sent after its undo window; the episode ends there, labelled by a person.
-    episode = fresh_episode()
+    episode = episode_with_time_for()
     press(alice, Keys.RETURN)  # the main Enter key (Keys.ENTER is the keypad's, which works too)
     wait_until(lambda: alice.find_element(By.ID, "pending-label").is_displayed(), 5, "the label's undo window")
     wait_until(lambda: edge.episodes > episode, 10, "the success to end the episode")
@@ -120,7 +110,7 @@ def test_a_keyboard_only_session_takes_over_drives_labels_undoes_discards_stops_
     assert labels(episode) == [(pb.LABEL_SUCCESS, pb.LABEL_BY_PERSON, True)]
 
     # Backspace: failure; Z undoes it within the window: nothing is sent, the episode goes on.
-    episode = fresh_episode(labels_pressed=2)
+    episode = episode_with_time_for(labels_pressed=2)
     press(alice, Keys.BACKSPACE)
     wait_until(lambda: alice.find_element(By.ID, "pending-label").is_displayed(), 5, "the failure's undo window")
     press(alice, "z")
@@ -136,7 +126,7 @@ def test_a_keyboard_only_session_takes_over_drives_labels_undoes_discards_stops_
     assert labels(episode) == [(pb.LABEL_FAILURE, pb.LABEL_BY_PERSON, False)]
 
     # X discards the episode (re-record): it ends, and the buffer keeps it out of sampling.
-    episode = fresh_episode()
+    episode = episode_with_time_for()
     discarded = learner.buffer.discarded_rows
     press(alice, "x")
     wait_until(lambda: edge.episodes > episode, 10, "the discard to end the episode")
