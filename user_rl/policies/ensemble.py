@@ -85,8 +85,7 @@ class StackedLayerNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if compute_bound(x):  # each member's fused LayerNorm: no pass of its own for the scale and shift
-            members = zip(x, self.weight[:, 0], self.bias[:, 0])
-            return torch.stack([F.layer_norm(m, self.shape, w, b, self.eps) for m, w, b in members])
+            return torch.stack([self.member(index, member_x) for index, member_x in enumerate(x)])
         return torch.addcmul(self.bias, F.layer_norm(x, self.shape, eps=self.eps), self.weight)  # 2 kernels, any E
 
     def member(self, index: int, x: torch.Tensor) -> torch.Tensor:
