@@ -299,6 +299,12 @@ class LearnerConfig(Section):
         "float32", description="what the actor's floats travel as: half the bytes in bfloat16 or float16"
     )
     host: str = "127.0.0.1"
+    start_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="a learner not started this long (Ray placing its process, the learner opening its "
+        "buffer and sockets) stops the run with why, instead of waiting for ever",
+    )
     data_port: int = Field(
         0, ge=0, le=65535, description="0 picks a free port; fix it so edges survive a learner restart"
     )

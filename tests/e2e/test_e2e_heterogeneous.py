@@ -25,6 +25,7 @@ from user_rl.wire.spaces import spaces_from_text
 ENV_STEP_BUDGET = 15_000
 LEARNED_RETURN = {"arm3": 0.0, "arm4": -5.0}
 HANG_S = 1800
+LEARNER_START_TIMEOUT_S = 240
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -41,16 +42,23 @@ def test_a_3dof_and_a_4dof_arm_train_one_run(tmp_path: Path) -> None:
         "stop.confirm_evals=1",
         f"stop.max_env_steps={ENV_STEP_BUDGET}",
         f"stop.max_wall_s={HANG_S}",
+        f"learner.start_timeout_s={LEARNER_START_TIMEOUT_S}",
         "stop.eval_every_s=60",
         "learner.forget_idle_s=7200",  # the attached robot leaves early: keep it listed
     )
     try:
         run_dir = wait_for_run_dir(lines, 120)
+        # 14-20 s idle or beside a learning test; a start that hangs stops the run (learner.start_timeout_s)
         wait_until(
-            lambda: all((run_dir / name / "addresses.json").exists() for name in ("arm3", "arm4")),
-            120,
+            lambda: (
+                train.poll() is not None
+                or all((run_dir / name / "addresses.json").exists() for name in ("arm3", "arm4"))
+            ),
+            LEARNER_START_TIMEOUT_S + 60,
             "both embodiments' learners",
+            details=lambda: "".join(lines[-60:]),
         )
+        assert train.poll() is None, "".join(lines[-60:])
         # A 4-joint arm offered to the 3-joint policy: the learner refuses it and the edge says why.
         stray = cli(
             "attach",

@@ -203,3 +203,49 @@ def test_launch_that_cannot_fit_fails_at_once_naming_what_is_missing(
     ) in done.stderr
     assert not list(tmp_path.iterdir()), "a refused launch left a run directory"
     assert time.monotonic() - started < 60
+
+
+HOLDER = """
+import sys, ray
+ray.init(address=sys.argv[1], logging_level="ERROR")
+@ray.remote(num_cpus=0, resources={"sim:mujoco_reach": 2})
+class Holder:
+    def ready(self):
+        return True
+holder = Holder.remote()
+ray.get(holder.ready.remote())
+print("holding", flush=True)
+sys.stdin.read()  # until the test closes it
+"""
+
+
+def test_a_learner_that_cannot_start_stops_the_launch_saying_what_it_waits_for(cluster: str, tmp_path: Path) -> None:
+    """Another run holds both simulator slots: the launch fits the cluster (totals), but the learner,
+    which asks for a slot, is never placed. The launch gives up after learner.start_timeout_s."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, cluster], env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        started = time.monotonic()
+        done = cli(
+            "train",
+            "configs/reach.yaml",
+            f"run_root={tmp_path}",
+            "fleet.num_robots=1",
+            "learner.resources={'sim:mujoco_reach': 1}",
+            "learner.start_timeout_s=5",
+            "--address",
+            cluster,
+            timeout=180,
+        )
+        took = time.monotonic() - started
+    finally:
+        holder.stdin.close()
+        holder.wait(60)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (
+        "user-rl: the learner did not start within 5 s (learner.start_timeout_s); Ray may still be waiting "
+        "for a node with what it holds: {'sim:mujoco_reach': 1.0}" in done.stderr
+    ), done.stderr[-3000:]
+    assert took < 120, took  # it gave up; the edge it would have started was never placed either

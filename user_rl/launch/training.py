@@ -22,6 +22,7 @@ from typing import Any
 
 from user_rl.config import Config, ConfigError, StopConfig, dump_config
 from user_rl.evaluation import EvalResult
+from user_rl.hal.resources import Demand
 from user_rl.launch.evaluations import Evaluator, Snapshot
 from user_rl.launch.fleet_health import FleetHealth
 from user_rl.launch.placement import (
@@ -156,6 +157,26 @@ def started_error(ray_message: str) -> str:
     return lines[-1].strip() if lines else ray_message
 
 
+def _started_learner(learner: Any, demand: Demand, timeout_s: float) -> dict[str, str]:
+    """The addresses of a learner once it has started; FleetFailed, saying why, if it raised while
+    starting or has not started within `timeout_s` (Ray cannot place it, or its start hangs)."""
+    import ray
+
+    try:
+        return ray.get(learner.addresses.remote(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        ray.kill(learner, no_restart=True)
+        raise FleetFailed(
+            f"the learner did not start within {timeout_s:g} s (learner.start_timeout_s); Ray may still be "
+            f"waiting for a node with what it holds: {demand.resources or 'nothing'}"
+            f"{f' and labels {demand.labels}' if demand.labels else ''}"
+        ) from None
+    except ray.exceptions.RayActorError as exc:  # it raised while starting: say what, not Ray's traceback
+        if not getattr(exc, "actor_init_failed", False):
+            raise
+        raise FleetFailed(f"the learner could not start: {started_error(str(exc))}") from None
+
+
 def _place(run: FleetRun) -> None:
     """Start an embodiment's learner and one edge per robot, each on a node that has what it holds."""
     import ray
@@ -169,12 +190,7 @@ def _place(run: FleetRun) -> None:
         .options(**actor_options(demand), name=learner_actor_name(run.run_dir))
         .remote(cfg.model_dump(), str(run.run_dir.resolve()))
     )
-    try:
-        run.addresses = addresses = ray.get(run.learner.addresses.remote())
-    except ray.exceptions.RayActorError as exc:  # it raised while starting: say what, not Ray's traceback
-        if not getattr(exc, "actor_init_failed", False):
-            raise
-        raise FleetFailed(f"the learner could not start: {started_error(str(exc))}") from None
+    run.addresses = addresses = _started_learner(run.learner, demand, cfg.learner.start_timeout_s)
     run.next_eval_steps = cfg.stop.next_eval_steps(ray.get(run.learner.status.remote())["env_steps"])
     ray.get(run.learner.set_hold.remote(run.next_eval_steps))  # before any edge steps
     device = ray.get(run.learner.device.remote())

@@ -10,11 +10,21 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-def wait_until(predicate: Callable[[], object], timeout: float, what: str, poll_s: float = 0.05) -> None:
-    """Poll `predicate` until it is true; fail with `what` in the message after `timeout` seconds."""
+def wait_until(
+    predicate: Callable[[], object],
+    timeout: float,
+    what: str,
+    poll_s: float = 0.05,
+    details: Callable[[], str] | None = None,
+) -> None:
+    """Poll `predicate` until it is true; fail with `what` in the message after `timeout` seconds,
+    and what `details()` says then (e.g. the output of the process waited on)."""
     deadline = time.monotonic() + timeout
     while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"timed out after {timeout:g} s waiting for {what}" + (f"\n{details()}" if details else "")
+            )
         time.sleep(poll_s)
 
 
@@ -28,7 +38,12 @@ def free_port() -> int:
 def wait_for_run_dir(output_lines: list[str], timeout: float) -> Path:
     """The run directory that `user-rl train` announces on its output (lines collected by a reader thread)."""
     prefix = "run directory: "
-    wait_until(lambda: any(line.startswith(prefix) for line in output_lines), timeout, "the run to start")
+    wait_until(
+        lambda: any(line.startswith(prefix) for line in output_lines),
+        timeout,
+        "the run to start",
+        details=lambda: "".join(output_lines[-60:]),
+    )
     return Path(next(line for line in output_lines if line.startswith(prefix))[len(prefix) :].strip())
 
 
