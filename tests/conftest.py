@@ -69,6 +69,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         lerobot_env.start_in_background()
 
 
+# Modules whose tests share a costly module-scoped fixture (a venv, a Ray cluster, LeRobot models:
+# 12-34 s each): their tests stay on one worker, so the fixture is built once, not once per worker.
+ONE_WORKER_MODULES = (
+    "tests/test_packaging.py",
+    "tests/hal/test_hal_cluster.py",
+    "tests/lerobot/test_lerobot_policy.py",
+    "tests/lerobot/test_lerobot_smolvla.py",
+)
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups off the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test fast but those NOT_FAST names (and the learning demonstrations).
@@ -83,6 +93,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("learning"))
         elif item.nodeid.startswith("tests/e2e/"):
             item.add_marker(pytest.mark.xdist_group("fleets"))
+        elif item.nodeid.startswith(ONE_WORKER_MODULES):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
         if item.get_closest_marker("long") is None and not item.nodeid.startswith(NOT_FAST):
             item.add_marker(pytest.mark.fast)
 
