@@ -69,12 +69,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         lerobot_env.start_in_background()
 
 
-# Modules whose tests share a costly module-scoped fixture (a venv, a Ray cluster, LeRobot models:
-# 12-34 s each): their tests stay on one worker, so the fixture is built once, not once per worker.
+# Modules whose tests share a costly module-scoped fixture (a venv, a Ray cluster, LeRobot models or
+# runs: 9-45 s each): their tests stay on one worker, so the fixture is built once, not once per worker.
 ONE_WORKER_MODULES = (
     "tests/test_packaging.py",
     "tests/hal/test_hal_cluster.py",
+    "tests/lerobot/test_lerobot_devices.py",
     "tests/lerobot/test_lerobot_policy.py",
+    "tests/lerobot/test_lerobot_record_replay.py",
     "tests/lerobot/test_lerobot_smolvla.py",
 )
 
