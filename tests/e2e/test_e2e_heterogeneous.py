@@ -46,6 +46,10 @@ def test_a_3dof_and_a_4dof_arm_train_one_run(tmp_path: Path) -> None:
         "stop.eval_every_s=60",
         "learner.forget_idle_s=7200",  # the attached robot leaves early: keep it listed
     )
+
+    def output_tail() -> str:
+        return "".join(lines[-60:])
+
     try:
         run_dir = wait_for_run_dir(lines, 120)
         # 14-20 s idle or beside a learning test; a start that hangs stops the run (learner.start_timeout_s)
@@ -56,9 +60,9 @@ def test_a_3dof_and_a_4dof_arm_train_one_run(tmp_path: Path) -> None:
             ),
             LEARNER_START_TIMEOUT_S + 60,
             "both embodiments' learners",
-            details=lambda: "".join(lines[-60:]),
+            details=output_tail,
         )
-        assert train.poll() is None, "".join(lines[-60:])
+        assert train.poll() is None, output_tail()
         # A 4-joint arm offered to the 3-joint policy: the learner refuses it and the edge says why.
         stray = cli(
             "attach",
@@ -93,7 +97,7 @@ def test_a_3dof_and_a_4dof_arm_train_one_run(tmp_path: Path) -> None:
         assert extra.returncode == 0 and "edge arm4-extra: detached after 100 steps" in extra.stdout, (
             extra.stdout + extra.stderr
         )
-        assert train.wait(HANG_S + 120) == 0, "".join(lines[-60:])
+        assert train.wait(HANG_S + 120) == 0, output_tail()
     finally:
         if train.poll() is None:
             train.kill()
