@@ -28,9 +28,12 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 # (name, config, overrides, batch, timed updates per round): what a lab trains, from a state MLP to a VLA
 CASES: list[tuple[str, str, list[str], int, int]] = [
-    ("sac_mlp_128", "configs/reach.yaml", [], 256, 300),
-    ("sac_mlp_256", "configs/reach.yaml", ["policy.hidden=[256,256]", "--critics", "10"], 256, 300),  # and 10 critics
-    ("drq_pixels", "configs/reach_pixels.yaml", [], 256, 200),
+    ("sac_mlp_128", "configs/reach.yaml", ["--compile"], 256, 600),  # also torch.compile'd
+    ("sac_mlp_256", "configs/reach.yaml", ["policy.hidden=[256,256]", "--critics", "10"], 256, 600),  # and 10 critics
+    ("drq_pixels", "configs/reach_pixels.yaml", [], 256, 300),
+    ("qc_flow", "configs/reach_flow_qc.yaml", [], 256, 300),
+    ("dsrl_flow", "configs/reach_dsrl.yaml", [], 256, 300),
+    ("residual_flow", "configs/reach_residual.yaml", [], 256, 300),
     ("vla_tiny", "configs/reach_vla.yaml", [], 128, 200),
     ("vla_100m_frozen", "configs/reach_vla.yaml", ["policy.size=100m", "policy.freeze=[encoder]"], 64, 50),
     ("vla_100m", "configs/reach_vla.yaml", ["policy.size=100m"], 64, 50),

@@ -52,9 +52,9 @@ from torch.distributions import Normal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from user_rl.algos import make_algo  # noqa: E402
+from user_rl.algos.graphed import WARMUP, GraphedUpdate, make_updater, training_batch  # noqa: E402
 from user_rl.cloud.batches import training_columns  # noqa: E402
 from user_rl.cloud.buffer.store import NEXT_OBS  # noqa: E402
-from user_rl.cloud.trainer import training_batch  # noqa: E402
 from user_rl.config import load_config  # noqa: E402
 from user_rl.hal.registry import robot_spaces  # noqa: E402
 from user_rl.wire import user_rl_pb2 as pb  # noqa: E402
@@ -96,7 +96,8 @@ class PlainStep:
     A frozen encoder (`policy.freeze`) stays frozen here too: both sides train the same parts."""
 
     def __init__(self, actor: nn.Module, targets: int, device: torch.device) -> None:
-        self.encoder = copy.deepcopy(actor.encoder).to(device)
+        learned = getattr(actor, "steer", actor)  # a steered base (dsrl, residual) trains its small actor only
+        self.encoder = copy.deepcopy(learned.encoder).to(device)
         self.head = nn.Linear(self.encoder.out_dim, targets).to(device)
         trained = [p for p in [*self.encoder.parameters(), *self.head.parameters()] if p.requires_grad]
         self.optim = torch.optim.Adam(trained, lr=3e-4)
@@ -177,10 +178,35 @@ class PlainSAC:
         return q_loss.detach()
 
 
-def update_metric(algo: object, batches: Iterator[dict], device: torch.device) -> torch.Tensor:
-    """One update as the trainer makes it: the next batch of training columns to the device, `algo.update`."""
-    metrics = algo.update(training_batch(next(batches), device))
-    return next(iter(metrics.values()))
+def update_metric(update, batches: Iterator[dict]) -> torch.Tensor:
+    """One update as the trainer makes it: the trainer's updater (`make_updater`: a replayed CUDA graph on a
+    GPU) on the next batch of training columns from the host."""
+    return next(iter(update(next(batches)).values()))
+
+
+def replay_metric(graphed: GraphedUpdate) -> torch.Tensor:
+    """The captured update replayed on the batch already in its inputs: no copy, no host work (after warm-up)."""
+    if not graphed.captured:
+        return torch.zeros(())
+    graphed.graph.replay()
+    return next(iter(graphed.outputs.values()))
+
+
+def lean_reference(obs_dim: int, action_dim: int, hidden: list[int], device: torch.device):
+    """bench/lean_sac.py's LeanSAC, compiled; where torch.compile fails here, the same without it (said so)."""
+    from lean_sac import LeanSAC  # beside this file
+
+    lean = LeanSAC(obs_dim, action_dim, hidden, device)
+    rows = 256
+    probe = [torch.randn(rows, obs_dim, device=device), torch.rand(rows, action_dim, device=device) * 2 - 1]
+    probe += [torch.randn(rows, device=device), torch.randn(rows, obs_dim, device=device)]
+    probe.append(torch.zeros(rows, device=device))
+    try:
+        lean.step(*probe)
+    except Exception as exc:  # noqa: BLE001 - any compiler failure: the uncompiled graph is the reference then
+        print(f"LeanSAC: torch.compile failed ({type(exc).__name__}: {exc}); timing it uncompiled", flush=True)
+        lean = LeanSAC(obs_dim, action_dim, hidden, device, compile=False)
+    return lean
 
 
 def timed(step, updates: int, device: torch.device) -> float:
@@ -204,6 +230,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--critics", type=int, default=None, help="also time a SAC-family algorithm with N critics")
+    parser.add_argument("--compile", action="store_true", help="on a GPU, also time the update torch.compile'd")
     parser.add_argument("--quick", action="store_true", help="a few updates, for the smoke test")
     parser.add_argument("--out", default=None)
     args = parser.parse_intermixed_args()  # overrides may come before or after the options
@@ -241,18 +268,28 @@ def main() -> None:
     target = "action_chunk" if horizon > 1 else "action"
 
     host_cycle, device_cycle = itertools.cycle(host_batches), itertools.cycle(on_device)
+    updater = make_updater(algo, device)
 
     def ours() -> torch.Tensor:
-        return update_metric(algo, host_cycle, device)
+        return update_metric(updater, host_cycle)
 
     def raw() -> torch.Tensor:
         batch = next(device_cycle)
         return plain.update(batch["obs"], batch[target])
 
     steps = {"ours": ours, "raw": raw}
+    on_gpu = device.type == "cuda"
+    if on_gpu:  # the same algorithm stepped as written, each update's kernels launched one by one
+        steps["eager"] = partial(update_metric, make_updater(build(cfg.algo), device, cuda_graph=False), host_cycle)
+    if isinstance(updater, GraphedUpdate):  # the graph replayed alone: the device's time per update
+        steps["replay"] = partial(replay_metric, updater)
+    if on_gpu and args.compile:  # and compiled by torch.compile before capture (`learner.compile`)
+        compiled = make_updater(build(cfg.algo), device, compile=True)
+        steps["compiled"] = partial(update_metric, compiled, host_cycle)
+        steps["compiled_replay"] = partial(replay_metric, compiled)
     for count in (args.critics, 2) if args.critics else ():  # the algorithm with N critics and with two
         ensemble = build(cfg.algo.model_copy(update={"num_critics": count, "target_critics": 2}))
-        steps[f"critics_{count}"] = partial(update_metric, ensemble, host_cycle, device)
+        steps[f"critics_{count}"] = partial(update_metric, make_updater(ensemble, device), host_cycle)
     states = (
         cfg.algo.type == "sac"
         and all(space.dtype != np.uint8 for space in obs_space.spaces.values())
@@ -272,8 +309,13 @@ def main() -> None:
         plain_sac = PlainSAC(flat[0][0].shape[1], int(np.prod(action_space.shape)), cfg.policy.hidden, device)
         flat_cycle = itertools.cycle(flat)
         steps["plain_sac"] = lambda: plain_sac.update(*next(flat_cycle))
-    for step in steps.values():  # warm-up: allocator, kernels, Adam's state
-        timed(step, 2, device)
+        if on_gpu:  # LeanRL's recipe on the plain loop: compiled, a CUDA graph, the batch already on the GPU
+            lean = lean_reference(flat[0][0].shape[1], int(np.prod(action_space.shape)), cfg.policy.hidden, device)
+            steps["lean_sac"] = lambda: lean.update(*next(flat_cycle))
+    for name, step in steps.items():  # warm-up: allocator, kernels, Adam's state, CUDA graph capture
+        started = time.perf_counter()
+        timed(step, WARMUP + 2, device)
+        print(f"{name}: warmed up in {time.perf_counter() - started:.1f} s", flush=True)
     rounds = [{name: timed(step, args.updates, device) for name, step in steps.items()} for _ in range(args.rounds)]
     best_ours, best_raw = max(r["ours"] for r in rounds), max(r["raw"] for r in rounds)
     total = sum(p.numel() for p in algo.actor.parameters())
@@ -305,6 +347,29 @@ def main() -> None:
             "two_critics_updates_per_s": two,
             "ratio_vs_two": many / two,
         }
+    if isinstance(updater, GraphedUpdate):
+        result["cuda_graph"] = {"captured": updater.captured, "why_not": updater.failed}
+    if on_gpu:
+        best_eager = max(r["eager"] for r in rounds)
+        result["eager"] = {"updates_per_s": best_eager, "samples_per_s": best_eager * batch_size}
+        result["ratio_vs_eager"] = best_ours / best_eager
+    if "replay" in steps:
+        result["replay_only"] = {"updates_per_s": max(r["replay"] for r in rounds)}
+    if "compiled" in steps:
+        result["compiled"] = {
+            "updates_per_s": max(r["compiled"] for r in rounds),
+            "replay_only_updates_per_s": max(r["compiled_replay"] for r in rounds),
+            "captured": compiled.captured,
+        }
+        if "lean_sac" in steps:
+            best_lean = max(r["lean_sac"] for r in rounds)
+            result["compiled"]["ratio_vs_lean_sac"] = result["compiled"]["updates_per_s"] / best_lean
+    if "lean_sac" in steps:
+        best_lean = max(r["lean_sac"] for r in rounds)
+        result["lean_sac"] = {"updates_per_s": best_lean, "compiled": lean.compiled}
+        result["ratio_vs_lean_sac"] = best_ours / best_lean
+        best_plain_sac = max(r["plain_sac"] for r in rounds)
+        result["ratio_lean_vs_plain_sac"] = best_lean / best_plain_sac
     if states:
         best_plain_sac = max(r["plain_sac"] for r in rounds)
         result["plain_sac"] = {"updates_per_s": best_plain_sac, "samples_per_s": best_plain_sac * batch_size}
@@ -315,6 +380,8 @@ def main() -> None:
         f"{best_ours:.1f} updates/s ({best_ours * batch_size:,.0f} samples/s); plain step {best_raw:.1f}/s; "
         f"ratio ours/raw {result['ratio']:.2f}"
         + (f"; plain SAC loop {best_plain_sac:.1f}/s, ratio {result['ratio_vs_plain_sac']:.2f}" if states else "")
+        + (f"; as written {best_eager:.1f}/s (graph {result['ratio_vs_eager']:.2f}x)" if on_gpu else "")
+        + (f"; LeanRL-style {best_lean:.1f}/s, ratio {result['ratio_vs_lean_sac']:.2f}" if "lean_sac" in steps else "")
         + (
             f"; {args.critics} critics {many:.1f}/s vs 2 critics {two:.1f}/s, ratio {many / two:.2f}"
             if args.critics

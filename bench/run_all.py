@@ -166,6 +166,35 @@ def policy_updates_rows(r: dict, name: str = "") -> list[Row]:
                 _x(r["ratio_vs_plain_sac"]),
             )
         )
+    if "eager" in r:
+        rows.append(
+            (
+                "... as a CUDA graph vs the same update as written"
+                + ("" if r.get("cuda_graph", {}).get("captured") else " (not captured: runs as written)"),
+                f"{r['ours']['updates_per_s']:.1f}",
+                f"{r['eager']['updates_per_s']:.1f}",
+                _x(r["ratio_vs_eager"]),
+            )
+        )
+    if "lean_sac" in r:
+        compiled = "compiled, " if r["lean_sac"]["compiled"] else "not compiled, "
+        rows.append(
+            (
+                f"... vs a LeanRL-style SAC ({compiled}a CUDA graph, batches on the GPU: bench/lean_sac.py)",
+                f"{r['ours']['updates_per_s']:.1f}",
+                f"{r['lean_sac']['updates_per_s']:.1f}",
+                _x(r["ratio_vs_lean_sac"]),
+            )
+        )
+    if "compiled" in r and "lean_sac" in r:
+        rows.append(
+            (
+                "... torch.compile'd before capture (learner.compile) vs the LeanRL-style SAC",
+                f"{r['compiled']['updates_per_s']:.1f}",
+                f"{r['lean_sac']['updates_per_s']:.1f}",
+                _x(r["compiled"]["ratio_vs_lean_sac"]),
+            )
+        )
     if "ensemble" in r:
         e = r["ensemble"]
         rows.append(

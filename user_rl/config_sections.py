@@ -295,6 +295,16 @@ class LearnerConfig(Section):
     )
     torch_threads: int = Field(0, ge=0, description="0 picks what the fleet leaves free")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    cuda_graph: bool = Field(
+        True,
+        description="on a GPU, capture the update once as a CUDA graph and replay it for every batch (many times "
+        "the updates per second of small networks); false runs each update as written",
+    )
+    compile: bool = Field(
+        False,
+        description="on a GPU, torch.compile the update before it is captured: fewer, fused kernels per update "
+        "(about 1.6x SAC's rate with small networks), after a minute or so of compiling when the learner starts",
+    )
     weight_dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="what the actor's floats travel as: half the bytes in bfloat16 or float16"
     )

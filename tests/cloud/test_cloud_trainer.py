@@ -18,9 +18,10 @@ import torch
 import yaml
 
 from user_rl.algos import SAC, BCSettings, BehaviourCloning, SACSettings, make_algo
+from user_rl.algos.graphed import training_batch
 from user_rl.cloud.batches import training_columns
 from user_rl.cloud.learner import Learner
-from user_rl.cloud.trainer import ActorReply, StateReply, Tag, Trainer, TrainerFailed, TrainerSpec, training_batch
+from user_rl.cloud.trainer import ActorReply, StateReply, Tag, Trainer, TrainerFailed, TrainerSpec
 from user_rl.config import build_config
 from user_rl.hal.registry import robot_spaces
 from user_rl.testing.wait import wait_until
@@ -318,3 +319,22 @@ def test_a_learner_killed_as_its_trainer_receives_the_slots_is_no_trainer_failur
 
 def gone(pid: int) -> bool:
     return not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA GPU (the device machine); CI has none")
+def test_on_a_gpu_the_trainer_process_replays_its_update_as_a_cuda_graph_and_trains_as_sac_does() -> None:
+    columns = batches(12)
+    gpu = Trainer(spec(device="cuda"), depth=3)
+    try:
+        post_all(gpu, columns)
+        actors, reply = replies_until_state(gpu)
+    finally:
+        gpu.close()
+    assert reply.updates == 12 and [r.updates for r in actors] == [1, 5, 10]
+    torch.manual_seed(3)  # what the trainer does before it builds its SAC
+    s = spec()
+    local = SAC(s.obs_space, s.action_space, "mlp", {"hidden": [32]}, SACSettings(), device="cuda")
+    for batch in columns:  # the update as written, on the GPU: the graph must have trained the same
+        local.update(training_batch({k: torch.from_numpy(v) for k, v in batch.items()}, torch.device("cuda")))
+    for name, ours in local.state_dict()["actor"].items():
+        torch.testing.assert_close(reply.state["actor"][name], ours.cpu(), rtol=1e-3, atol=1e-5, msg=name)

@@ -7,8 +7,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from user_rl.algos.graphed import training_batch
 from user_rl.cloud.batches import training_columns
-from user_rl.cloud.trainer import training_batch
 from user_rl.wire import user_rl_pb2 as pb
 
 ACTORS = np.array([pb.ACTOR_POLICY, pb.ACTOR_HUMAN, pb.ACTOR_SCRIPTED], np.uint8)

@@ -79,9 +79,9 @@ def load_parts_state(algo: Any, state: dict, parts: tuple[str, ...]) -> None:
 
 @torch.no_grad()
 def soft_update(target: torch.nn.Module, source: torch.nn.Module, tau: float) -> None:
-    """Polyak-average the target network towards its source: target <- target + tau (source - target)."""
-    for target_param, param in zip(target.parameters(), source.parameters()):
-        target_param.lerp_(param, tau)
+    """Polyak-average the target network towards its source: target <- target + tau (source - target), as one
+    fused kernel over all the parameters (a loop launched one per tensor)."""
+    torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
 
 
 def metrics_to_floats(metrics: dict[str, Any]) -> dict[str, float]:

@@ -63,6 +63,7 @@ class BCSettings(AlgoSettings):
 class BehaviourCloning:
     name = "bc"
     Settings = BCSettings
+    not_graphable = "it picks the rows to imitate on the host (a batch with none takes no step at all)"
     batch_columns = (
         "obs",
         "action",

@@ -307,6 +307,8 @@ class Learner:
                 weight_dtype=cfg.learner.weight_dtype,
                 publish_every_s=cfg.learner.publish_every_s,
                 publish_max_bytes_per_s=cfg.learner.publish_max_bytes_per_s,
+                cuda_graph=cfg.learner.cuda_graph,
+                compile=cfg.learner.compile,
             )
             self._trainer.set(Trainer(spec, cfg.learner.prefetch_batches))
         return self.trainer

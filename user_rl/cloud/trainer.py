@@ -39,11 +39,11 @@ import torch
 import torch.multiprocessing as torch_mp
 
 from user_rl.algos import Algorithm, algo_class, make_algo, metrics_to_floats
+from user_rl.algos.graphed import make_updater
 from user_rl.cloud.actor_buffers import ActorBuffers
 from user_rl.cloud.checkpoint import snapshot
 from user_rl.cloud.publish_schedule import PublishSchedule
 from user_rl.policies.weights import load_weights
-from user_rl.wire.transitions import NEXT_OBS, OBS
 from user_rl.wire.weights import CASTS, PackedWeights
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,8 @@ class TrainerSpec:
     weight_dtype: str = "float32"  # what the actor is published as (`learner.weight_dtype`)
     publish_every_s: float | None = None  # and every this many seconds (publish_schedule.py)
     publish_max_bytes_per_s: float | None = None  # but no more bytes of actor a second than this
+    cuda_graph: bool = True  # on a GPU, each update a replayed CUDA graph (`learner.cuda_graph`, algos/graphed.py)
+    compile: bool = False  # and torch.compile'd before capture (`learner.compile`)
 
 
 # -- what the trainer process sends the learner (through its outbox queue: picklable) ----------------
@@ -408,6 +410,7 @@ def _train(
     on_gpu = device.type == "cuda"
     depth, taken = len(ring.kinds), 0
     publisher = ActorPublisher(algo, spec.weight_dtype, outbox)
+    update = make_updater(algo, device, spec.cuda_graph, spec.compile)
     schedule = PublishSchedule(spec.publish_every_s, spec.publish_every_updates, spec.publish_max_bytes_per_s)
     while True:
         waited = time.perf_counter()
@@ -425,12 +428,8 @@ def _train(
                 slots = _receive_slots(slots_channel, parent_pid)
                 if slots is None:  # the learner was killed meanwhile: nobody will ever stop us
                     return
-            batch = training_batch({key: tensor[entry] for key, tensor in slots.items()}, device)
-            if on_gpu:  # copied to the device: the entry is free while the update runs
-                ring.free.release()
-            metrics = algo.update(batch)
-            if not on_gpu:  # the update read the slot itself
-                ring.free.release()
+            metrics = update({key: tensor[entry] for key, tensor in slots.items()})
+            ring.free.release()  # on a GPU the batch is up there; on a CPU the update has read the slot
             updates.value = algo.updates
             now = time.monotonic()
             if schedule.due(algo.updates, now) and publisher.actor(Tag.PERIODIC, metrics):
@@ -534,17 +533,3 @@ class ActorPublisher:
         """Every message made so far is in the outbox when this returns."""
         self._queue.put(None)
         self._sender.join()
-
-
-def training_batch(columns: dict[str, torch.Tensor], device: torch.device) -> dict:
-    """The slot's columns as the dict an algorithm's `update` takes (obs and next_obs as dicts), on `device`."""
-    out: dict = {"obs": {}, "next_obs": {}}
-    for key, tensor in columns.items():
-        tensor = tensor.to(device, non_blocking=False)
-        if key.startswith(NEXT_OBS):
-            out["next_obs"][key.removeprefix(NEXT_OBS)] = tensor
-        elif key.startswith(OBS):
-            out["obs"][key.removeprefix(OBS)] = tensor
-        else:
-            out[key] = tensor
-    return out

@@ -151,7 +151,8 @@ class FlowChunkActor(ActionScaling):
         judged = critic.encoder(obs).repeat_interleave(n, dim=0)  # each observation encoded once, not n times
         values = torch.min(*critic.q_of(judged, candidates.flatten(1)))
         best = values.view(-1, n).argmax(dim=1)
-        return candidates.view(-1, n, self.chunk_length, self.action_dim)[torch.arange(len(best)), best]
+        rows = torch.arange(len(best), device=best.device)  # made on the device: no copy up, which no CUDA graph holds
+        return candidates.view(-1, n, self.chunk_length, self.action_dim)[rows, best]
 
     # -- what edges run ---------------------------------------------------------------------------
     @torch.no_grad()
