@@ -7,6 +7,8 @@ means writing a class like `SAC` or `BehaviourCloning` and naming it in `ALGOS`
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar, Protocol
 
 import gymnasium as gym
@@ -75,6 +77,21 @@ def load_parts_state(algo: Any, state: dict, parts: tuple[str, ...]) -> None:
         else:
             part.load_state_dict(state[name])
     algo.updates = int(state["updates"])
+
+
+@contextmanager
+def frozen(module: nn.Module) -> Iterator[None]:
+    """`module`'s parameters take no gradient inside (an actor's loss through a critic moves the actor only):
+    its backward pass then skips the weight gradients it would have thrown away, a third of that critic's
+    backward. Each parameter gets back the `requires_grad` it had."""
+    trained = [p for p in module.parameters() if p.requires_grad]
+    for parameter in trained:
+        parameter.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for parameter in trained:
+            parameter.requires_grad_(True)
 
 
 @torch.no_grad()

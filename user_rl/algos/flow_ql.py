@@ -27,6 +27,7 @@ from pydantic import Field
 from user_rl.algos.base import (
     backed_up,
     chunk_critic,
+    frozen,
     imitation_weights,
     load_parts_state,
     parts_state,
@@ -108,11 +109,10 @@ class FlowQL:
         weight = imitation_weights(batch, self.settings.policy_row_weight)[:, : self.actor.chunk_length]
         features = self.actor.encoder(obs)
         flow_loss = self.actor.flow_loss(features, chunks, weight)
-        self.critic.requires_grad_(False)  # the flow's loss moves the flow only
-        q_own = torch.min(*self.critic(obs, self.actor.sample_from(features).flatten(1)))
-        q_loss = -q_own.mean() / q_own.abs().mean().detach().clamp(min=1e-6)
-        step(self.actor_optim, flow_loss + self.settings.q_weight * q_loss)
-        self.critic.requires_grad_(True)
+        with frozen(self.critic):  # the flow's loss moves the flow only
+            q_own = torch.min(*self.critic(obs, self.actor.sample_from(features).flatten(1)))
+            q_loss = -q_own.mean() / q_own.abs().mean().detach().clamp(min=1e-6)
+            step(self.actor_optim, flow_loss + self.settings.q_weight * q_loss)
 
         soft_update(self.critic_target, self.critic, self.settings.tau)
         self.updates += 1

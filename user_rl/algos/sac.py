@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
 
-from user_rl.algos.base import backed_up, load_parts_state, parts_state, soft_update
+from user_rl.algos.base import backed_up, frozen, load_parts_state, parts_state, soft_update
 from user_rl.algos.optim import adam, critic_adam, step
 from user_rl.config_plugins import AlgoSettings
 from user_rl.policies import make_actor, make_critic
@@ -158,9 +158,10 @@ class SAC:
         step(self.critic_optim, critic_loss)
 
         new_action, log_prob = self.actor.sample_from(self.actor_features(obs, features))
-        q_new = self.actor_q(as_ensemble(self.critic.q_of(features.detach(), new_action)))
-        actor_loss = (self.alpha.detach() * log_prob - q_new).mean()
-        step(self.actor_optim, actor_loss)
+        with frozen(self.critic):  # the actor's loss moves the actor only
+            q_new = self.actor_q(as_ensemble(self.critic.q_of(features.detach(), new_action)))
+            actor_loss = (self.alpha.detach() * log_prob - q_new).mean()
+            step(self.actor_optim, actor_loss)
 
         alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
         step(self.alpha_optim, alpha_loss)

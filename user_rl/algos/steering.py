@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from user_rl.algos.base import backed_up, chunk_critic, load_parts_state, parts_state, soft_update
+from user_rl.algos.base import backed_up, chunk_critic, frozen, load_parts_state, parts_state, soft_update
 from user_rl.algos.optim import adam, critic_adam, step
 from user_rl.algos.sac import SAC
 from user_rl.config_plugins import AlgoSettings, PolicySettings
@@ -167,10 +167,9 @@ class ChunkSteering:
         """Move the small actor up Q_A of the chunk its latent makes (which must be differentiable in it:
         residual's base + scale x latent, or DSRL's denoising with `through_base`)."""
         chunk = self.actor.chunk_from(obs, latent).flatten(1)
-        self.critic.requires_grad_(False)  # the actor's loss moves the actor only
-        actor_loss = (self.alpha.detach() * log_prob - torch.min(*self.critic.q_of(features, chunk))).mean()
-        step(self.actor_optim, actor_loss)
-        self.critic.requires_grad_(True)
+        with frozen(self.critic):  # the actor's loss moves the actor only
+            actor_loss = (self.alpha.detach() * log_prob - torch.min(*self.critic.q_of(features, chunk))).mean()
+            step(self.actor_optim, actor_loss)
         return {"actor_loss": actor_loss.detach()}
 
     def state_dict(self) -> dict:
@@ -223,9 +222,8 @@ class DSRL(ChunkSteering):
         noise_loss = F.mse_loss(w1, aliased) + F.mse_loss(w2, aliased)
         step(self.noise_critic_optim, noise_loss)
 
-        self.noise_critic.requires_grad_(False)
-        q_noise = torch.min(*self.noise_critic.q_of(noise_features.detach(), latent * bound))
-        actor_loss = (self.alpha.detach() * log_prob - q_noise).mean()
-        step(self.actor_optim, actor_loss)
-        self.noise_critic.requires_grad_(True)
+        with frozen(self.noise_critic):
+            q_noise = torch.min(*self.noise_critic.q_of(noise_features.detach(), latent * bound))
+            actor_loss = (self.alpha.detach() * log_prob - q_noise).mean()
+            step(self.actor_optim, actor_loss)
         return {"actor_loss": actor_loss.detach(), "noise_critic_loss": noise_loss.detach()}
