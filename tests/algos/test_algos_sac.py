@@ -162,3 +162,21 @@ def test_td_target_bootstraps_truncated_and_n_step_rows_and_not_terminated_ones(
         f"td targets {expected.tolist()}, critic loss {metrics['critic_loss']:.6f} (by hand {float(loss_by_hand):.6f})"
     )
     assert abs(metrics["critic_loss"] - float(loss_by_hand)) < 1e-5
+
+
+def test_the_actor_step_moves_the_actor_only_and_leaves_each_parameter_trainable_as_it_was() -> None:
+    """`frozen` keeps the critic's weights out of the actor's backward pass (their gradients would be thrown
+    away), and afterwards every parameter takes gradients again exactly as before: a frozen one stays frozen."""
+    from user_rl.algos.base import frozen
+
+    space = gym.spaces.Dict({"state": gym.spaces.Box(-1, 1, (4,), np.float32)})
+    sac = SAC(space, gym.spaces.Box(-1, 1, (2,), np.float32), "mlp", {"hidden": [16]})
+    kept_frozen = next(sac.critic.parameters()).requires_grad_(False)
+    obs = {"state": torch.randn(8, 4)}
+    with frozen(sac.critic):
+        action, _ = sac.actor.sample(obs)
+        sac.critic(obs, action).sum().backward()
+    assert all(p.grad is None for p in sac.critic.parameters()), "the critic took gradients from the actor's loss"
+    assert all(p.grad is not None for p in sac.actor.parameters() if p.requires_grad)
+    assert not kept_frozen.requires_grad
+    assert all(p.requires_grad for p in sac.critic.parameters() if p is not kept_frozen)

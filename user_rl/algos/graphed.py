@@ -79,7 +79,7 @@ def capturable(algo: Algorithm, fused: bool) -> list[tuple[dict, dict]]:
     graph replays them), and say what their flags were; fused (one opaque kernel) or not, which `torch.compile` turns
     into kernels of its own, fused with the rest: measured on an H200, SAC's compiled graph replayed at
     3,526 updates/s with Adam compiled against 3,230 with the fused kernel, and uncompiled at 1,976 fused
-    against 1,576 (.devrun probe, issue 34). Adam keeps its step counts on the device either way."""
+    against 1,576 (bench/graph_kernels.py, issue 34). Adam keeps its step counts on the device either way."""
     written = []
     for optimiser in (value for value in vars(algo).values() if isinstance(value, torch.optim.Optimizer)):
         for group in optimiser.param_groups:
