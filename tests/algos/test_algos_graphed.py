@@ -14,7 +14,15 @@ import torch
 
 from tests.support.batches import buffer_batch
 from user_rl.algos import SAC, make_algo
-from user_rl.algos.graphed import WARMUP, GraphedUpdate, PackedColumns, layout_of, make_updater, training_batch
+from user_rl.algos.graphed import (
+    WARMUP,
+    GraphedUpdate,
+    PackedColumns,
+    capturable,
+    layout_of,
+    make_updater,
+    training_batch,
+)
 from user_rl.cloud.batches import training_columns
 from user_rl.hal.registry import robot_spaces
 
@@ -168,3 +176,17 @@ def test_a_batch_of_another_shape_runs_as_written_and_the_graph_serves_the_next(
     graphed(host_columns(algo, obs_space, action_space, 99, size=32))
     graphed(host_columns(algo, obs_space, action_space, 100))
     assert graphed.eager_updates == eager_before + 1 and algo.updates == WARMUP + 3
+
+
+def test_a_checkpoint_of_a_graphed_learner_resumes_on_a_cpu():
+    """A GPU learner's optimisers are capturable (and, compiled, foreach): its saved state carries those flags,
+    and a CPU learner that loads it must still step (capturable Adam refuses CPU tensors)."""
+    graphed, _, obs_space, action_space = twins("sac", STATE, "cpu")
+    graphed.update(training_batch(host_columns(graphed, obs_space, action_space, 0), torch.device("cpu")))
+    capturable(graphed, fused=False)  # what GraphedUpdate with learner.compile set on the GPU
+    saved = graphed.state_dict()
+    assert saved["critic_optim"]["param_groups"][0]["capturable"]
+    resumed, _, _, _ = twins("sac", STATE, "cpu")
+    resumed.load_state_dict(saved)
+    resumed.update(training_batch(host_columns(resumed, obs_space, action_space, 1), torch.device("cpu")))
+    assert resumed.updates == 2 and not resumed.critic_optim.param_groups[0]["capturable"]

@@ -66,14 +66,25 @@ def parts_state(algo: Any, parts: tuple[str, ...]) -> dict:
     return {**state, "updates": algo.updates}
 
 
+# How an optimiser runs here, not what it learned: a state saved by a learner replaying CUDA graphs has
+# capturable Adam (graphed.py), which a CPU learner cannot step, so loading keeps this process's own.
+RUNTIME_FLAGS = ("capturable", "fused", "foreach", "differentiable")
+
+
 def load_parts_state(algo: Any, state: dict, parts: tuple[str, ...]) -> None:
-    """Restore what `parts_state` saved (refusing a state another algorithm wrote)."""
+    """Restore what `parts_state` saved (refusing a state another algorithm wrote); optimisers keep their
+    `RUNTIME_FLAGS`, so a GPU run's checkpoint resumes on a CPU and the other way round."""
     check_state_is_for(state, algo.name)
     for name in parts:
         part = getattr(algo, name)
         if isinstance(part, torch.Tensor):
             with torch.no_grad():
                 part.copy_(state[name])
+        elif isinstance(part, torch.optim.Optimizer):
+            own = [{flag: group[flag] for flag in RUNTIME_FLAGS if flag in group} for group in part.param_groups]
+            part.load_state_dict(state[name])
+            for group, flags in zip(part.param_groups, own):
+                group.update(flags)
         else:
             part.load_state_dict(state[name])
     algo.updates = int(state["updates"])
