@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import torch
 
-from user_rl.algos.base import Algorithm
+from user_rl.algos.base import RUNTIME_FLAGS, Algorithm
 from user_rl.wire.transitions import NEXT_OBS, OBS
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def capturable(algo: Algorithm, fused: bool) -> list[tuple[dict, dict]]:
     written = []
     for optimiser in (value for value in vars(algo).values() if isinstance(value, torch.optim.Optimizer)):
         for group in optimiser.param_groups:
-            written.append((group, {key: group[key] for key in ("capturable", "fused", "foreach") if key in group}))
+            written.append((group, {key: group[key] for key in RUNTIME_FLAGS if key in group}))
             group["capturable"] = True
             if "fused" in group:
                 group["fused"], group["foreach"] = (True, False) if fused else (None, True)
