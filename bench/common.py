@@ -1,9 +1,11 @@
-"""What several benches share: the raw in-RAM baseline of the sampling benches, and writing a result."""
+"""What several benches share: the raw in-RAM baseline of the sampling benches, writing a result, and
+the environment of a bench's child processes."""
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -48,3 +50,14 @@ def write_result(out: str | Path | None, result: dict) -> None:
     """A bench's result as indented JSON in `out` (its --out); nothing without one."""
     if out:
         Path(out).write_text(json.dumps(result, indent=2))
+
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def checkout_env() -> dict[str, str]:
+    """This process's environment with this checkout first on PYTHONPATH: a bench's child process
+    (`python -m user_rl.cli ...`) runs the code beside the bench, not whatever `user_rl` the
+    interpreter has installed (an editable install left pointing at another clone)."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(CHECKOUT), *([path] if path else [])])}

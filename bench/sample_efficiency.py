@@ -69,6 +69,9 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 import yaml  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import checkout_env  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 ENVS = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
 SB3_MISSING = (
@@ -153,6 +156,7 @@ def run_ours(env_id: str, seed: int, schedule: Schedule, root: Path) -> dict:
             cwd=run_root,
             stdout=log,
             stderr=subprocess.STDOUT,
+            env=checkout_env(),
         )
     wall = time.monotonic() - started
     summaries = list(run_root.glob("*/summary.json"))
