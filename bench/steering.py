@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import write_result  # noqa: E402
+from bench.common import checkout_env, write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = "configs/reach_flow_bc.yaml"
@@ -75,7 +75,7 @@ def train(config: str, run_root: Path, overrides: list[str]) -> dict:
             cwd=run_root,  # MuJoCo writes its MUJOCO_LOG.TXT where it runs
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")},
+            env={**checkout_env(), "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")},
         )
     summaries = list(run_root.glob("*/summary.json"))
     if done.returncode != 0 or not summaries:
